@@ -1,0 +1,104 @@
+"""gRPC channels to shardstream servers: options, retries and the stub calls, in one place."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import grpc
+
+from shardstream.errors import from_grpc_error
+from shardstream.framing import decode_read_response
+from shardstream.v1 import shardstream_pb2 as pb
+
+__all__ = ["Connection", "normalize_endpoints"]
+
+_SERVICE = "shardstream.v1.ShardStream"
+
+# Unary control-plane calls are retried by gRPC itself on UNAVAILABLE. Streams are never retried by
+# gRPC once headers arrive: the Loader resumes them from its cursor instead.
+_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": _SERVICE, "method": "GetDataset"}, {"service": _SERVICE, "method": "ListDatasets"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+CHANNEL_OPTIONS = [
+    # Batches can be large (several steps per message); the server bounds them, not the client.
+    ("grpc.max_receive_message_length", -1),
+    # Keepalive: ping every 10 s, give up after 5 s without an answer, so a silent server is
+    # noticed instead of hanging a stream forever (off by default in gRPC).
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", _SERVICE_CONFIG),
+]
+
+
+def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[str]:
+    """`host:port` strings, validated (a comma-separated string is accepted too)."""
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    out = [e.strip() for e in items if isinstance(e, str) and e.strip()]
+    if not out or len(out) != len(items):
+        raise ValueError(f"endpoints must be a non-empty list of 'host:port' strings, got {endpoints!r}")
+    for e in out:
+        host, sep, port = e.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint {e!r} is not 'host:port'")
+    return out
+
+
+class Connection:
+    """One channel to one server, with the three calls the client makes."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._get = self._channel.unary_unary(
+            f"/{_SERVICE}/GetDataset",
+            request_serializer=pb.GetDatasetRequest.SerializeToString,
+            response_deserializer=pb.DatasetInfo.FromString,
+        )
+        self._list = self._channel.unary_unary(
+            f"/{_SERVICE}/ListDatasets",
+            request_serializer=pb.ListDatasetsRequest.SerializeToString,
+            response_deserializer=pb.ListDatasetsResponse.FromString,
+        )
+        # Read messages are hand-framed: the Arrow payload is a view of the received bytes.
+        self._read = self._channel.unary_stream(
+            f"/{_SERVICE}/Read",
+            request_serializer=pb.ReadRequest.SerializeToString,
+            response_deserializer=decode_read_response,
+        )
+
+    def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo:
+        try:
+            return self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc_error(exc, target=self.target) from exc
+
+    def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
+        try:
+            return self._list(pb.ListDatasetsRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc_error(exc, target=self.target) from exc
+
+    def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> Iterator:  # type: ignore[type-arg]
+        """The raw call (an iterator of (header, payload) that can be cancelled)."""
+        return self._read(request, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()

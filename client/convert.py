@@ -1,0 +1,60 @@
+"""Arrow record batches -> numpy arrays or torch tensors, without copies where Arrow allows.
+
+Zero-copy: numeric columns without nulls, and fixed-size lists of them (any nesting), which become
+arrays of shape (rows, d1, d2, ...). These share memory with the received message: treat them as
+read-only (numpy marks them so) or `.clone()` a tensor before writing into it in place.
+
+Copied: booleans (Arrow packs them into bits), columns with nulls (numpy gets floats with NaN or
+objects), strings and binary (a Python list / numpy object array), variable-length lists (an object
+array of arrays). Those are not tensors: "torch" output leaves them as numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["to_numpy", "to_torch"]
+
+
+def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
+    """(flat primitive values, per-row shape) when `arr` is a null-free fixed-size list nest."""
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(arr.type):
+        if arr.null_count:
+            return None
+        shape.append(arr.type.list_size)
+        arr = arr.flatten()
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) or arr.null_count:
+        return None
+    return arr, tuple(shape)
+
+
+def _column_numpy(arr: pa.Array) -> np.ndarray:
+    fixed = _fixed_shape(arr)
+    if fixed is not None:
+        values, shape = fixed
+        return values.to_numpy(zero_copy_only=True).reshape((len(arr), *shape))
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    return {name: _column_numpy(col) for name, col in zip(batch.schema.names, batch.columns)}
+
+
+def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {}
+    for name, col in zip(batch.schema.names, batch.columns):
+        fixed = _fixed_shape(col)
+        if fixed is not None and not pa.types.is_float16(fixed[0].type):
+            values, shape = fixed
+            out[name] = torch.from_dlpack(values).reshape((len(col), *shape))
+        elif pa.types.is_boolean(col.type) and not col.null_count:
+            out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False))
+        else:
+            out[name] = _column_numpy(col)
+    return out

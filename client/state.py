@@ -1,0 +1,85 @@
+"""The Loader's resumable state: a small, versioned dict (JSON-safe, sorted keys).
+
+The cursor of a job is one number per epoch — the global sample offset — so a state saved by any
+rank after global step t resumes every rank of a new job, with any world size and batch size, at
+the same place. World size and batch size are recorded for information, not required to match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+
+__all__ = ["STATE_FORMAT", "LoaderState"]
+
+STATE_FORMAT = 1
+_KIND = "shardstream.Loader"
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    dataset: str  # name@version the state was made on
+    fingerprint: str
+    seed: int
+    shuffle: str
+    epoch: int  # the epoch the next batch comes from
+    offset: int  # global sample offset in that epoch where the next global step starts
+    world_size: int
+    batch_size: int
+    steps: int = 0  # global steps consumed by the job so far (informational)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": _KIND, "format": STATE_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LoaderState:
+        if not isinstance(d, Mapping):
+            raise InvalidArgumentError(f"a Loader state must be a dict, got {type(d).__name__}")
+        if d.get("kind") != _KIND:
+            raise InvalidArgumentError(f"not a shardstream Loader state (kind={d.get('kind')!r})")
+        if d.get("format") != STATE_FORMAT:
+            raise InvalidArgumentError(f"unsupported Loader state format {d.get('format')!r} (this client reads {STATE_FORMAT})")
+        try:
+            state = cls(
+                dataset=_typed(d, "dataset", str),
+                fingerprint=_typed(d, "fingerprint", str),
+                seed=_typed(d, "seed", int),
+                shuffle=_typed(d, "shuffle", str),
+                epoch=_typed(d, "epoch", int),
+                offset=_typed(d, "offset", int),
+                world_size=_typed(d, "world_size", int),
+                batch_size=_typed(d, "batch_size", int),
+                steps=int(d.get("steps", 0)),
+            )
+        except KeyError as exc:
+            raise InvalidArgumentError(f"Loader state is missing {exc.args[0]!r}") from None
+        if state.epoch < 0 or state.offset < 0:
+            raise InvalidArgumentError(f"Loader state has a negative cursor (epoch={state.epoch}, offset={state.offset})")
+        return state
+
+    def check_compatible(self, *, dataset: str, fingerprint: str, seed: int, shuffle: str, num_rows: int) -> None:
+        """Refuse to resume where the order would differ: nothing may be lost or repeated."""
+        if fingerprint != self.fingerprint:
+            raise FailedPreconditionError(
+                f"the state was saved on {self.dataset} (fingerprint {self.fingerprint[:12]}…) but this loader "
+                f"reads {dataset} (fingerprint {fingerprint[:12]}…); move the job to the new version explicitly"
+            )
+        if (seed, shuffle) != (self.seed, self.shuffle):
+            raise InvalidArgumentError(
+                f"the state was saved with seed={self.seed}, shuffle={self.shuffle!r}; this loader has "
+                f"seed={seed}, shuffle={shuffle!r}: resuming would change the order"
+            )
+        if self.offset > num_rows:
+            raise InvalidArgumentError(f"the state's offset {self.offset} is past the epoch of {num_rows} samples")
+
+
+def _typed(d: Mapping[str, Any], key: str, typ: type) -> Any:
+    value = d[key]
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InvalidArgumentError(f"Loader state field {key!r} must be an integer, got {value!r}")
+    if typ is str and not isinstance(value, str):
+        raise InvalidArgumentError(f"Loader state field {key!r} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,103 @@
+"""Errors of shardstream, and the one place they map to and from gRPC status codes.
+
+    ShardstreamError
+    ├── InvalidArgumentError (also ValueError)   INVALID_ARGUMENT   a malformed request or bad input
+    ├── NotFoundError (also LookupError)         NOT_FOUND          unknown dataset, version or tag
+    ├── FailedPreconditionError                  FAILED_PRECONDITION  state made on another fingerprint
+    ├── ResourceExhaustedError                   RESOURCE_EXHAUSTED  server overloaded
+    ├── DataLossError                            DATA_LOSS          a shard failed a check
+    ├── UnavailableError                         UNAVAILABLE        no server / storage reachable
+    ├── UnauthenticatedError                     UNAUTHENTICATED
+    ├── PermissionDeniedError                    PERMISSION_DENIED
+    └── InternalError                            INTERNAL / anything unmapped
+
+gRPC itself never produces INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE or
+DATA_LOSS, so when a client sees one the server sent it on purpose.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "DataLossError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "ShardstreamError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "from_grpc_error",
+]
+
+
+class ShardstreamError(Exception):
+    """Base of every error shardstream raises on purpose."""
+
+    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgumentError(ShardstreamError, ValueError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(ShardstreamError, LookupError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPreconditionError(ShardstreamError):
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhaustedError(ShardstreamError):
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DataLossError(ShardstreamError):
+    grpc_code = grpc.StatusCode.DATA_LOSS
+
+
+class UnavailableError(ShardstreamError):
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class UnauthenticatedError(ShardstreamError):
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(ShardstreamError):
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class InternalError(ShardstreamError):
+    grpc_code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[ShardstreamError]] = {
+    cls.grpc_code: cls
+    for cls in (
+        InvalidArgumentError,
+        NotFoundError,
+        FailedPreconditionError,
+        ResourceExhaustedError,
+        DataLossError,
+        UnavailableError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+        InternalError,
+    )
+}
+# Codes gRPC produces itself on transport trouble: all mean "try another server".
+_BY_CODE[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
+
+
+def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError:
+    """The shardstream error for a failed RPC (raise it `from exc`)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    cls = _BY_CODE.get(code, InternalError)
+    where = f" (server {target})" if target else ""
+    return cls(f"{details}{where}" if cls is not UnavailableError else f"{code.name}: {details}{where}")

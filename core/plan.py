@@ -1,0 +1,174 @@
+"""The read plan (DESIGN §4): pure functions from a request to the rows it delivers. No I/O.
+
+Three pieces, each usable alone:
+
+* `EpochOrder` — the global sample order of one epoch: position p in [0, N) -> dataset row index.
+  It depends only on (manifest fingerprint, seed, epoch, shuffle mode): never on world size, server
+  count or timing. Modes are pure functions selected by name from `SHUFFLES`:
+    - "none": position p is row p;
+    - "full": a keyed pseudo-random permutation of all N rows (see permutation.py), O(1) per
+      lookup. Epoch e of seed s uses the key (fingerprint, s, e), so every epoch has its own order.
+* `RowLocator` — dataset row index -> (shard, row in shard, row group, row in row group), O(log G)
+  for G row groups, O(G) memory.
+* `StepLayout` — which global positions a step and a rank cover. Global step t of world size W and
+  per-rank batch B, started at offset o, covers positions [o + t·W·B, o + (t+1)·W·B) clipped to the
+  epoch, and rank r gets the r-th slice of B. The job's cursor is one number — the global offset
+  in the epoch — so resuming with another W or B is exact. The last step of an epoch may be short
+  (drop_last=False): its L < W·B positions are split as evenly as contiguous slices allow
+  (rank r gets [r·L//W, (r+1)·L//W)), so every rank still takes the same number of steps and no
+  sample is repeated or padded. With drop_last=True that short step is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardstream.errors import InvalidArgumentError
+from shardstream.permutation import KeyedPermutation, derive_key
+
+__all__ = ["SHUFFLES", "EpochOrder", "RowLocator", "StepLayout", "parse_shuffle"]
+
+Order = Callable[[np.ndarray], np.ndarray]
+
+
+def _order_none(n: int, key: bytes) -> Order:
+    del n, key
+    return lambda positions: np.asarray(positions, dtype=np.int64)
+
+
+def _order_full(n: int, key: bytes) -> Order:
+    return KeyedPermutation(n, key)
+
+
+# name -> factory(n, key) -> positions -> row indices
+SHUFFLES: dict[str, Callable[[int, bytes], Order]] = {
+    "none": _order_none,
+    "full": _order_full,
+}
+DEFAULT_SHUFFLE = "full"
+
+
+def parse_shuffle(shuffle: bool | str) -> str:
+    """`True` -> the default mode, `False` -> "none", a name -> itself (validated)."""
+    if shuffle is True:
+        return DEFAULT_SHUFFLE
+    if shuffle is False or shuffle is None:
+        return "none"
+    if isinstance(shuffle, str) and shuffle in SHUFFLES:
+        return shuffle
+    raise InvalidArgumentError(f"unknown shuffle mode {shuffle!r}; known: {', '.join(sorted(SHUFFLES))}")
+
+
+class EpochOrder:
+    """Global position -> dataset row index, for one epoch."""
+
+    def __init__(self, fingerprint: str, num_rows: int, seed: int, epoch: int, shuffle: str) -> None:
+        mode = parse_shuffle(shuffle)
+        if seed < 0 or epoch < 0:
+            raise InvalidArgumentError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+        self.num_rows = num_rows
+        # The key names everything the order may depend on, and nothing else.
+        key = derive_key("shardstream.order.v1", fingerprint, seed, epoch, mode)
+        self._order = SHUFFLES[mode](num_rows, key)
+
+    def rows(self, positions: np.ndarray) -> np.ndarray:
+        return self._order(np.asarray(positions, dtype=np.int64))
+
+    def rows_in_range(self, start: int, end: int) -> np.ndarray:
+        return self.rows(np.arange(start, end, dtype=np.int64))
+
+
+class RowLocator:
+    """Dataset row index -> where it lives, from the shards' row-group row counts."""
+
+    def __init__(self, shard_row_groups: Sequence[Sequence[int]]) -> None:
+        counts: list[int] = []
+        shard_of: list[int] = []
+        index_in_shard: list[int] = []
+        shard_starts = [0]
+        for s, groups in enumerate(shard_row_groups):
+            for g, rows in enumerate(groups):
+                if rows > 0:
+                    counts.append(rows)
+                    shard_of.append(s)
+                    index_in_shard.append(g)
+            shard_starts.append(shard_starts[-1] + sum(groups))
+        self.num_rows = shard_starts[-1]
+        self._group_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._group_shard = np.asarray(shard_of, dtype=np.int32)
+        self._group_index = np.asarray(index_in_shard, dtype=np.int32)
+        self._shard_starts = np.asarray(shard_starts, dtype=np.int64)
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        g = np.searchsorted(self._group_starts, rows, side="right") - 1
+        shard = self._group_shard[g]
+        return (
+            shard,
+            rows - self._shard_starts[shard],
+            self._group_index[g],
+            rows - self._group_starts[g],
+        )
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Steps of one epoch from `start_offset` for world size W and per-rank batch size B."""
+
+    num_rows: int
+    start_offset: int
+    world_size: int
+    batch_size: int
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise InvalidArgumentError(f"world_size must be >= 1, got {self.world_size}")
+        if self.batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.start_offset <= self.num_rows:
+            raise InvalidArgumentError(
+                f"start offset {self.start_offset} is outside the epoch of {self.num_rows} samples"
+            )
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size
+
+    @property
+    def remaining(self) -> int:
+        return self.num_rows - self.start_offset
+
+    @property
+    def num_steps(self) -> int:
+        full, rest = divmod(self.remaining, self.global_batch)
+        return full if (self.drop_last or rest == 0) else full + 1
+
+    @property
+    def dropped(self) -> int:
+        """Samples of the epoch this layout never delivers (only with drop_last)."""
+        return self.remaining % self.global_batch if self.drop_last else 0
+
+    def global_range(self, step: int) -> tuple[int, int]:
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"step {step} outside [0, {self.num_steps})")
+        start = self.start_offset + step * self.global_batch
+        return start, min(start + self.global_batch, self.num_rows)
+
+    def rank_range(self, step: int, rank: int) -> tuple[int, int]:
+        if not 0 <= rank < self.world_size:
+            raise InvalidArgumentError(f"rank must be in [0, {self.world_size}), got {rank}")
+        start, end = self.global_range(step)
+        size = end - start
+        if size == self.global_batch:
+            return start + rank * self.batch_size, start + (rank + 1) * self.batch_size
+        w = self.world_size
+        return start + rank * size // w, start + (rank + 1) * size // w
+
+    def offset_after(self, step: int) -> int:
+        """The global offset in the epoch once `step` is consumed (the cursor value)."""
+        return self.global_range(step)[1]

@@ -1,0 +1,125 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetDatasetRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class ListDatasetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDatasetsResponse(_message.Message):
+    __slots__ = ("datasets",)
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
+
+class Field(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class DatasetInfo(_message.Message):
+    __slots__ = ("name", "version", "fingerprint", "num_rows", "num_shards", "num_bytes", "fields", "arrow_schema")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    fingerprint: str
+    num_rows: int
+    num_shards: int
+    num_bytes: int
+    fields: _containers.RepeatedCompositeFieldContainer[Field]
+    arrow_schema: bytes
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ...) -> None: ...
+
+class Shuffle(_message.Message):
+    __slots__ = ("mode",)
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    def __init__(self, mode: _Optional[str] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DROP_LAST_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    fingerprint: str
+    seed: int
+    epoch: int
+    shuffle: Shuffle
+    start_offset: int
+    rank: int
+    world_size: int
+    batch_size: int
+    first_step: int
+    num_steps: int
+    drop_last: bool
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    max_message_bytes: int
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+
+class StepInfo(_message.Message):
+    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    POSITION_START_FIELD_NUMBER: _ClassVar[int]
+    POSITION_END_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_START_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_END_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    position_start: int
+    position_end: int
+    global_start: int
+    global_end: int
+    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ...) -> None: ...
+
+class ReadHeader(_message.Message):
+    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "padding")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    END_OF_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PADDING_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    steps: _containers.RepeatedCompositeFieldContainer[StepInfo]
+    end_of_epoch: bool
+    dropped: int
+    padding: bytes
+    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., padding: _Optional[bytes] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("header", "arrow_ipc")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    header: ReadHeader
+    arrow_ipc: bytes
+    def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...

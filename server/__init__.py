@@ -1,0 +1,1 @@
+"""Shard-reader server (needs the `server` extra)."""

@@ -1,0 +1,289 @@
+"""`shardstream ingest`: JSON Lines or Parquet in, Parquet shards + a new manifest version out.
+
+Two passes: the first reads every input's schema (Parquet: the footer; JSON Lines: a parse, kept in
+memory up to a budget) and unifies them, naming the files and fields that disagree; the second
+writes shards of about `shard_bytes` with row groups of about `row_group_bytes` (uncompressed), then
+hashes each shard and registers the version. Nothing is registered unless everything succeeded;
+shards of a failed ingest are removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from shardstream.errors import InvalidArgumentError
+from shardstream.manifest import Manifest, Shard, validate_name
+from shardstream.registry import Registry
+
+from .reader import PROVENANCE_COLUMNS
+
+__all__ = ["IngestOptions", "ingest"]
+
+DEFAULT_ROW_GROUP_BYTES = 4 << 20
+DEFAULT_SHARD_BYTES = 256 << 20
+_KEEP_PARSED_BYTES = 512 << 20  # JSON parsed in pass 1 is kept for pass 2 up to this much
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
+    row_group_rows: int | None = None  # fixed rows per row group (overrides row_group_bytes)
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    shard_rows: int | None = None  # fixed rows per shard (overrides shard_bytes)
+    progress: bool | None = None  # None: a bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        for name in ("row_group_bytes", "shard_bytes", "row_group_rows", "shard_rows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
+
+
+def _inputs(src: Path) -> list[Path]:
+    if not src.exists():
+        raise InvalidArgumentError(f"{src}: no such file or directory")
+    files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
+    files = [p for p in files if p.suffix.lower() in _JSONL_SUFFIXES + _PARQUET_SUFFIXES and not p.name.startswith(".")]
+    if not files:
+        raise InvalidArgumentError(
+            f"{src}: no input files (expected JSON Lines: {', '.join(_JSONL_SUFFIXES)}; "
+            f"Parquet: {', '.join(_PARQUET_SUFFIXES)})"
+        )
+    return files
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in _PARQUET_SUFFIXES
+
+
+def _bad_json_line(path: Path) -> str:
+    """The first line of `path` that is not a JSON object, as 'line N: why'."""
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as exc:
+                return f"line {lineno}: {exc}"
+            if not isinstance(value, dict):
+                return f"line {lineno}: expected a JSON object, got {type(value).__name__}"
+    return "could not locate the bad line"
+
+
+def _read_jsonl(path: Path) -> pa.Table:
+    try:
+        return pajson.read_json(path)
+    except pa.ArrowInvalid as exc:
+        where = _bad_json_line(path)
+        raise InvalidArgumentError(f"{path}: {where} (arrow: {str(exc).splitlines()[0]})") from exc
+
+
+def _schema_of(path: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InvalidArgumentError(f"{path}: not a readable Parquet file ({exc})") from exc
+
+
+def _unify(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
+    try:
+        schema = pa.unify_schemas([s for _, s in schemas], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        first_path, first = schemas[0]
+        diffs = []
+        for path, s in schemas[1:]:
+            for f in s:
+                if f.name in first.names and not first.field(f.name).type.equals(f.type):
+                    diffs.append(f"{path}: field {f.name!r} is {f.type}, {first_path} has {first.field(f.name).type}")
+        detail = "; ".join(diffs[:5]) or str(exc)
+        raise InvalidArgumentError(f"input schemas disagree: {detail}") from exc
+    schema = schema.remove_metadata()
+    reserved = [n for n in schema.names if n in PROVENANCE_COLUMNS]
+    if reserved:
+        raise InvalidArgumentError(f"column name(s) {reserved} are reserved for provenance; rename them")
+    if not schema.names:
+        raise InvalidArgumentError("the inputs have no columns")
+    return schema
+
+
+class _ShardWriter:
+    """Writes batches into Parquet shards with row groups of a fixed row count."""
+
+    def __init__(self, out_dir: Path, schema: pa.Schema, opts: IngestOptions) -> None:
+        self._dir = out_dir
+        self._schema = schema
+        self._opts = opts
+        self._rows_per_group: int | None = opts.row_group_rows
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._path: Path | None = None
+        self._shard_rows = 0
+        self._shard_bytes = 0
+        self.shards: list[Shard] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if self._rows_per_group is None:
+            per_row = max(1, batch.nbytes // batch.num_rows)
+            self._rows_per_group = max(1, min(1 << 20, self._opts.row_group_bytes // per_row))
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        while self._pending_rows >= self._rows_per_group:
+            self._flush_group(self._rows_per_group)
+
+    def _flush_group(self, rows: int) -> None:
+        table = pa.Table.from_batches(self._pending, schema=self._schema)
+        group, rest = table.slice(0, rows), table.slice(rows)
+        self._pending = rest.to_batches()
+        self._pending_rows = rest.num_rows
+        if self._writer is None:
+            self._path = self._dir / f"part-{len(self.shards):05d}.parquet"
+            self._writer = pq.ParquetWriter(self._path, self._schema)
+        self._writer.write_table(group, row_group_size=rows)
+        self._shard_rows += group.num_rows
+        self._shard_bytes += group.nbytes
+        full_rows = self._opts.shard_rows is not None and self._shard_rows >= self._opts.shard_rows
+        full_bytes = self._opts.shard_rows is None and self._shard_bytes >= self._opts.shard_bytes
+        if full_rows or full_bytes:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        assert self._writer is not None and self._path is not None
+        self._writer.close()
+        meta = pq.read_metadata(self._path)
+        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        digest = hashlib.sha256()
+        with self._path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        self.shards.append(
+            Shard(
+                uri=self._path.relative_to(self._dir.parent.parent).as_posix(),
+                rows=sum(groups),
+                bytes=self._path.stat().st_size,
+                row_groups=groups,
+                sha256=digest.hexdigest(),
+            )
+        )
+        self._writer = None
+        self._shard_rows = self._shard_bytes = 0
+
+    def finish(self) -> list[Shard]:
+        if self._pending_rows:
+            self._flush_group(self._pending_rows)
+        if self._writer is not None:
+            self._close_shard()
+        return self.shards
+
+
+def _batches(path: Path, schema: pa.Schema, parsed: dict[Path, pa.Table]) -> Iterator[pa.RecordBatch]:
+    if _is_parquet(path):
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=64 * 1024):
+                yield _conform(batch, schema, path)
+        except (OSError, pa.ArrowException) as exc:
+            if isinstance(exc, InvalidArgumentError):
+                raise
+            raise InvalidArgumentError(f"{path}: unreadable Parquet ({exc})") from exc
+        return
+    table = parsed.pop(path, None) or _read_jsonl(path)
+    for batch in table.to_batches(max_chunksize=64 * 1024):
+        yield _conform(batch, schema, path)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordBatch:
+    """`batch` with the unified schema: missing columns become nulls, types are promoted."""
+    arrays = []
+    for field in schema:
+        if field.name in batch.schema.names:
+            col = batch.column(field.name)
+            try:
+                arrays.append(col if col.type.equals(field.type) else col.cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidArgumentError(f"{path}: field {field.name!r} cannot become {field.type} ({exc})") from exc
+        else:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def ingest(src: str | os.PathLike[str], name: str, root: str | os.PathLike[str], opts: IngestOptions | None = None) -> Manifest:
+    """Ingest `src` (a file or a directory of them) as the next version of dataset `name`."""
+    opts = opts or IngestOptions()
+    validate_name(name)
+    registry = Registry(root)
+    files = _inputs(Path(src))
+    total = sum(p.stat().st_size for p in files)
+    bar = tqdm(
+        total=2 * total,  # both passes
+        unit="B",
+        unit_scale=True,
+        desc=f"ingest {name}",
+        disable=None if opts.progress is None else not opts.progress,  # None: only on a terminal
+    )
+
+    # Pass 1: schemas.
+    parsed: dict[Path, pa.Table] = {}
+    kept = 0
+    schemas = []
+    for path in files:
+        if _is_parquet(path):
+            schemas.append((path, _schema_of(path)))
+        else:
+            table = _read_jsonl(path)
+            schemas.append((path, table.schema))
+            if kept + table.nbytes <= _KEEP_PARSED_BYTES:
+                parsed[path] = table
+                kept += table.nbytes
+        bar.update(path.stat().st_size)
+    schema = _unify(schemas)
+
+    # Pass 2: shards, in a directory of this ingest's own.
+    out_dir = registry.dataset_dir(name) / "data" / uuid.uuid4().hex
+    out_dir.mkdir(parents=True)
+    try:
+        writer = _ShardWriter(out_dir, schema, opts)
+        for path in files:
+            for batch in _batches(path, schema, parsed):
+                writer.write(batch)
+            bar.update(path.stat().st_size)
+        shards = tuple(writer.finish())
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        meta = {"modality": "table", "source": str(Path(src).resolve()), "files": len(files)}
+
+        def build(version: int, parent: int | None) -> Manifest:
+            return Manifest(
+                name=name,
+                version=version,
+                schema=schema,
+                shards=shards,
+                parent=parent,
+                change="create" if parent is None else "replace",
+                created_at=created,
+                metadata=meta,
+            )
+
+        manifest = registry.create_version(name, build)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    return manifest
