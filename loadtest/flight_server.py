@@ -1,0 +1,57 @@
+"""The Arrow Flight baseline server of `loadtest.bench`, run in its own process.
+
+    python loadtest/flight_server.py --shards shards.json --batch-rows 2032 --ready-file ready.json
+
+DoGet (any ticket) streams every shard listed in --shards, in order, read from Parquet with
+`iter_batches(batch_size=--batch-rows)` on each call (nothing is cached between calls). The port it
+picked is written, with its pid, to --ready-file once it serves; SIGTERM (default action) ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.parquet as pq
+
+
+class ShardFlightServer(flight.FlightServerBase):
+    def __init__(self, shards: list[str], batch_rows: int) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.shards = shards
+        self.batch_rows = batch_rows
+        self.schema = pq.read_schema(shards[0]).remove_metadata()
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        for path in self.shards:
+            yield from pq.ParquetFile(path).iter_batches(batch_size=self.batch_rows)
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        del context, ticket
+        reader = pa.RecordBatchReader.from_batches(self.schema, self._batches())
+        return flight.RecordBatchStream(reader)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", required=True, help="JSON file: a list of Parquet shard paths")
+    ap.add_argument("--batch-rows", type=int, required=True)
+    ap.add_argument("--ready-file", required=True)
+    args = ap.parse_args(argv)
+    shards = json.loads(Path(args.shards).read_text())
+    server = ShardFlightServer(shards, args.batch_rows)
+    tmp = Path(args.ready_file + ".tmp")
+    tmp.write_text(json.dumps({"port": server.port, "pid": os.getpid()}))
+    tmp.replace(args.ready_file)
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Shared fixtures: datasets made here, real server processes on free ports."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardstream.manifest import Manifest
+from shardstream.server.fleet import LocalServer
+from shardstream.server.ingest import IngestOptions, ingest
+
+# A prime row count, shards of unequal size and small row groups, so steps straddle everything.
+N_ROWS = 1009
+
+
+def make_table(n: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table(
+        {
+            "id": ids,
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(np.float32)), 3),
+            "label": pa.array((ids % 7).astype(np.int32)),
+            "text": pa.array([f"sample-{i}" for i in ids]),
+        }
+    )
+
+
+def write_dataset(root: Path, name: str, n: int, *, row_group_rows: int = 50, shard_rows: int = 230,
+                  start: int = 0) -> Manifest:
+    src = root.parent / f"src-{name}-{n}-{start}.parquet"
+    pq.write_table(make_table(n, start), src)
+    return ingest(src, name, root, IngestOptions(row_group_rows=row_group_rows, shard_rows=shard_rows, progress=False))
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("data")
+    root = base / "root"
+    write_dataset(root, "toy", N_ROWS)
+    write_dataset(root, "toy", N_ROWS, start=10_000)  # toy@2: other content, other fingerprint
+    write_dataset(root, "tiny", 1, row_group_rows=1, shard_rows=1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def fleet(data_root: Path) -> Iterator[list[LocalServer]]:
+    """Two servers over the same root for the whole session."""
+    servers = [LocalServer(data_root, metrics=True) for _ in range(2)]
+    try:
+        for s in servers:
+            s.start()
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def endpoints(fleet: list[LocalServer]) -> list[str]:
+    return [s.target for s in fleet]
+
+
+@pytest.fixture
+def server_factory(data_root: Path) -> Iterator[Callable[..., LocalServer]]:
+    """Servers a test may kill; all stopped at teardown."""
+    started: list[LocalServer] = []
+
+    def start(root: Path | None = None, **kwargs: object) -> LocalServer:
+        s = LocalServer(root or data_root, **kwargs)  # type: ignore[arg-type]
+        started.append(s)
+        return s.start()
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def read_json(path: Path) -> object:
+    return json.loads(path.read_text())

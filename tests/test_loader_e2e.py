@@ -1,0 +1,259 @@
+"""The Loader against real server processes: exactly-once, resume, determinism, bad input."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from shardstream.client import Loader
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
+from shardstream.framing import decode_read_response
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .conftest import N_ROWS
+
+
+def run_epoch(endpoints: list[str], world: int, batch: int, **kw) -> list[list[np.ndarray]]:  # type: ignore[no-untyped-def]
+    """ids[rank][step] for one epoch, every rank a Loader of its own."""
+    out = []
+    for rank in range(world):
+        with Loader(endpoints, "toy@1", batch_size=batch, rank=rank, world_size=world, **kw) as ld:
+            out.append([b["id"].copy() for b in ld])
+    return out
+
+
+def global_order(per_rank: list[list[np.ndarray]]) -> list[int]:
+    steps = len(per_rank[0])
+    assert all(len(r) == steps for r in per_rank), "every rank takes the same number of steps"
+    return [int(i) for t in range(steps) for r in per_rank for i in r[t]]
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_exactly_once_over_an_epoch(endpoints: list[str], world: int, batch: int, shuffle: bool) -> None:
+    order = global_order(run_epoch(endpoints, world, batch, shuffle=shuffle, seed=11))
+    assert sorted(order) == list(range(N_ROWS))
+    if not shuffle:
+        assert order == list(range(N_ROWS))
+    else:
+        assert order != list(range(N_ROWS))
+
+
+@pytest.mark.parametrize("world,batch", [(2, 32), (3, 7)])
+def test_drop_last_drops_the_short_step_and_reports_it(endpoints: list[str], world: int, batch: int) -> None:
+    order = global_order(run_epoch(endpoints, world, batch, shuffle=True, drop_last=True))
+    kept = N_ROWS - N_ROWS % (world * batch)
+    assert len(order) == len(set(order)) == kept
+    full = global_order(run_epoch(endpoints, world, batch, shuffle=True))
+    assert order == full[:kept]  # the documented prefix, never padded
+    with Loader(endpoints, "toy@1", batch_size=batch, world_size=world, drop_last=True) as ld:
+        for _ in ld:
+            pass
+        assert ld.dropped == {0: N_ROWS % (world * batch)}
+
+
+def test_order_is_independent_of_world_size(endpoints: list[str]) -> None:
+    a = global_order(run_epoch(endpoints, 1, 64, seed=5))
+    b = global_order(run_epoch(endpoints, 4, 9, seed=5))
+    assert a == b
+
+
+def test_determinism_same_seed_same_batches_other_seed_differs(endpoints: list[str]) -> None:
+    a = run_epoch(endpoints, 2, 16, seed=1)
+    b = run_epoch(endpoints, 2, 16, seed=1)
+    c = run_epoch(endpoints, 2, 16, seed=2)
+    assert all(np.array_equal(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    assert global_order(a) != global_order(c)
+
+
+def test_epochs_have_their_own_order_and_endless_streams_continue(endpoints: list[str]) -> None:
+    with Loader(endpoints, "toy@1", batch_size=100, epochs=2) as ld:
+        ids = np.concatenate([b["id"] for b in ld]).tolist()
+        assert ld.epoch == 2 and ld.offset == 0
+    first, second = ids[:N_ROWS], ids[N_ROWS:]
+    assert sorted(first) == sorted(second) == list(range(N_ROWS)) and first != second
+    with Loader(endpoints, "toy@1", batch_size=100, epochs=None) as ld:
+        it = iter(ld)
+        seen = np.concatenate([next(it)["id"] for _ in range(20)]).tolist()
+    assert seen == ids[: len(seen)]  # endless = epoch after epoch, same orders
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_resume_from_state_dict_with_other_world_and_batch_size(endpoints: list[str], case: int) -> None:
+    rng = random.Random(case)
+    w1, b1 = rng.choice([1, 2, 3, 4]), rng.choice([5, 16, 33])
+    w2, b2 = rng.choice([1, 2, 3, 5]), rng.choice([1, 8, 40])
+    uninterrupted = global_order(run_epoch(endpoints, 1, 50, seed=case))
+    steps_total = -(-N_ROWS // (w1 * b1))
+    stop_after = rng.randrange(1, steps_total)
+
+    first: list[list[np.ndarray]] = []
+    states = []
+    for rank in range(w1):
+        with Loader(endpoints, "toy@1", batch_size=b1, rank=rank, world_size=w1, seed=case) as ld:
+            it = iter(ld)
+            first.append([next(it)["id"].copy() for _ in range(stop_after)])
+            states.append(ld.state_dict())
+    assert all(s == states[0] for s in states), "every rank saves the same state"
+    assert states[0]["offset"] == stop_after * w1 * b1
+
+    second: list[list[np.ndarray]] = []
+    for rank in range(w2):
+        with Loader(endpoints, "toy@1", batch_size=b2, rank=rank, world_size=w2, seed=case) as ld:
+            ld.load_state_dict(states[rank % w1])
+            second.append([b["id"].copy() for b in ld])
+    assert global_order(first) + global_order(second) == uninterrupted
+
+
+def test_state_at_epoch_end_and_initial_state(endpoints: list[str]) -> None:
+    with Loader(endpoints, "toy@1", batch_size=300, epochs=2) as ld:
+        initial = ld.state_dict()
+        assert (initial["epoch"], initial["offset"]) == (0, 0)
+        it = iter(ld)
+        for _ in range(4):  # 1009 rows / 300 = 4 steps: the epoch's end
+            next(it)
+        at_end = ld.state_dict()
+    assert (at_end["epoch"], at_end["offset"]) == (1, 0)
+    with Loader(endpoints, "toy@1", batch_size=300, epochs=2) as ld:
+        ld.load_state_dict(at_end)
+        rest = [b["id"] for b in ld]
+    assert len(rest) == 4 and sorted(np.concatenate(rest).tolist()) == list(range(N_ROWS))
+
+
+def test_state_from_another_version_is_refused(endpoints: list[str]) -> None:
+    with Loader(endpoints, "toy@1", batch_size=10) as ld:
+        state = ld.state_dict()
+    with Loader(endpoints, "toy@2", batch_size=10) as ld:
+        with pytest.raises(FailedPreconditionError, match="toy@1.*toy@2"):
+            ld.load_state_dict(state)
+    with Loader(endpoints, "toy@1", batch_size=10, seed=9) as ld:
+        with pytest.raises(InvalidArgumentError, match="seed"):
+            ld.load_state_dict(state)
+        for garbage in ({}, {"kind": "other"}, {**state, "offset": "12"}, {**state, "format": 99}, None):
+            with pytest.raises(InvalidArgumentError):
+                ld.load_state_dict(garbage)  # type: ignore[arg-type]
+
+
+def test_outputs_and_provenance(endpoints: list[str]) -> None:
+    import torch
+
+    with Loader(endpoints, "toy@1", batch_size=10, output="torch", provenance=True, columns=["x", "id"]) as ld:
+        b = next(iter(ld))
+        assert list(b) == ["x", "id", "_shard", "_row"]
+        assert isinstance(b["x"], torch.Tensor) and b["x"].shape == (10, 3) and b["x"].dtype == torch.float32
+        assert torch.equal(b["x"][:, 0].long(), b["id"])
+        info = ld.last_batch
+        assert info is not None and (info.position_start, info.position_end) == (0, 10)
+        np.testing.assert_array_equal(info.shards, b["_shard"].numpy())
+    with Loader(endpoints, "toy@1", batch_size=10, output="arrow", shuffle=False) as ld:
+        b = next(iter(ld))
+        assert b.schema.names == ["id", "x", "label", "text"]
+        assert b.column("text").to_pylist()[:2] == ["sample-0", "sample-1"]
+
+
+def test_tiny_dataset_with_more_ranks_than_rows(endpoints: list[str]) -> None:
+    per_rank = []
+    for rank in range(3):
+        with Loader(endpoints, "tiny", batch_size=4, rank=rank, world_size=3) as ld:
+            per_rank.append([len(b["id"]) for b in ld])
+    assert per_rank == [[0], [0], [1]]  # same step count everywhere, one sample total
+
+
+# --- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(rank=2, world_size=2),
+        dict(rank=-1),
+        dict(batch_size=0),
+        dict(batch_size=-3),
+        dict(world_size=0),
+        dict(epochs=0),
+        dict(output="pandas"),
+        dict(shuffle="sideways"),
+        dict(columns="id"),
+        dict(columns=["id", "id"]),
+    ],
+)
+def test_bad_arguments_fail_before_any_network_call(kwargs: dict) -> None:  # type: ignore[type-arg]
+    # Nothing listens on this port: a network call would fail differently (UnavailableError).
+    args = dict(batch_size=4) | kwargs
+    with pytest.raises(ValueError):
+        Loader([f"127.0.0.1:{unused_port()}"], "toy", **args)
+
+
+@pytest.mark.parametrize("endpoints_arg", [[], ["nohost"], ["h:notaport"], "", [""]])
+def test_bad_endpoints(endpoints_arg) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="endpoint"):
+        Loader(endpoints_arg, "toy", batch_size=1)
+
+
+def test_unknown_dataset_and_version_are_not_found(endpoints: list[str]) -> None:
+    with Loader(endpoints, "nope", batch_size=1) as ld, pytest.raises(NotFoundError, match="no dataset named 'nope'"):
+        iter(ld)
+    with Loader(endpoints, "toy@9", batch_size=1) as ld, pytest.raises(NotFoundError, match="no version 9"):
+        iter(ld)
+
+
+def test_unknown_column_fails_before_streaming(endpoints: list[str]) -> None:
+    with Loader(endpoints, "toy", batch_size=1, columns=["id", "colour"]) as ld:
+        with pytest.raises(InvalidArgumentError, match="unknown column.*'colour'.*columns are: id, x, label, text"):
+            iter(ld)
+
+
+def test_no_server_reachable_is_one_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dead = [f"127.0.0.1:{unused_port()}", f"127.0.0.1:{unused_port()}"]
+    t0 = time.monotonic()
+    with Loader(dead, "toy", batch_size=1, timeout_s=2) as ld:
+        with pytest.raises(UnavailableError, match="no shardstream server reachable"):
+            iter(ld)
+    assert time.monotonic() - t0 < 60  # bounded, not a hang (generous: not a timing assertion)
+
+
+def raw_read(target: str, **fields) -> list:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(target) as ch:
+        call = ch.unary_stream(
+            "/shardstream.v1.ShardStream/Read",
+            request_serializer=pb.ReadRequest.SerializeToString,
+            response_deserializer=decode_read_response,
+        )
+        req = dict(dataset="toy@1", world_size=1, batch_size=4, shuffle=pb.Shuffle(mode="none")) | fields
+        return list(call(pb.ReadRequest(**req), timeout=30))
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "text"),
+    [
+        (dict(columns=["colour"]), grpc.StatusCode.INVALID_ARGUMENT, "unknown column"),
+        (dict(rank=3, world_size=2), grpc.StatusCode.INVALID_ARGUMENT, "rank"),
+        (dict(batch_size=0), grpc.StatusCode.INVALID_ARGUMENT, "batch_size"),
+        (dict(start_offset=N_ROWS + 1), grpc.StatusCode.INVALID_ARGUMENT, "outside the epoch"),
+        (dict(shuffle=pb.Shuffle(mode="bogus")), grpc.StatusCode.INVALID_ARGUMENT, "unknown shuffle mode"),
+        (dict(dataset="ghost@1"), grpc.StatusCode.NOT_FOUND, "ghost"),
+        (dict(dataset="bad name"), grpc.StatusCode.INVALID_ARGUMENT, "invalid dataset name"),
+        (dict(fingerprint="0" * 64), grpc.StatusCode.FAILED_PRECONDITION, "fingerprint"),
+    ],
+)
+def test_raw_requests_get_the_right_status(endpoints: list[str], fields, code, text) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as err:
+        raw_read(endpoints[0], **fields)
+    assert err.value.code() == code and text in err.value.details()
+
+
+def test_raw_read_resumes_at_first_step(endpoints: list[str]) -> None:
+    msgs = raw_read(endpoints[0], first_step=250, batch_size=4)
+    steps = [s for h, _ in msgs for s in h.steps]
+    assert [s.step for s in steps] == [250, 251, 252]
+    assert steps[-1].position_end == N_ROWS and msgs[-1][0].end_of_epoch
