@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from shardstream.client.convert import to_numpy, to_torch
+from shardstream.framing import decode_read_response, encode_read_response, ipc_bytes, read_ipc
+from shardstream.v1 import shardstream_pb2 as pb
+
+
+def received(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` as the client sees it: decoded from wire bytes."""
+    data = encode_read_response(pb.ReadHeader(), ipc_bytes(batch))
+    return read_ipc(decode_read_response(data)[1])
+
+
+def sample() -> pa.RecordBatch:
+    n = 50
+    return pa.record_batch(
+        {
+            "i": np.arange(n, dtype=np.int64),
+            "f": np.linspace(0, 1, n, dtype=np.float32),
+            "img": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(np.arange(n * 6, dtype=np.uint8)), 3), 2
+            ),
+            "flag": pa.array([i % 2 == 0 for i in range(n)]),
+            "s": pa.array([f"s{i}" for i in range(n)]),
+            "maybe": pa.array([None if i % 3 == 0 else i for i in range(n)], type=pa.int32()),
+        }
+    )
+
+
+def test_torch_zero_copy_for_numeric_and_fixed_size_lists() -> None:
+    batch = received(sample()).slice(5, 20)  # a slice, as when a message carries several steps
+    out = to_torch(batch)
+    assert out["i"].data_ptr() == batch.column("i").buffers()[1].address + 5 * 8
+    assert out["img"].shape == (20, 2, 3) and out["img"].dtype == torch.uint8
+    assert out["img"][0].flatten().tolist() == list(range(30, 36))
+    img_values = batch.column("img").flatten().flatten()
+    assert out["img"].data_ptr() == img_values.buffers()[1].address + img_values.offset
+    assert out["flag"].dtype == torch.bool and out["flag"].tolist() == [i % 2 == 0 for i in range(5, 25)]
+    assert list(out["s"][:2]) == ["s5", "s6"]
+    assert np.isnan(out["maybe"][1])  # index 6 is null: numpy float with NaN (a copy)
+
+
+def test_numpy_views_are_read_only_and_shaped() -> None:
+    out = to_numpy(received(sample()))
+    assert out["img"].shape == (50, 2, 3)
+    assert not out["i"].flags.writeable
+    assert out["f"].dtype == np.float32
+
+
+def test_empty_batch_converts() -> None:
+    empty = received(sample().slice(0, 0))
+    assert to_torch(empty)["img"].shape == (0, 2, 3)
+    assert to_numpy(empty)["i"].shape == (0,)

@@ -1,0 +1,151 @@
+"""Server process behaviour: health, reflection, metrics, drain on SIGTERM, failover under a kill."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from shardstream.client import Loader
+from shardstream.server.fleet import LocalServer
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .conftest import N_ROWS
+
+
+def test_health_and_reflection(endpoints: list[str]) -> None:
+    with grpc.insecure_channel(endpoints[0]) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "shardstream.v1.ShardStream"):
+            resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"shardstream.v1.ShardStream", "grpc.health.v1.Health"} <= names
+
+
+def test_get_and_list_datasets(endpoints: list[str]) -> None:
+    with grpc.insecure_channel(endpoints[0]) as ch:
+        get = ch.unary_unary("/shardstream.v1.ShardStream/GetDataset", request_serializer=pb.GetDatasetRequest.SerializeToString,
+                             response_deserializer=pb.DatasetInfo.FromString)
+        lst = ch.unary_unary("/shardstream.v1.ShardStream/ListDatasets", request_serializer=pb.ListDatasetsRequest.SerializeToString,
+                             response_deserializer=pb.ListDatasetsResponse.FromString)
+        info = get(pb.GetDatasetRequest(dataset="toy"), timeout=5)
+        assert (info.name, info.version, info.num_rows) == ("toy", 2, N_ROWS)
+        assert [f.name for f in info.fields] == ["id", "x", "label", "text"]
+        assert get(pb.GetDatasetRequest(dataset="toy@1"), timeout=5).fingerprint != info.fingerprint
+        listed = {(d.name, d.version) for d in lst(pb.ListDatasetsRequest(), timeout=5).datasets}
+        assert listed == {("toy", 2), ("tiny", 1)}
+        with pytest.raises(grpc.RpcError) as err:
+            get(pb.GetDatasetRequest(dataset="toy@5"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def scrape(server: LocalServer) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_metrics_count_streams_batches_bytes_and_errors(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(metrics=True)
+    before = scrape(server)
+    with Loader([server.target], "toy@1", batch_size=100) as ld:
+        steps = sum(1 for _ in ld)
+    with Loader([server.target], "nope", batch_size=1) as ld, pytest.raises(LookupError):
+        iter(ld)
+    after = scrape(server)
+    assert steps == 11
+    assert after["shardstream_batches_sent_total"] - before.get("shardstream_batches_sent_total", 0) == steps
+    assert after["shardstream_rows_sent_total"] == N_ROWS
+    assert after["shardstream_bytes_sent_total"] > 0
+    assert after['shardstream_rpcs_total{method="Read"}'] == 1
+    assert after['shardstream_rpc_errors_total{code="NOT_FOUND",method="GetDataset"}'] == 1
+    assert after['shardstream_rpc_errors_total{code="DATA_LOSS",method="Read"}'] == 0  # exported as 0
+    assert after["shardstream_streams_active"] == 0
+    assert after["shardstream_cache_misses_total"] > 0
+
+
+def test_sigterm_drains_in_flight_streams_and_exits_zero(server_factory) -> None:  # type: ignore[no-untyped-def]
+    from shardstream.errors import UnavailableError
+
+    server = server_factory()
+    with Loader([server.target], "toy@1", batch_size=7, prefetch=1, max_retries=1) as ld:
+        it = iter(ld)
+        got = [next(it)["id"]]
+        server.terminate()  # drain: the stream in flight may finish within the grace period
+        got += [b["id"] for b in it]
+    assert server.proc is not None and server.proc.wait(timeout=30) == 0
+    assert sorted(np.concatenate(got).tolist()) == list(range(N_ROWS))
+    with Loader([server.target], "toy@1", batch_size=7, timeout_s=2) as ld:
+        with pytest.raises(UnavailableError):
+            iter(ld)
+
+
+def test_failover_when_a_server_is_killed_mid_stream(server_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = server_factory(), server_factory()
+    with Loader([a.target, b.target], "toy@1", batch_size=5, prefetch=2, max_message_bytes=1, seed=3) as ld:
+        it = iter(ld)
+        got = [next(it)["id"] for _ in range(10)]
+        a.kill()  # a crash, no drain; the loader streams from a first (rank 0 -> endpoint 0)
+        got += [x["id"] for x in it]
+    ids = np.concatenate(got).tolist()
+    assert sorted(ids) == list(range(N_ROWS)) and len(ids) == N_ROWS
+    with Loader([b.target], "toy@1", batch_size=5, seed=3) as ref:
+        assert ids == np.concatenate([x["id"] for x in ref]).tolist()
+
+
+def test_concurrent_streams_from_many_threads(endpoints: list[str]) -> None:
+    results: dict[int, list[int]] = {}
+
+    def rank(r: int) -> None:
+        with Loader(endpoints, "toy@1", batch_size=13, rank=r, world_size=6, seed=4) as ld:
+            results[r] = np.concatenate([b["id"] for b in ld]).tolist()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for ids in results.values() for i in ids) == list(range(N_ROWS))
+
+
+def test_port_in_use_is_a_clear_error(fleet: list[LocalServer], data_root: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "shardstream", "serve", "--root", str(data_root), "--port", str(fleet[0].port)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "shardstream", "serve", "--root", str(tmp_path / "nope"), "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no such directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_corrupt_shard_is_data_loss_naming_the_shard(tmp_path: Path, server_factory) -> None:  # type: ignore[no-untyped-def]
+    from shardstream.errors import DataLossError
+
+    from .conftest import write_dataset
+
+    root = tmp_path / "root"
+    m = write_dataset(root, "fragile", 300, row_group_rows=50, shard_rows=100)
+    victim = root / "fragile" / m.shards[1].uri
+    victim.write_bytes(b"garbage" * 100)
+    server = server_factory(root)
+    with Loader([server.target], "fragile", batch_size=10, shuffle=False) as ld:
+        with pytest.raises(DataLossError, match=m.shards[1].uri):
+            for _ in ld:
+                pass
