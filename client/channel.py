@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterator
 
 import grpc
-
 from shardstream.errors import from_grpc_error
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
@@ -21,7 +20,10 @@ _SERVICE_CONFIG = json.dumps(
     {
         "methodConfig": [
             {
-                "name": [{"service": _SERVICE, "method": "GetDataset"}, {"service": _SERVICE, "method": "ListDatasets"}],
+                "name": [
+                    {"service": _SERVICE, "method": "GetDataset"},
+                    {"service": _SERVICE, "method": "ListDatasets"},
+                ],
                 "retryPolicy": {
                     "maxAttempts": 3,
                     "initialBackoff": "0.1s",

@@ -1,12 +1,13 @@
 """Arrow record batches -> numpy arrays or torch tensors, without copies where Arrow allows.
 
 Zero-copy: numeric columns without nulls, and fixed-size lists of them (any nesting), which become
-arrays of shape (rows, d1, d2, ...). These share memory with the received message: treat them as
+arrays of shape (rows, d1, d2, ...). Variable-length lists whose rows in the batch all have the same
+length (e.g. JSON arrays of features) are reshaped the same way, also without a copy. These share memory with the received message: treat them as
 read-only (numpy marks them so) or `.clone()` a tensor before writing into it in place.
 
 Copied: booleans (Arrow packs them into bits), columns with nulls (numpy gets floats with NaN or
-objects), strings and binary (a Python list / numpy object array), variable-length lists (an object
-array of arrays). Those are not tensors: "torch" output leaves them as numpy.
+objects), strings and binary (a Python list / numpy object array), variable-length lists of
+unequal lengths (an object array of arrays). Those are not tensors: "torch" output leaves them as numpy.
 """
 
 from __future__ import annotations
@@ -19,13 +20,32 @@ import pyarrow as pa
 __all__ = ["to_numpy", "to_torch"]
 
 
+def _uniform_list_size(arr: pa.Array) -> int | None:
+    """The common length of a null-free list column whose rows all have the same length."""
+    if arr.null_count:
+        return None
+    if pa.types.is_fixed_size_list(arr.type):
+        return arr.type.list_size
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        offsets = arr.offsets.to_numpy()
+        sizes = np.diff(offsets)
+        if len(sizes) and (sizes == sizes[0]).all():
+            return int(sizes[0])
+    return None
+
+
 def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
-    """(flat primitive values, per-row shape) when `arr` is a null-free fixed-size list nest."""
+    """(flat primitive values, per-row shape) when `arr` is a null-free nest of equal-length lists."""
     shape: list[int] = []
-    while pa.types.is_fixed_size_list(arr.type):
-        if arr.null_count:
+    while (
+        pa.types.is_fixed_size_list(arr.type)
+        or pa.types.is_list(arr.type)
+        or pa.types.is_large_list(arr.type)
+    ):
+        size = _uniform_list_size(arr)
+        if size is None:
             return None
-        shape.append(arr.type.list_size)
+        shape.append(size)
         arr = arr.flatten()
     if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) or arr.null_count:
         return None
@@ -41,14 +61,14 @@ def _column_numpy(arr: pa.Array) -> np.ndarray:
 
 
 def to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
-    return {name: _column_numpy(col) for name, col in zip(batch.schema.names, batch.columns)}
+    return {name: _column_numpy(col) for name, col in zip(batch.schema.names, batch.columns, strict=True)}
 
 
 def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
     import torch
 
     out: dict[str, Any] = {}
-    for name, col in zip(batch.schema.names, batch.columns):
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
         fixed = _fixed_shape(col)
         if fixed is not None and not pa.types.is_float16(fixed[0].type):
             values, shape = fixed

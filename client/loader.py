@@ -25,7 +25,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
-
 from shardstream.errors import (
     DataLossError,
     InvalidArgumentError,
@@ -118,9 +117,14 @@ class Loader:
         max_message_bytes: int = 0,
     ) -> None:
         # Everything is validated before any network call.
-        for name, value, low in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("seed", seed, 0),
-                                 ("prefetch", prefetch, 1), ("max_retries", max_retries, 0),
-                                 ("max_message_bytes", max_message_bytes, 0)):
+        for name, value, low in (
+            ("batch_size", batch_size, 1),
+            ("world_size", world_size, 1),
+            ("seed", seed, 0),
+            ("prefetch", prefetch, 1),
+            ("max_retries", max_retries, 0),
+            ("max_message_bytes", max_message_bytes, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -133,7 +137,9 @@ class Loader:
             try:
                 import torch  # noqa: F401
             except ImportError as exc:
-                raise InvalidArgumentError("output='torch' needs torch installed (pip install torch)") from exc
+                raise InvalidArgumentError(
+                    "output='torch' needs torch installed (pip install torch)"
+                ) from exc
         if columns is not None:
             if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
                 raise InvalidArgumentError(f"columns must be a list of column names, got {columns!r}")
@@ -183,7 +189,11 @@ class Loader:
 
     def __del__(self) -> None:
         if getattr(self, "_conns", None):
-            warnings.warn(f"unclosed {self!r}: call close() or use it as a context manager", ResourceWarning, stacklevel=1)
+            warnings.warn(
+                f"unclosed {self!r}: call close() or use it as a context manager",
+                ResourceWarning,
+                stacklevel=1,
+            )
             self.close()
 
     def __repr__(self) -> str:
@@ -232,7 +242,9 @@ class Loader:
 
     def steps_per_epoch(self, offset: int = 0) -> int:
         """Steps this loader takes in an epoch started at `offset`."""
-        return StepLayout(self.info.num_rows, offset, self.world_size, self.batch_size, self.drop_last).num_steps
+        return StepLayout(
+            self.info.num_rows, offset, self.world_size, self.batch_size, self.drop_last
+        ).num_steps
 
     # --- state ---------------------------------------------------------------------------------
     @property
@@ -455,7 +467,9 @@ class _Producer:
             if not ld.provenance:
                 part = part.drop_columns(list(PROVENANCE))
             last = header.end_of_epoch and i == len(header.steps) - 1
-            item = _Item(epoch, st.global_end, last, header.dropped if last else 0, _convert(part, ld.output), info)
+            item = _Item(
+                epoch, st.global_end, last, header.dropped if last else 0, _convert(part, ld.output), info
+            )
             if not self._put(item):
                 return None, False
         if row != batch.num_rows:

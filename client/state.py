@@ -41,7 +41,9 @@ class LoaderState:
         if d.get("kind") != _KIND:
             raise InvalidArgumentError(f"not a shardstream Loader state (kind={d.get('kind')!r})")
         if d.get("format") != STATE_FORMAT:
-            raise InvalidArgumentError(f"unsupported Loader state format {d.get('format')!r} (this client reads {STATE_FORMAT})")
+            raise InvalidArgumentError(
+                f"unsupported Loader state format {d.get('format')!r} (this client reads {STATE_FORMAT})"
+            )
         try:
             state = cls(
                 dataset=_typed(d, "dataset", str),
@@ -57,10 +59,14 @@ class LoaderState:
         except KeyError as exc:
             raise InvalidArgumentError(f"Loader state is missing {exc.args[0]!r}") from None
         if state.epoch < 0 or state.offset < 0:
-            raise InvalidArgumentError(f"Loader state has a negative cursor (epoch={state.epoch}, offset={state.offset})")
+            raise InvalidArgumentError(
+                f"Loader state has a negative cursor (epoch={state.epoch}, offset={state.offset})"
+            )
         return state
 
-    def check_compatible(self, *, dataset: str, fingerprint: str, seed: int, shuffle: str, num_rows: int) -> None:
+    def check_compatible(
+        self, *, dataset: str, fingerprint: str, seed: int, shuffle: str, num_rows: int
+    ) -> None:
         """Refuse to resume where the order would differ: nothing may be lost or repeated."""
         if fingerprint != self.fingerprint:
             raise FailedPreconditionError(
@@ -73,7 +79,9 @@ class LoaderState:
                 f"seed={seed}, shuffle={shuffle!r}: resuming would change the order"
             )
         if self.offset > num_rows:
-            raise InvalidArgumentError(f"the state's offset {self.offset} is past the epoch of {num_rows} samples")
+            raise InvalidArgumentError(
+                f"the state's offset {self.offset} is past the epoch of {num_rows} samples"
+            )
 
 
 def _typed(d: Mapping[str, Any], key: str, typ: type) -> Any:

@@ -94,20 +94,43 @@ def _cmd_datasets_list(args: argparse.Namespace) -> int:
     reg = Registry(args.root)
     manifests = [reg.resolve(name) for name in reg.names()]
     if args.json:
-        print(json.dumps([{"name": m.name, "latest": m.version, "versions": reg.versions(m.name),
-                           "rows": m.num_rows, "shards": len(m.shards), "bytes": m.num_bytes,
-                           "fingerprint": m.fingerprint} for m in manifests], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": m.name,
+                        "latest": m.version,
+                        "versions": reg.versions(m.name),
+                        "rows": m.num_rows,
+                        "shards": len(m.shards),
+                        "bytes": m.num_bytes,
+                        "fingerprint": m.fingerprint,
+                    }
+                    for m in manifests
+                ],
+                indent=1,
+            )
+        )
         return 0
     if not manifests:
         print(f"no datasets under {reg.root}", file=sys.stderr)
         return 0
     rows = [("NAME", "LATEST", "VERSIONS", "ROWS", "SHARDS", "SIZE", "CREATED")]
     for m in manifests:
-        rows.append((m.name, str(m.version), str(len(reg.versions(m.name))), str(m.num_rows),
-                     str(len(m.shards)), _human_bytes(m.num_bytes), m.created_at))
+        rows.append(
+            (
+                m.name,
+                str(m.version),
+                str(len(reg.versions(m.name))),
+                str(m.num_rows),
+                str(len(m.shards)),
+                _human_bytes(m.num_bytes),
+                m.created_at,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return 0
 
 
@@ -132,7 +155,9 @@ def _cmd_datasets_show(args: argparse.Namespace) -> int:
     print("  shards")
     limit = None if args.all_shards else 10
     for s in m.shards[:limit]:
-        print(f"    {s.uri}  rows={s.rows}  row_groups={len(s.row_groups)}  {_human_bytes(s.bytes)}  sha256={s.sha256[:16]}")
+        print(
+            f"    {s.uri}  rows={s.rows}  row_groups={len(s.row_groups)}  {_human_bytes(s.bytes)}  sha256={s.sha256[:16]}"
+        )
     if limit is not None and len(m.shards) > limit:
         print(f"    … {len(m.shards) - limit} more (--all-shards)")
     return 0
@@ -156,38 +181,65 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def root_arg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--root", default=DEFAULT_ROOT,
-                        help=f"dataset registry directory (default: $SHARDSTREAM_ROOT or {DEFAULT_ROOT!r})")
+        sp.add_argument(
+            "--root",
+            default=DEFAULT_ROOT,
+            help=f"dataset registry directory (default: $SHARDSTREAM_ROOT or {DEFAULT_ROOT!r})",
+        )
 
-    sp = sub.add_parser("ingest", help="write JSON Lines or Parquet as a new dataset version",
-                        description="Read JSON Lines (.jsonl/.ndjson/.json) or Parquet (.parquet) — a file or a "
-                        "directory of them — and write Parquet shards plus a new immutable version of NAME. "
-                        "Prints NAME@VERSION. Nothing is registered if any input is bad.")
+    sp = sub.add_parser(
+        "ingest",
+        help="write JSON Lines or Parquet as a new dataset version",
+        description="Read JSON Lines (.jsonl/.ndjson/.json) or Parquet (.parquet) — a file or a "
+        "directory of them — and write Parquet shards plus a new immutable version of NAME. "
+        "Prints NAME@VERSION. Nothing is registered if any input is bad.",
+    )
     sp.add_argument("src", help="input file or directory")
     sp.add_argument("--name", required=True, help="dataset name (letters, digits, '.', '_', '-')")
     root_arg(sp)
-    sp.add_argument("--row-group-mib", type=_positive_int, default=4, help="target row-group size, uncompressed (default 4)")
-    sp.add_argument("--row-group-rows", type=_positive_int, help="fixed rows per row group (overrides --row-group-mib)")
-    sp.add_argument("--shard-mib", type=_positive_int, default=256, help="target shard size, uncompressed (default 256)")
+    sp.add_argument(
+        "--row-group-mib",
+        type=_positive_int,
+        default=4,
+        help="target row-group size, uncompressed (default 4)",
+    )
+    sp.add_argument(
+        "--row-group-rows", type=_positive_int, help="fixed rows per row group (overrides --row-group-mib)"
+    )
+    sp.add_argument(
+        "--shard-mib", type=_positive_int, default=256, help="target shard size, uncompressed (default 256)"
+    )
     sp.add_argument("--shard-rows", type=_positive_int, help="fixed rows per shard (overrides --shard-mib)")
-    sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary; print only NAME@VERSION")
+    sp.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar or summary; print only NAME@VERSION"
+    )
     sp.set_defaults(fn=_cmd_ingest)
 
-    sp = sub.add_parser("serve", help="run a shard-reader server",
-                        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, "
-                        "reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
-                        "streams get --grace seconds to finish.")
+    sp = sub.add_parser(
+        "serve",
+        help="run a shard-reader server",
+        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, "
+        "reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
+        "streams get --grace seconds to finish.",
+    )
     root_arg(sp)
     sp.add_argument("--port", type=_port, default=7070, help="gRPC port (default 7070; 0 picks a free one)")
-    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    sp.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)"
+    )
     sp.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on this port (0 picks one)")
-    sp.add_argument("--cache-mib", type=_positive_int, default=1024, help="row-group cache size (default 1024)")
-    sp.add_argument("--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)")
+    sp.add_argument(
+        "--cache-mib", type=_positive_int, default=1024, help="row-group cache size (default 1024)"
+    )
+    sp.add_argument(
+        "--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)"
+    )
     sp.add_argument("--ready-file", help="write {port, metrics_port, pid} as JSON here once serving")
     sp.set_defaults(fn=_cmd_serve)
 
-    ds = sub.add_parser("datasets", help="list and show registered datasets",
-                        description="Inspect the registry under --root.")
+    ds = sub.add_parser(
+        "datasets", help="list and show registered datasets", description="Inspect the registry under --root."
+    )
     dsub = ds.add_subparsers(dest="datasets_command", metavar="SUBCOMMAND", required=True)
     sp = dsub.add_parser("list", help="every dataset with its latest version")
     root_arg(sp)
@@ -200,11 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--all-shards", action="store_true", help="list every shard, not the first 10")
     sp.set_defaults(fn=_cmd_datasets_show)
 
-    sp = sub.add_parser("demo", help="end-to-end demo: ingest, 2 servers, 2 ranks train, resume on 3 ranks",
-                        description="Make a small dataset, start two servers, train a tiny torch model on two "
-                        "ranks, stop them mid-epoch, resume on three ranks with another batch size, and check "
-                        "that every sample was seen exactly once. Needs torch.")
-    sp.add_argument("--rows", type=_positive_int, default=20_000, help="samples in the demo dataset (default 20000)")
+    sp = sub.add_parser(
+        "demo",
+        help="end-to-end demo: ingest, 2 servers, 2 ranks train, resume on 3 ranks",
+        description="Make a small dataset, start two servers, train a tiny torch model on two "
+        "ranks, stop them mid-epoch, resume on three ranks with another batch size, and check "
+        "that every sample was seen exactly once. Needs torch.",
+    )
+    sp.add_argument(
+        "--rows", type=_positive_int, default=20_000, help="samples in the demo dataset (default 20000)"
+    )
     sp.add_argument("--workdir", help="directory for data and logs (default: a temporary one)")
     sp.add_argument("--keep", action="store_true", help="keep the work directory")
     sp.set_defaults(fn=_cmd_demo)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-
 from shardstream.errors import InvalidArgumentError
 
 __all__ = ["FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]

@@ -51,7 +51,9 @@ class KeyedPermutation:
         self._half = (bits + 1) // 2
         self._mask = np.uint64((1 << self._half) - 1)
         digest = hashlib.blake2b(key, digest_size=8 * _ROUNDS).digest()
-        self._round_keys = [np.uint64(int.from_bytes(digest[8 * i : 8 * i + 8], "little")) for i in range(_ROUNDS)]
+        self._round_keys = [
+            np.uint64(int.from_bytes(digest[8 * i : 8 * i + 8], "little")) for i in range(_ROUNDS)
+        ]
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         h = np.uint64(self._half)

@@ -30,7 +30,9 @@ class Registry:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         text = os.fspath(root)
         if "://" in text:
-            raise InvalidArgumentError(f"--root {text!r}: only local directories are supported in this version")
+            raise InvalidArgumentError(
+                f"--root {text!r}: only local directories are supported in this version"
+            )
         self.root = Path(text)
 
     def __repr__(self) -> str:
@@ -50,7 +52,9 @@ class Registry:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / "manifests").is_dir() and self.versions(p.name))
+        return sorted(
+            p.name for p in self.root.iterdir() if (p / "manifests").is_dir() and self.versions(p.name)
+        )
 
     def versions(self, name: str) -> list[int]:
         d = self.dataset_dir(name) / "manifests"

@@ -34,7 +34,9 @@ def wait_healthy(target: str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Non
             if remaining <= 0:
                 raise TimeoutError(f"{target} not healthy after {timeout_s:g} s")
             try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=min(remaining, 2.0), wait_for_ready=True)
+                resp = stub.Check(
+                    health_pb2.HealthCheckRequest(), timeout=min(remaining, 2.0), wait_for_ready=True
+                )
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -45,8 +47,15 @@ def wait_healthy(target: str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Non
 class LocalServer:
     """`shardstream serve` in a subprocess."""
 
-    def __init__(self, root: str | os.PathLike[str], *, metrics: bool = False, extra_args: tuple[str, ...] = (),
-                 log_path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        metrics: bool = False,
+        extra_args: tuple[str, ...] = (),
+        log_path: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = str(root)
         self.metrics = metrics
         self.extra_args = extra_args
@@ -71,21 +80,37 @@ class LocalServer:
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> LocalServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="shardstream-server-")
         ready = Path(self._tmp.name) / "ready.json"
-        cmd = [sys.executable, "-m", "shardstream", "serve", "--root", self.root, "--port", "0",
-               "--ready-file", str(ready), "--grace", "5", *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "shardstream",
+            "serve",
+            "--root",
+            self.root,
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--grace",
+            "5",
+            *self.extra_args,
+        ]
         if self.metrics:
             cmd += ["--metrics-port", "0"]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True,
-                                         env={**os.environ, **(self.env or {})})
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **(self.env or {})}
+            )
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
         deadline = time.monotonic() + timeout_s
         while not ready.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} before serving (cmd: {' '.join(cmd)})")
+                raise RuntimeError(
+                    f"server exited with code {self.proc.returncode} before serving (cmd: {' '.join(cmd)})"
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise TimeoutError(f"server did not become ready in {timeout_s:g} s")

@@ -22,11 +22,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
-from tqdm import tqdm
-
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
+from tqdm import tqdm
 
 from .reader import PROVENANCE_COLUMNS
 
@@ -58,7 +57,11 @@ def _inputs(src: Path) -> list[Path]:
     if not src.exists():
         raise InvalidArgumentError(f"{src}: no such file or directory")
     files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
-    files = [p for p in files if p.suffix.lower() in _JSONL_SUFFIXES + _PARQUET_SUFFIXES and not p.name.startswith(".")]
+    files = [
+        p
+        for p in files
+        if p.suffix.lower() in _JSONL_SUFFIXES + _PARQUET_SUFFIXES and not p.name.startswith(".")
+    ]
     if not files:
         raise InvalidArgumentError(
             f"{src}: no input files (expected JSON Lines: {', '.join(_JSONL_SUFFIXES)}; "
@@ -110,7 +113,9 @@ def _unify(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
         for path, s in schemas[1:]:
             for f in s:
                 if f.name in first.names and not first.field(f.name).type.equals(f.type):
-                    diffs.append(f"{path}: field {f.name!r} is {f.type}, {first_path} has {first.field(f.name).type}")
+                    diffs.append(
+                        f"{path}: field {f.name!r} is {f.type}, {first_path} has {first.field(f.name).type}"
+                    )
         detail = "; ".join(diffs[:5]) or str(exc)
         raise InvalidArgumentError(f"input schemas disagree: {detail}") from exc
     schema = schema.remove_metadata()
@@ -218,13 +223,17 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordB
             try:
                 arrays.append(col if col.type.equals(field.type) else col.cast(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise InvalidArgumentError(f"{path}: field {field.name!r} cannot become {field.type} ({exc})") from exc
+                raise InvalidArgumentError(
+                    f"{path}: field {field.name!r} cannot become {field.type} ({exc})"
+                ) from exc
         else:
             arrays.append(pa.nulls(batch.num_rows, field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def ingest(src: str | os.PathLike[str], name: str, root: str | os.PathLike[str], opts: IngestOptions | None = None) -> Manifest:
+def ingest(
+    src: str | os.PathLike[str], name: str, root: str | os.PathLike[str], opts: IngestOptions | None = None
+) -> Manifest:
     """Ingest `src` (a file or a directory of them) as the next version of dataset `name`."""
     opts = opts or IngestOptions()
     validate_name(name)

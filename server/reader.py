@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prometheus_client import Counter, Histogram
-
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.plan import RowLocator

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
-
 from shardstream.errors import FailedPreconditionError, InternalError, InvalidArgumentError, ShardstreamError
 from shardstream.framing import encode_read_response, ipc_bytes
 from shardstream.manifest import DatasetRef, Manifest
@@ -39,7 +38,9 @@ MAX_STEPS_PER_MESSAGE = 4096
 METHODS = ("GetDataset", "ListDatasets", "Read")
 
 RPCS = Counter("shardstream_rpcs_total", "RPCs received", ["method"])
-RPC_ERRORS = Counter("shardstream_rpc_errors_total", "RPCs that ended with an error, by status code", ["method", "code"])
+RPC_ERRORS = Counter(
+    "shardstream_rpc_errors_total", "RPCs that ended with an error, by status code", ["method", "code"]
+)
 STREAMS_ACTIVE = Gauge("shardstream_streams_active", "Read streams in progress")
 BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batches) sent")
 MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent")
@@ -52,7 +53,14 @@ BATCH_BUILD_SECONDS = Histogram(
 )
 for _m in METHODS:  # export 0 for the series known to exist
     RPCS.labels(_m)
-    for _code in ("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "DATA_LOSS", "UNAVAILABLE", "INTERNAL"):
+    for _code in (
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "FAILED_PRECONDITION",
+        "DATA_LOSS",
+        "UNAVAILABLE",
+        "INTERNAL",
+    ):
         RPC_ERRORS.labels(_m, _code)
 
 T = TypeVar("T")
@@ -162,15 +170,29 @@ class ShardStreamService:
                 f"{req.fingerprint[:12]}…: the dataset changed under this job"
             )
         if req.world_size < 1 or req.rank >= req.world_size:
-            raise InvalidArgumentError(f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}")
+            raise InvalidArgumentError(
+                f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}"
+            )
         reader = self._reader(manifest)
-        layout = StepLayout(manifest.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last)
+        layout = StepLayout(
+            manifest.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
+        )
         if req.first_step > layout.num_steps:
-            raise InvalidArgumentError(f"first_step {req.first_step} is past the epoch's {layout.num_steps} steps")
-        end = layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
+            raise InvalidArgumentError(
+                f"first_step {req.first_step} is past the epoch's {layout.num_steps} steps"
+            )
+        end = (
+            layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
+        )
         return _ReadPlan(
             reader=reader,
-            order=EpochOrder(manifest.fingerprint, manifest.num_rows, req.seed, req.epoch, parse_shuffle(req.shuffle.mode or "none")),
+            order=EpochOrder(
+                manifest.fingerprint,
+                manifest.num_rows,
+                req.seed,
+                req.epoch,
+                parse_shuffle(req.shuffle.mode or "none"),
+            ),
             layout=layout,
             columns=reader.check_columns(list(req.columns)),
             rank=req.rank,
@@ -224,7 +246,9 @@ class ShardStreamService:
                 task, nsteps = pending
                 data, nrows = await task
                 if nrows:  # size the next messages toward max_message_bytes
-                    per_message = max(1, min(MAX_STEPS_PER_MESSAGE, plan.max_message_bytes * nsteps // len(data)))
+                    per_message = max(
+                        1, min(MAX_STEPS_PER_MESSAGE, plan.max_message_bytes * nsteps // len(data))
+                    )
                 # Read ahead: build the next message while this one is being sent.
                 pending = submit() if step < plan.end_step else None
                 MESSAGES_SENT.inc()

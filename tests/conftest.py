@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from shardstream.manifest import Manifest
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -31,11 +30,14 @@ def make_table(n: int, start: int = 0) -> pa.Table:
     )
 
 
-def write_dataset(root: Path, name: str, n: int, *, row_group_rows: int = 50, shard_rows: int = 230,
-                  start: int = 0) -> Manifest:
+def write_dataset(
+    root: Path, name: str, n: int, *, row_group_rows: int = 50, shard_rows: int = 230, start: int = 0
+) -> Manifest:
     src = root.parent / f"src-{name}-{n}-{start}.parquet"
     pq.write_table(make_table(n, start), src)
-    return ingest(src, name, root, IngestOptions(row_group_rows=row_group_rows, shard_rows=shard_rows, progress=False))
+    return ingest(
+        src, name, root, IngestOptions(row_group_rows=row_group_rows, shard_rows=shard_rows, progress=False)
+    )
 
 
 @pytest.fixture(scope="session")

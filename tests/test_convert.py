@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import torch
-
 from shardstream.client.convert import to_numpy, to_torch
 from shardstream.framing import decode_read_response, encode_read_response, ipc_bytes, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
@@ -55,3 +54,19 @@ def test_empty_batch_converts() -> None:
     empty = received(sample().slice(0, 0))
     assert to_torch(empty)["img"].shape == (0, 2, 3)
     assert to_numpy(empty)["i"].shape == (0,)
+
+
+def test_equal_length_variable_lists_are_reshaped_without_copy() -> None:
+    batch = received(
+        pa.record_batch(
+            {
+                "v": pa.array([[float(i), 1.0, 2.0] for i in range(10)]),
+                "ragged": pa.array([[1] * (i % 3) for i in range(10)]),
+            }
+        )
+    ).slice(2, 5)
+    out = to_torch(batch)
+    assert out["v"].shape == (5, 3) and out["v"][0].tolist() == [2.0, 1.0, 2.0]
+    values = batch.column("v").flatten()
+    assert out["v"].data_ptr() == values.buffers()[1].address + values.offset * 8
+    assert out["ragged"].dtype == object  # unequal lengths stay numpy objects

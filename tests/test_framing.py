@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from shardstream.framing import ALIGNMENT, decode_read_response, encode_read_response, ipc_bytes, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -14,7 +13,9 @@ def test_frame_round_trip_is_aligned_and_a_valid_proto(nsteps: int, rows: int) -
     batch = pa.record_batch({"a": np.arange(rows, dtype=np.int64), "b": np.ones(rows, dtype=np.float32)})
     header = pb.ReadHeader(epoch=3, end_of_epoch=bool(nsteps % 2), dropped=nsteps)
     for i in range(nsteps):
-        header.steps.add(step=i, position_start=i * 1000, position_end=i * 1000 + 7, global_start=i, global_end=2**40 + i)
+        header.steps.add(
+            step=i, position_start=i * 1000, position_end=i * 1000 + 7, global_start=i, global_end=2**40 + i
+        )
     payload = ipc_bytes(batch)
     data = encode_read_response(header, payload)
 
@@ -36,6 +37,9 @@ def test_decode_accepts_a_generically_encoded_message() -> None:
     batch = pa.record_batch({"a": [1, 2, 3]})
     msg = pb.ReadResponse(header=pb.ReadHeader(epoch=1), arrow_ipc=ipc_bytes(batch).to_pybytes())
     # Fields written in the other order still decode.
-    data = pb.ReadResponse(arrow_ipc=msg.arrow_ipc).SerializeToString() + pb.ReadResponse(header=msg.header).SerializeToString()
+    data = (
+        pb.ReadResponse(arrow_ipc=msg.arrow_ipc).SerializeToString()
+        + pb.ReadResponse(header=msg.header).SerializeToString()
+    )
     header, payload = decode_read_response(data)
     assert header.epoch == 1 and read_ipc(payload).equals(batch)

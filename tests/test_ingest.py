@@ -9,7 +9,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 from shardstream.server.ingest import IngestOptions, ingest
@@ -97,7 +96,9 @@ def test_bad_inputs(tmp_path: Path, setup, message: str) -> None:  # type: ignor
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shardstream", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "shardstream", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_cli_ingest_list_show(tmp_path: Path) -> None:

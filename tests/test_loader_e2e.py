@@ -9,7 +9,6 @@ import time
 import grpc
 import numpy as np
 import pytest
-
 from shardstream.client import Loader
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
 from shardstream.framing import decode_read_response
@@ -74,7 +73,9 @@ def test_determinism_same_seed_same_batches_other_seed_differs(endpoints: list[s
     a = run_epoch(endpoints, 2, 16, seed=1)
     b = run_epoch(endpoints, 2, 16, seed=1)
     c = run_epoch(endpoints, 2, 16, seed=2)
-    assert all(np.array_equal(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    assert all(
+        np.array_equal(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=False)
+    )
     assert global_order(a) != global_order(c)
 
 
@@ -149,7 +150,9 @@ def test_state_from_another_version_is_refused(endpoints: list[str]) -> None:
 def test_outputs_and_provenance(endpoints: list[str]) -> None:
     import torch
 
-    with Loader(endpoints, "toy@1", batch_size=10, output="torch", provenance=True, columns=["x", "id"]) as ld:
+    with Loader(
+        endpoints, "toy@1", batch_size=10, output="torch", provenance=True, columns=["x", "id"]
+    ) as ld:
         b = next(iter(ld))
         assert list(b) == ["x", "id", "_shard", "_row"]
         assert isinstance(b["x"], torch.Tensor) and b["x"].shape == (10, 3) and b["x"].dtype == torch.float32
@@ -201,7 +204,10 @@ def test_bad_endpoints(endpoints_arg) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_unknown_dataset_and_version_are_not_found(endpoints: list[str]) -> None:
-    with Loader(endpoints, "nope", batch_size=1) as ld, pytest.raises(NotFoundError, match="no dataset named 'nope'"):
+    with (
+        Loader(endpoints, "nope", batch_size=1) as ld,
+        pytest.raises(NotFoundError, match="no dataset named 'nope'"),
+    ):
         iter(ld)
     with Loader(endpoints, "toy@9", batch_size=1) as ld, pytest.raises(NotFoundError, match="no version 9"):
         iter(ld)
@@ -209,7 +215,9 @@ def test_unknown_dataset_and_version_are_not_found(endpoints: list[str]) -> None
 
 def test_unknown_column_fails_before_streaming(endpoints: list[str]) -> None:
     with Loader(endpoints, "toy", batch_size=1, columns=["id", "colour"]) as ld:
-        with pytest.raises(InvalidArgumentError, match="unknown column.*'colour'.*columns are: id, x, label, text"):
+        with pytest.raises(
+            InvalidArgumentError, match="unknown column.*'colour'.*columns are: id, x, label, text"
+        ):
             iter(ld)
 
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from shardstream.permutation import KeyedPermutation, derive_key
 
 
@@ -58,8 +57,13 @@ def test_same_in_another_process_with_another_hash_seed() -> None:
         "print(KeyedPermutation(777, derive_key('fp', 3, 1, 'full'))(np.arange(777)).tolist())"
     )
     outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": str(h), "PATH": ""}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(h), "PATH": ""},
+        ).stdout
         for h in (0, 1, 12345)
     }
     assert len(outs) == 1

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from shardstream.errors import InvalidArgumentError
 from shardstream.plan import SHUFFLES, EpochOrder, RowLocator, StepLayout, parse_shuffle
 
@@ -48,9 +47,12 @@ def test_steps_cover_the_epoch_exactly_once(n: int, w: int, b: int, drop_last: b
 @settings(max_examples=300, deadline=None)
 @given(
     n=st.integers(1, 600),
-    w1=st.integers(1, 6), b1=st.integers(1, 30),
-    w2=st.integers(1, 6), b2=st.integers(1, 30),
-    w3=st.integers(1, 6), b3=st.integers(1, 30),
+    w1=st.integers(1, 6),
+    b1=st.integers(1, 30),
+    w2=st.integers(1, 6),
+    b2=st.integers(1, 30),
+    w3=st.integers(1, 6),
+    b3=st.integers(1, 30),
     data=st.data(),
 )
 def test_resume_with_other_world_and_batch_sizes_is_exact(n, w1, b1, w2, b2, w3, b3, data) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +77,9 @@ def test_all_ranks_take_the_same_number_of_steps_even_when_a_rank_gets_nothing()
     assert [lay.rank_range(0, r) for r in range(4)] == [(0, 0), (0, 1), (1, 1), (1, 2)]
 
 
-@pytest.mark.parametrize("bad", [dict(world_size=0), dict(batch_size=0), dict(start_offset=11), dict(start_offset=-1)])
+@pytest.mark.parametrize(
+    "bad", [dict(world_size=0), dict(batch_size=0), dict(start_offset=11), dict(start_offset=-1)]
+)
 def test_layout_validates(bad: dict[str, int]) -> None:
     kwargs = dict(num_rows=10, start_offset=0, world_size=2, batch_size=3) | bad
     with pytest.raises(InvalidArgumentError):
@@ -83,7 +87,12 @@ def test_layout_validates(bad: dict[str, int]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(0, 2000), seed=st.integers(0, 2**40), epoch=st.integers(0, 1000), mode=st.sampled_from(sorted(SHUFFLES)))
+@given(
+    n=st.integers(0, 2000),
+    seed=st.integers(0, 2**40),
+    epoch=st.integers(0, 1000),
+    mode=st.sampled_from(sorted(SHUFFLES)),
+)
 def test_epoch_order_is_a_permutation(n: int, seed: int, epoch: int, mode: str) -> None:
     rows = EpochOrder("fp", n, seed, epoch, mode).rows_in_range(0, n)
     assert np.array_equal(np.sort(rows), np.arange(n))
@@ -92,7 +101,11 @@ def test_epoch_order_is_a_permutation(n: int, seed: int, epoch: int, mode: str) 
 def test_order_depends_on_seed_epoch_fingerprint_only() -> None:
     base = EpochOrder("fp", 500, 1, 0, "full").rows_in_range(0, 500)
     assert np.array_equal(base, EpochOrder("fp", 500, 1, 0, "full").rows_in_range(0, 500))
-    for other in (EpochOrder("fp", 500, 2, 0, "full"), EpochOrder("fp", 500, 1, 1, "full"), EpochOrder("fp2", 500, 1, 0, "full")):
+    for other in (
+        EpochOrder("fp", 500, 2, 0, "full"),
+        EpochOrder("fp", 500, 1, 1, "full"),
+        EpochOrder("fp2", 500, 1, 0, "full"),
+    ):
         assert not np.array_equal(base, other.rows_in_range(0, 500))
     assert np.array_equal(EpochOrder("fp", 500, 1, 0, "none").rows_in_range(0, 500), np.arange(500))
 
@@ -124,4 +137,4 @@ def test_row_locator_matches_brute_force(groups: list[list[int]]) -> None:
     loc = RowLocator(groups)
     assert loc.num_rows == len(expect)
     got = loc.locate(np.arange(len(expect)))
-    assert list(zip(*(a.tolist() for a in got))) == expect
+    assert list(zip(*(a.tolist() for a in got), strict=True)) == expect

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
 from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.manifest import DatasetRef, Manifest, Shard
 from shardstream.registry import Registry
@@ -44,7 +43,11 @@ def test_tampered_manifest_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("text", "ref"),
-    [("web", DatasetRef("web")), ("web@3", DatasetRef("web", 3)), ("web@prod", DatasetRef("web", tag="prod"))],
+    [
+        ("web", DatasetRef("web")),
+        ("web@3", DatasetRef("web", 3)),
+        ("web@prod", DatasetRef("web", tag="prod")),
+    ],
 )
 def test_dataset_ref_parse(text: str, ref: DatasetRef) -> None:
     assert DatasetRef.parse(text) == ref and str(ref) == text
@@ -76,7 +79,6 @@ def test_versions_and_not_found(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_get_distinct_versions(tmp_path: Path) -> None:
-    reg = Registry(tmp_path)
     made: list[int] = []
     lock = threading.Lock()
     barrier = threading.Barrier(8)
@@ -93,6 +95,9 @@ def test_concurrent_writers_get_distinct_versions(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert sorted(made) == list(range(1, 9))
-    shas = {json.loads((tmp_path / "ds" / "manifests" / f"{v}.json").read_text())["shards"][0]["sha256"] for v in made}
+    shas = {
+        json.loads((tmp_path / "ds" / "manifests" / f"{v}.json").read_text())["shards"][0]["sha256"]
+        for v in made
+    }
     assert len(shas) == 8  # nobody's manifest was overwritten
     assert not list((tmp_path / "ds" / "manifests").glob(".*tmp"))

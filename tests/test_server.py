@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
 from shardstream.client import Loader
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
@@ -28,17 +27,25 @@ def test_health_and_reflection(endpoints: list[str]) -> None:
             resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(ch)
-        responses = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        responses = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
         names = {s.name for r in responses for s in r.list_services_response.service}
     assert {"shardstream.v1.ShardStream", "grpc.health.v1.Health"} <= names
 
 
 def test_get_and_list_datasets(endpoints: list[str]) -> None:
     with grpc.insecure_channel(endpoints[0]) as ch:
-        get = ch.unary_unary("/shardstream.v1.ShardStream/GetDataset", request_serializer=pb.GetDatasetRequest.SerializeToString,
-                             response_deserializer=pb.DatasetInfo.FromString)
-        lst = ch.unary_unary("/shardstream.v1.ShardStream/ListDatasets", request_serializer=pb.ListDatasetsRequest.SerializeToString,
-                             response_deserializer=pb.ListDatasetsResponse.FromString)
+        get = ch.unary_unary(
+            "/shardstream.v1.ShardStream/GetDataset",
+            request_serializer=pb.GetDatasetRequest.SerializeToString,
+            response_deserializer=pb.DatasetInfo.FromString,
+        )
+        lst = ch.unary_unary(
+            "/shardstream.v1.ShardStream/ListDatasets",
+            request_serializer=pb.ListDatasetsRequest.SerializeToString,
+            response_deserializer=pb.ListDatasetsResponse.FromString,
+        )
         info = get(pb.GetDatasetRequest(dataset="toy"), timeout=5)
         assert (info.name, info.version, info.num_rows) == ("toy", 2, N_ROWS)
         assert [f.name for f in info.fields] == ["id", "x", "label", "text"]
@@ -51,7 +58,9 @@ def test_get_and_list_datasets(endpoints: list[str]) -> None:
 
 
 def scrape(server: LocalServer) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    )
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -124,14 +133,31 @@ def test_concurrent_streams_from_many_threads(endpoints: list[str]) -> None:
 
 
 def test_port_in_use_is_a_clear_error(fleet: list[LocalServer], data_root: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "shardstream", "serve", "--root", str(data_root), "--port", str(fleet[0].port)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardstream",
+            "serve",
+            "--root",
+            str(data_root),
+            "--port",
+            str(fleet[0].port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "shardstream", "serve", "--root", str(tmp_path / "nope"), "--port", "0"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "shardstream", "serve", "--root", str(tmp_path / "nope"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "no such directory" in r.stderr and "Traceback" not in r.stderr
 
 

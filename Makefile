@@ -1,0 +1,40 @@
+# shardstream — every target sets up what it needs on a fresh machine (a virtualenv in .venv).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test soak bench proto proto-check lint clean
+
+setup: $(STAMP)
+
+# torch comes first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,torch]'
+	touch $(STAMP)
+
+demo: setup                ## end-to-end demo: ingest, 2 servers, 2 ranks train, resume on 3, exactly-once check
+	$(BIN)/shardstream demo
+
+test: setup                ## the test suite (real server processes on loopback)
+	$(BIN)/python -m pytest
+
+soak: setup                ## slow soak tests, not run in CI
+	$(BIN)/python -m pytest -m slow
+
+bench: setup               ## data-plane benchmark: Loader vs Arrow Flight vs local Parquet, as ratios
+	$(BIN)/python -m loadtest.bench
+
+proto: setup               ## regenerate core/v1 from protos/
+	PYTHON=$(BIN)/python tools/gen_proto.sh
+
+proto-check: proto         ## fail when the committed stubs differ from the protos
+	git diff --exit-code -- core/v1 || (echo "generated stubs drifted: run 'make proto' and commit" >&2; exit 1)
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
