@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
+
 from shardstream.errors import (
     DataLossError,
     InvalidArgumentError,
@@ -33,13 +34,13 @@ from shardstream.errors import (
     from_grpc_error,
 )
 from shardstream.framing import read_ipc
-from shardstream.manifest import DatasetRef
-from shardstream.plan import StepLayout, parse_shuffle
+from shardstream.plan import ShuffleSpec, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .channel import Connection, normalize_endpoints
 from .convert import to_numpy, to_torch
 from .state import LoaderState
+from .target import Target, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
 
@@ -49,7 +50,7 @@ DEFAULT_MAX_RETRIES = 6
 DEFAULT_BACKOFF_BASE_S = 0.05
 DEFAULT_BACKOFF_MAX_S = 2.0
 OUTPUTS = ("numpy", "torch", "arrow")
-PROVENANCE = ("_shard", "_row")
+PROVENANCE = ("_shard", "_row", "_source")
 _POLL_S = 0.1
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -62,7 +63,7 @@ _RETRYABLE = {
 
 @dataclass(frozen=True)
 class BatchInfo:
-    """Where a batch came from: epoch, global positions, and each row's shard and row."""
+    """Where a batch came from: epoch, global positions, and each row's (source,) shard and row."""
 
     epoch: int
     step: int  # global step index in the epoch, counted from the stream's start offset
@@ -72,6 +73,7 @@ class BatchInfo:
     global_end: int
     shards: np.ndarray  # int32 index into the manifest's shard list, per row
     rows: np.ndarray  # int64 row within the shard, per row
+    sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
 
 
 @dataclass
@@ -99,13 +101,14 @@ class Loader:
     def __init__(
         self,
         endpoints: str | Sequence[str],
-        dataset: str,
+        dataset: str | Mapping[str, float],
         *,
         batch_size: int,
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
-        shuffle: bool | str = True,
+        shuffle: bool | str | Mapping[str, Any] = True,
+        shuffle_window: int | None = None,
         columns: Sequence[str] | None = None,
         epochs: int | None = 1,
         drop_last: bool = False,
@@ -115,6 +118,8 @@ class Loader:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_message_bytes: int = 0,
+        mixture_block: int = 0,
+        mixture_epoch_samples: int = 0,
     ) -> None:
         # Everything is validated before any network call.
         for name, value, low in (
@@ -124,6 +129,8 @@ class Loader:
             ("prefetch", prefetch, 1),
             ("max_retries", max_retries, 0),
             ("max_message_bytes", max_message_bytes, 0),
+            ("mixture_block", mixture_block, 0),
+            ("mixture_epoch_samples", mixture_epoch_samples, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -148,12 +155,12 @@ class Loader:
         if not timeout_s > 0:
             raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.endpoints = normalize_endpoints(endpoints)
-        self.dataset = str(DatasetRef.parse(dataset))
+        self.dataset = normalize_dataset(dataset)
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
-        self.shuffle = parse_shuffle(shuffle)
+        self.shuffle = ShuffleSpec.parse(shuffle, shuffle_window)
         self.columns = list(columns) if columns is not None else None
         self.epochs = epochs
         self.drop_last = drop_last
@@ -163,9 +170,11 @@ class Loader:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_message_bytes = max_message_bytes
+        self.mixture_block = mixture_block
+        self.mixture_epoch_samples = mixture_epoch_samples
 
         self._conns: dict[str, Connection] = {}
-        self._info: pb.DatasetInfo | None = None
+        self._target: Target | None = None
         self._epoch = 0
         self._offset = 0
         self._steps = 0
@@ -208,42 +217,41 @@ class Loader:
         return conn
 
     # --- dataset -------------------------------------------------------------------------------
+    def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
+        last: ShardstreamError | None = None
+        for i in range(len(self.endpoints)):
+            target = self.endpoints[(self.rank + i) % len(self.endpoints)]
+            try:
+                return self._conn(target).get_dataset(dataset, self.timeout_s)
+            except UnavailableError as exc:
+                last = exc
+        raise UnavailableError(
+            f"no shardstream server reachable at {', '.join(self.endpoints)} within {self.timeout_s:g} s "
+            f"(last error: {last})"
+        )
+
     @property
-    def info(self) -> pb.DatasetInfo:
-        """The dataset version this loader reads, resolved once and then pinned."""
-        if self._info is None:
-            last: ShardstreamError | None = None
-            for i in range(len(self.endpoints)):
-                target = self.endpoints[(self.rank + i) % len(self.endpoints)]
-                try:
-                    info = self._conn(target).get_dataset(self.dataset, self.timeout_s)
-                    break
-                except UnavailableError as exc:
-                    last = exc
-            else:
-                raise UnavailableError(
-                    f"no shardstream server reachable at {', '.join(self.endpoints)} within {self.timeout_s:g} s "
-                    f"(last error: {last})"
-                )
-            if self.columns is not None:
-                names = [f.name for f in info.fields]
-                unknown = [c for c in self.columns if c not in names]
-                if unknown:
-                    raise InvalidArgumentError(
-                        f"unknown column(s) {', '.join(map(repr, unknown))} in {info.name}@{info.version}; "
-                        f"columns are: {', '.join(names)}"
-                    )
-            self._info = info
-        return self._info
+    def target(self) -> Target:
+        """What this loader reads — versions resolved once (first use), then pinned."""
+        if self._target is None:
+            self._target = resolve_target(
+                self._get_dataset,
+                self.dataset,
+                columns=self.columns,
+                seed=self.seed,
+                mixture_block=self.mixture_block,
+                mixture_epoch_samples=self.mixture_epoch_samples,
+            )
+        return self._target
 
     @property
     def pinned(self) -> str:
-        return f"{self.info.name}@{self.info.version}"
+        return self.target.label
 
     def steps_per_epoch(self, offset: int = 0) -> int:
         """Steps this loader takes in an epoch started at `offset`."""
         return StepLayout(
-            self.info.num_rows, offset, self.world_size, self.batch_size, self.drop_last
+            self.target.num_rows, offset, self.world_size, self.batch_size, self.drop_last
         ).num_steps
 
     # --- state ---------------------------------------------------------------------------------
@@ -256,12 +264,12 @@ class Loader:
         return self._offset
 
     def state_dict(self) -> dict[str, Any]:
-        info = self.info
+        target = self.target
         return LoaderState(
-            dataset=f"{info.name}@{info.version}",
-            fingerprint=info.fingerprint,
+            dataset=target.label,
+            fingerprint=target.fingerprint,
             seed=self.seed,
-            shuffle=self.shuffle,
+            shuffle=str(self.shuffle),
             epoch=self._epoch,
             offset=self._offset,
             world_size=self.world_size,
@@ -273,13 +281,13 @@ class Loader:
         if self._active:
             raise RuntimeError("load_state_dict() while iterating: load the state before the loop starts")
         st = LoaderState.from_dict(state)
-        info = self.info
+        target = self.target
         st.check_compatible(
-            dataset=f"{info.name}@{info.version}",
-            fingerprint=info.fingerprint,
+            dataset=target.label,
+            fingerprint=target.fingerprint,
             seed=self.seed,
-            shuffle=self.shuffle,
-            num_rows=info.num_rows,
+            shuffle=str(self.shuffle),
+            num_rows=target.num_rows,
         )
         self._epoch, self._offset, self._steps = st.epoch, st.offset, st.steps
 
@@ -287,10 +295,10 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._active:
             raise RuntimeError("this Loader is already being iterated")
-        info = self.info
+        target = self.target
         if self.epochs is None and self.steps_per_epoch() == 0:
             raise InvalidArgumentError(
-                f"{self.pinned} has {info.num_rows} rows: an epoch of world_size*batch_size="
+                f"{self.pinned} has {target.num_rows} rows: an epoch of world_size*batch_size="
                 f"{self.world_size * self.batch_size} has no steps{' with drop_last' if self.drop_last else ''}, "
                 "so an endless stream would never yield"
             )
@@ -376,19 +384,17 @@ class _Producer:
     def _stream_epoch(self, epoch: int, offset: int) -> bool:
         """Stream one epoch from `offset`; False when stopped."""
         ld = self._ld
-        info = ld.info
-        layout = StepLayout(info.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
+        target = ld.target
+        layout = StepLayout(target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
         next_step = 0
         failures = 0
         last_error: BaseException | None = None
         while True:
-            target = ld.endpoints[self._endpoint]
+            endpoint = ld.endpoints[self._endpoint]
             request = pb.ReadRequest(
-                dataset=f"{info.name}@{info.version}",
-                fingerprint=info.fingerprint,
                 seed=ld.seed,
                 epoch=epoch,
-                shuffle=pb.Shuffle(mode=ld.shuffle),
+                shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
                 start_offset=offset,
                 rank=ld.rank,
                 world_size=ld.world_size,
@@ -398,9 +404,10 @@ class _Producer:
                 columns=ld.columns or [],
                 max_message_bytes=ld.max_message_bytes,
             )
+            target.fill(request)
             ended = False
             try:
-                call = ld._conn(target).read(request)
+                call = ld._conn(endpoint).read(request)
                 with self._call_lock:
                     self._call = call
                 if self._stop.is_set():
@@ -418,8 +425,8 @@ class _Producer:
                 if self._stop.is_set():
                     return False
                 if exc.code() not in _RETRYABLE:
-                    raise from_grpc_error(exc, target=target) from exc
-                last_error = from_grpc_error(exc, target=target)
+                    raise from_grpc_error(exc, target=endpoint) from exc
+                last_error = from_grpc_error(exc, target=endpoint)
             finally:
                 with self._call_lock:
                     self._call = None
@@ -463,9 +470,10 @@ class _Producer:
                 global_end=st.global_end,
                 shards=part.column("_shard").to_numpy(),
                 rows=part.column("_row").to_numpy(),
+                sources=part.column("_source").to_numpy() if "_source" in part.schema.names else None,
             )
             if not ld.provenance:
-                part = part.drop_columns(list(PROVENANCE))
+                part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])
             last = header.end_of_epoch and i == len(header.steps) - 1
             item = _Item(
                 epoch, st.global_end, last, header.dropped if last else 0, _convert(part, ld.output), info

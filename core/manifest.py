@@ -15,9 +15,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
+
 from shardstream.errors import InvalidArgumentError
 
 __all__ = ["FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
@@ -143,8 +145,8 @@ class Manifest:
     def fields(self) -> list[tuple[str, str]]:
         return [(f.name, str(f.type)) for f in self.schema]
 
-    @property
-    def fingerprint(self) -> str:
+    @cached_property
+    def fingerprint(self) -> str:  # cached: servers use it in per-row-group cache keys
         content = {
             "format": FORMAT_VERSION,
             "fields": self.fields,

@@ -3,11 +3,9 @@
 Three pieces, each usable alone:
 
 * `EpochOrder` — the global sample order of one epoch: position p in [0, N) -> dataset row index.
-  It depends only on (manifest fingerprint, seed, epoch, shuffle mode): never on world size, server
-  count or timing. Modes are pure functions selected by name from `SHUFFLES`:
-    - "none": position p is row p;
-    - "full": a keyed pseudo-random permutation of all N rows (see permutation.py), O(1) per
-      lookup. Epoch e of seed s uses the key (fingerprint, s, e), so every epoch has its own order.
+  It depends only on (manifest fingerprint, seed, epoch, shuffle spec): never on world size, server
+  count or timing. The modes ("none", "full", "block") live in the `shuffle` package. Epoch e of
+  seed s uses the key (fingerprint, s, e, spec), so every epoch has its own order.
 * `RowLocator` — dataset row index -> (shard, row in shard, row group, row in row group), O(log G)
   for G row groups, O(G) memory.
 * `StepLayout` — which global positions a step and a rank cover. Global step t of world size W and
@@ -21,57 +19,40 @@ Three pieces, each usable alone:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from shardstream.errors import InvalidArgumentError
-from shardstream.permutation import KeyedPermutation, derive_key
+from shardstream.permutation import derive_key
+from shardstream.shuffle import ShuffleSpec, get_order
 
-__all__ = ["SHUFFLES", "EpochOrder", "RowLocator", "StepLayout", "parse_shuffle"]
-
-Order = Callable[[np.ndarray], np.ndarray]
-
-
-def _order_none(n: int, key: bytes) -> Order:
-    del n, key
-    return lambda positions: np.asarray(positions, dtype=np.int64)
-
-
-def _order_full(n: int, key: bytes) -> Order:
-    return KeyedPermutation(n, key)
-
-
-# name -> factory(n, key) -> positions -> row indices
-SHUFFLES: dict[str, Callable[[int, bytes], Order]] = {
-    "none": _order_none,
-    "full": _order_full,
-}
-DEFAULT_SHUFFLE = "full"
-
-
-def parse_shuffle(shuffle: bool | str) -> str:
-    """`True` -> the default mode, `False` -> "none", a name -> itself (validated)."""
-    if shuffle is True:
-        return DEFAULT_SHUFFLE
-    if shuffle is False or shuffle is None:
-        return "none"
-    if isinstance(shuffle, str) and shuffle in SHUFFLES:
-        return shuffle
-    raise InvalidArgumentError(f"unknown shuffle mode {shuffle!r}; known: {', '.join(sorted(SHUFFLES))}")
+__all__ = ["DatasetOrder", "EpochOrder", "RowLocator", "ShuffleSpec", "StepLayout"]
 
 
 class EpochOrder:
     """Global position -> dataset row index, for one epoch."""
 
-    def __init__(self, fingerprint: str, num_rows: int, seed: int, epoch: int, shuffle: str) -> None:
-        mode = parse_shuffle(shuffle)
+    def __init__(
+        self,
+        fingerprint: str,
+        blocks: int | Sequence[int] | np.ndarray,
+        seed: int,
+        epoch: int,
+        shuffle: ShuffleSpec | bool | str,
+    ) -> None:
+        """`blocks`: the dataset's non-empty row-group sizes in storage order (or just N)."""
+        spec = ShuffleSpec.parse(shuffle)
         if seed < 0 or epoch < 0:
             raise InvalidArgumentError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-        self.num_rows = num_rows
+        sizes = np.asarray([blocks] if isinstance(blocks, int) else blocks, dtype=np.int64)
+        self.num_rows = int(sizes.sum())
+        self.spec = spec
         # The key names everything the order may depend on, and nothing else.
-        key = derive_key("shardstream.order.v1", fingerprint, seed, epoch, mode)
-        self._order = SHUFFLES[mode](num_rows, key)
+        key = derive_key("shardstream.order.v1", fingerprint, seed, epoch, *spec.key_parts)
+        self._order = get_order(spec, sizes, key)
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
         return self._order(np.asarray(positions, dtype=np.int64))
@@ -96,6 +77,7 @@ class RowLocator:
                     index_in_shard.append(g)
             shard_starts.append(shard_starts[-1] + sum(groups))
         self.num_rows = shard_starts[-1]
+        self.block_sizes = np.asarray(counts, dtype=np.int64)  # non-empty row groups, storage order
         self._group_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self._group_shard = np.asarray(shard_of, dtype=np.int32)
         self._group_index = np.asarray(index_in_shard, dtype=np.int32)
@@ -171,3 +153,41 @@ class StepLayout:
     def offset_after(self, step: int) -> int:
         """The global offset in the epoch once `step` is consumed (the cursor value)."""
         return self.global_range(step)[1]
+
+
+class DatasetOrder:
+    """The orders of one dataset for one (seed, shuffle), epoch by epoch; a few are kept built.
+
+    `select(epoch, positions)` -> (source index (all 0), row index), the same shape as
+    MixtureOrder.select, so servers and tools handle datasets and mixtures alike.
+    """
+
+    KEEP_EPOCHS = 4
+
+    def __init__(
+        self, fingerprint: str, block_sizes: np.ndarray | Sequence[int], seed: int, spec: ShuffleSpec
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.block_sizes = np.asarray(block_sizes, dtype=np.int64)
+        self.num_rows = int(self.block_sizes.sum())
+        self.seed = seed
+        self.spec = spec
+        self._orders: dict[int, EpochOrder] = {}
+        self._lock = threading.Lock()  # shared by the streams of a server
+
+    def epoch(self, epoch: int) -> EpochOrder:
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                if len(self._orders) >= self.KEEP_EPOCHS:
+                    self._orders.pop(next(iter(self._orders)))
+                order = EpochOrder(self.fingerprint, self.block_sizes, self.seed, epoch, self.spec)
+                self._orders[epoch] = order
+            return order
+
+    def rows(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        return self.epoch(epoch).rows(positions)
+
+    def select(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.rows(epoch, positions)
+        return np.zeros(len(rows), dtype=np.int32), rows

@@ -22,10 +22,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
+from tqdm import tqdm
+
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
-from tqdm import tqdm
 
 from .reader import PROVENANCE_COLUMNS
 

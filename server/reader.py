@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prometheus_client import Counter, Histogram
+
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.plan import RowLocator

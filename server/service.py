@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,14 +20,17 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
+
 from shardstream.errors import FailedPreconditionError, InternalError, InvalidArgumentError, ShardstreamError
 from shardstream.framing import encode_read_response, ipc_bytes
 from shardstream.manifest import DatasetRef, Manifest
-from shardstream.plan import EpochOrder, StepLayout, parse_shuffle
+from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, parse_mixture
+from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .reader import DatasetReader, RowGroupCache
+from .selection import check_mixture_columns, take_selection
 
 __all__ = ["SERVICE_NAME", "ShardStreamService"]
 
@@ -35,6 +39,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "shardstream.v1.ShardStream"
 DEFAULT_MAX_MESSAGE_BYTES = 2 << 20  # several small steps travel together up to ~2 MiB
 MAX_STEPS_PER_MESSAGE = 4096
+MAX_CACHED_ORDERS = 64
 METHODS = ("GetDataset", "ListDatasets", "Read")
 
 RPCS = Counter("shardstream_rpcs_total", "RPCs received", ["method"])
@@ -68,8 +73,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class _ReadPlan:
-    reader: DatasetReader
-    order: EpochOrder
+    readers: list[DatasetReader]  # one per source (one for a plain dataset)
+    selector: DatasetOrder | MixtureOrder
+    mixture: bool
     layout: StepLayout
     columns: list[str]
     rank: int
@@ -85,6 +91,8 @@ class ShardStreamService:
         self._cache = cache
         self._readers: dict[tuple[str, int], DatasetReader] = {}
         self._readers_lock = threading.Lock()
+        # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).
+        self._orders: OrderedDict[tuple[str, int, ShuffleSpec], DatasetOrder] = OrderedDict()
 
     # --- plumbing ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -162,20 +170,55 @@ class ShardStreamService:
         return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in await asyncio.to_thread(scan)])
 
     # --- data plane ----------------------------------------------------------------------------
-    async def _plan(self, req: pb.ReadRequest) -> _ReadPlan:
-        manifest = await self._resolve(req.dataset)
-        if req.fingerprint and req.fingerprint != manifest.fingerprint:
+    def _order(self, reader: DatasetReader, seed: int, spec: ShuffleSpec) -> DatasetOrder:
+        key = (reader.manifest.fingerprint, seed, spec)
+        with self._readers_lock:
+            order = self._orders.get(key)
+            if order is None:
+                order = self._orders[key] = DatasetOrder(key[0], reader.locator.block_sizes, seed, spec)
+                while len(self._orders) > MAX_CACHED_ORDERS:
+                    self._orders.popitem(last=False)
+            self._orders.move_to_end(key)
+            return order
+
+    async def _pinned(self, dataset: str, fingerprint: str) -> Manifest:
+        manifest = await self._resolve(dataset)
+        if fingerprint and fingerprint != manifest.fingerprint:
             raise FailedPreconditionError(
                 f"{manifest.ref} has fingerprint {manifest.fingerprint[:12]}…, the request pins "
-                f"{req.fingerprint[:12]}…: the dataset changed under this job"
+                f"{fingerprint[:12]}…: the dataset changed under this job"
             )
+        return manifest
+
+    async def _plan(self, req: pb.ReadRequest) -> _ReadPlan:
         if req.world_size < 1 or req.rank >= req.world_size:
             raise InvalidArgumentError(
                 f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}"
             )
-        reader = self._reader(manifest)
+        spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
+        selector: DatasetOrder | MixtureOrder
+        if req.mixture:
+            weights = parse_mixture([(s.dataset, s.weight) for s in req.mixture])
+            manifests = [await self._pinned(s.dataset, s.fingerprint) for s in req.mixture]
+            readers = [self._reader(m) for m in manifests]
+            plan = MixturePlan(
+                [
+                    SourceInfo(m.ref, m.fingerprint, m.num_rows, w)
+                    for m, (_, w) in zip(manifests, weights, strict=True)
+                ],
+                req.seed,
+                req.mixture_block,
+                req.mixture_epoch_samples,
+            )
+            selector = MixtureOrder(plan, [self._order(r, req.seed, spec) for r in readers])
+            columns = check_mixture_columns(readers, list(req.columns))
+        else:
+            manifest = await self._pinned(req.dataset, req.fingerprint)
+            readers = [self._reader(manifest)]
+            selector = self._order(readers[0], req.seed, spec)
+            columns = readers[0].check_columns(list(req.columns))
         layout = StepLayout(
-            manifest.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
+            selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
         )
         if req.first_step > layout.num_steps:
             raise InvalidArgumentError(
@@ -185,16 +228,11 @@ class ShardStreamService:
             layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
         )
         return _ReadPlan(
-            reader=reader,
-            order=EpochOrder(
-                manifest.fingerprint,
-                manifest.num_rows,
-                req.seed,
-                req.epoch,
-                parse_shuffle(req.shuffle.mode or "none"),
-            ),
+            readers=readers,
+            selector=selector,
+            mixture=bool(req.mixture),
             layout=layout,
-            columns=reader.check_columns(list(req.columns)),
+            columns=columns,
             rank=req.rank,
             epoch=req.epoch,
             first_step=req.first_step,
@@ -215,8 +253,9 @@ class ShardStreamService:
         if steps and steps[-1] == plan.layout.num_steps - 1:
             header.end_of_epoch = True
             header.dropped = plan.layout.dropped
-        rows = plan.order.rows(np.concatenate(ranges)) if ranges else np.empty(0, np.int64)
-        batch = plan.reader.take(rows, plan.columns)
+        positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
+        src, rows = plan.selector.select(plan.epoch, positions)
+        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
         data = encode_read_response(header, ipc_bytes(batch))
         BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
         return data, batch.num_rows
@@ -230,7 +269,8 @@ class ShardStreamService:
             if plan.first_step >= plan.end_step and plan.end_step == plan.layout.num_steps:
                 # Nothing left: still tell the client the epoch is over.
                 header = pb.ReadHeader(epoch=plan.epoch, end_of_epoch=True, dropped=plan.layout.dropped)
-                empty = plan.reader.take(np.empty(0, np.int64), plan.columns)
+                none = np.empty(0, np.int64)
+                empty = take_selection(plan.readers, none, none, plan.columns, mixture=plan.mixture)
                 yield encode_read_response(header, ipc_bytes(empty))
                 return
             step, per_message = plan.first_step, 1  # one step first, for a quick first batch

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from shardstream.manifest import Manifest
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import SHUFFLES, EpochOrder, RowLocator, StepLayout, parse_shuffle
+from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec, StepLayout
+from shardstream.shuffle import SHUFFLES
 
 
 def epoch_positions(n: int, offset: int, w: int, b: int, drop_last: bool) -> list[list[list[int]]]:
@@ -117,11 +119,11 @@ def test_order_lookup_is_pointwise() -> None:
 
 
 def test_parse_shuffle() -> None:
-    assert parse_shuffle(True) == "full"
-    assert parse_shuffle(False) == "none"
-    assert parse_shuffle("none") == "none"
+    assert ShuffleSpec.parse(True).mode == "block"
+    assert ShuffleSpec.parse(False).mode == "none"
+    assert ShuffleSpec.parse("none").mode == "none"
     with pytest.raises(InvalidArgumentError, match="unknown shuffle mode 'bogus'"):
-        parse_shuffle("bogus")
+        ShuffleSpec.parse("bogus")
 
 
 @settings(max_examples=100, deadline=None)

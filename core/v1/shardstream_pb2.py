@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n shardstream/v1/shardstream.proto\x12\x0eshardstream.v1\"$\n\x11GetDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\x15\n\x13ListDatasetsRequest\"E\n\x14ListDatasetsResponse\x12-\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x1b.shardstream.v1.DatasetInfo\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xb7\x01\n\x0b\x44\x61tasetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x11\n\tnum_bytes\x18\x06 \x01(\x04\x12%\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x15.shardstream.v1.Field\x12\x14\n\x0c\x61rrow_schema\x18\x08 \x01(\x0c\"\x17\n\x07Shuffle\x12\x0c\n\x04mode\x18\x01 \x01(\t\"\xac\x02\n\x0bReadRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12(\n\x07shuffle\x18\x05 \x01(\x0b\x32\x17.shardstream.v1.Shuffle\x12\x14\n\x0cstart_offset\x18\x06 \x01(\x04\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x12\n\nbatch_size\x18\t \x01(\r\x12\x12\n\nfirst_step\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x11\n\tdrop_last\x18\x0c \x01(\x08\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x19\n\x11max_message_bytes\x18\x0e \x01(\x04\"p\n\x08StepInfo\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eposition_start\x18\x02 \x01(\x04\x12\x14\n\x0cposition_end\x18\x03 \x01(\x04\x12\x14\n\x0cglobal_start\x18\x04 \x01(\x04\x12\x12\n\nglobal_end\x18\x05 \x01(\x04\"|\n\nReadHeader\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\'\n\x05steps\x18\x02 \x03(\x0b\x32\x18.shardstream.v1.StepInfo\x12\x14\n\x0c\x65nd_of_epoch\x18\x03 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\x12\x0f\n\x07padding\x18\x0f \x01(\x0c\"M\n\x0cReadResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.shardstream.v1.ReadHeader\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x32\xfb\x01\n\x0bShardStream\x12L\n\nGetDataset\x12!.shardstream.v1.GetDatasetRequest\x1a\x1b.shardstream.v1.DatasetInfo\x12Y\n\x0cListDatasets\x12#.shardstream.v1.ListDatasetsRequest\x1a$.shardstream.v1.ListDatasetsResponse\x12\x43\n\x04Read\x12\x1b.shardstream.v1.ReadRequest\x1a\x1c.shardstream.v1.ReadResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n shardstream/v1/shardstream.proto\x12\x0eshardstream.v1\"$\n\x11GetDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\x15\n\x13ListDatasetsRequest\"E\n\x14ListDatasetsResponse\x12-\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x1b.shardstream.v1.DatasetInfo\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xb7\x01\n\x0b\x44\x61tasetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x11\n\tnum_bytes\x18\x06 \x01(\x04\x12%\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x15.shardstream.v1.Field\x12\x14\n\x0c\x61rrow_schema\x18\x08 \x01(\x0c\"\'\n\x07Shuffle\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\"E\n\rMixtureSource\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\x92\x03\n\x0bReadRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12(\n\x07shuffle\x18\x05 \x01(\x0b\x32\x17.shardstream.v1.Shuffle\x12\x14\n\x0cstart_offset\x18\x06 \x01(\x04\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x12\n\nbatch_size\x18\t \x01(\r\x12\x12\n\nfirst_step\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x11\n\tdrop_last\x18\x0c \x01(\x08\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x19\n\x11max_message_bytes\x18\x0e \x01(\x04\x12.\n\x07mixture\x18\x0f \x03(\x0b\x32\x1d.shardstream.v1.MixtureSource\x12\x15\n\rmixture_block\x18\x10 \x01(\r\x12\x1d\n\x15mixture_epoch_samples\x18\x11 \x01(\x04\"p\n\x08StepInfo\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eposition_start\x18\x02 \x01(\x04\x12\x14\n\x0cposition_end\x18\x03 \x01(\x04\x12\x14\n\x0cglobal_start\x18\x04 \x01(\x04\x12\x12\n\nglobal_end\x18\x05 \x01(\x04\"|\n\nReadHeader\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\'\n\x05steps\x18\x02 \x03(\x0b\x32\x18.shardstream.v1.StepInfo\x12\x14\n\x0c\x65nd_of_epoch\x18\x03 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\x12\x0f\n\x07padding\x18\x0f \x01(\x0c\"M\n\x0cReadResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.shardstream.v1.ReadHeader\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x32\xfb\x01\n\x0bShardStream\x12L\n\nGetDataset\x12!.shardstream.v1.GetDatasetRequest\x1a\x1b.shardstream.v1.DatasetInfo\x12Y\n\x0cListDatasets\x12#.shardstream.v1.ListDatasetsRequest\x1a$.shardstream.v1.ListDatasetsResponse\x12\x43\n\x04Read\x12\x1b.shardstream.v1.ReadRequest\x1a\x1c.shardstream.v1.ReadResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,15 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATASETINFO']._serialized_start=222
   _globals['_DATASETINFO']._serialized_end=405
   _globals['_SHUFFLE']._serialized_start=407
-  _globals['_SHUFFLE']._serialized_end=430
-  _globals['_READREQUEST']._serialized_start=433
-  _globals['_READREQUEST']._serialized_end=733
-  _globals['_STEPINFO']._serialized_start=735
-  _globals['_STEPINFO']._serialized_end=847
-  _globals['_READHEADER']._serialized_start=849
-  _globals['_READHEADER']._serialized_end=973
-  _globals['_READRESPONSE']._serialized_start=975
-  _globals['_READRESPONSE']._serialized_end=1052
-  _globals['_SHARDSTREAM']._serialized_start=1055
-  _globals['_SHARDSTREAM']._serialized_end=1306
+  _globals['_SHUFFLE']._serialized_end=446
+  _globals['_MIXTURESOURCE']._serialized_start=448
+  _globals['_MIXTURESOURCE']._serialized_end=517
+  _globals['_READREQUEST']._serialized_start=520
+  _globals['_READREQUEST']._serialized_end=922
+  _globals['_STEPINFO']._serialized_start=924
+  _globals['_STEPINFO']._serialized_end=1036
+  _globals['_READHEADER']._serialized_start=1038
+  _globals['_READHEADER']._serialized_end=1162
+  _globals['_READRESPONSE']._serialized_start=1164
+  _globals['_READRESPONSE']._serialized_end=1241
+  _globals['_SHARDSTREAM']._serialized_start=1244
+  _globals['_SHARDSTREAM']._serialized_end=1495
 # @@protoc_insertion_point(module_scope)

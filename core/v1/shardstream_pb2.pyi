@@ -51,13 +51,25 @@ class DatasetInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ...) -> None: ...
 
 class Shuffle(_message.Message):
-    __slots__ = ("mode",)
+    __slots__ = ("mode", "window")
     MODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     mode: str
-    def __init__(self, mode: _Optional[str] = ...) -> None: ...
+    window: int
+    def __init__(self, mode: _Optional[str] = ..., window: _Optional[int] = ...) -> None: ...
+
+class MixtureSource(_message.Message):
+    __slots__ = ("dataset", "fingerprint", "weight")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    fingerprint: str
+    weight: float
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +84,9 @@ class ReadRequest(_message.Message):
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_EPOCH_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -86,7 +101,10 @@ class ReadRequest(_message.Message):
     drop_last: bool
     columns: _containers.RepeatedScalarFieldContainer[str]
     max_message_bytes: int
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    mixture: _containers.RepeatedCompositeFieldContainer[MixtureSource]
+    mixture_block: int
+    mixture_epoch_samples: int
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ...) -> None: ...
 
 class StepInfo(_message.Message):
     __slots__ = ("step", "position_start", "position_end", "global_start", "global_end")

@@ -1,0 +1,60 @@
+"""Selected rows of one dataset or of a mixture's sources -> one record batch in stream order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from shardstream.errors import InvalidArgumentError
+
+from .reader import DatasetReader
+
+__all__ = ["check_mixture_columns", "take_selection"]
+
+
+def check_mixture_columns(readers: Sequence[DatasetReader], columns: Sequence[str]) -> list[str]:
+    """The columns to send: every source must have each, with the same type."""
+    first = readers[0]
+    cols = first.check_columns(columns)
+    for r in readers[1:]:
+        r.check_columns(cols)
+        for c in cols:
+            a, b = first.manifest.schema.field(c).type, r.manifest.schema.field(c).type
+            if not a.equals(b):
+                raise InvalidArgumentError(
+                    f"mixture sources disagree on column {c!r}: {first.manifest.ref} has {a}, {r.manifest.ref} has {b}"
+                )
+    return cols
+
+
+def take_selection(
+    readers: Sequence[DatasetReader],
+    src: np.ndarray,
+    rows: np.ndarray,
+    columns: Sequence[str],
+    *,
+    mixture: bool,
+) -> pa.RecordBatch:
+    if not mixture:
+        return readers[0].take(rows, columns)
+    parts = []
+    order = []
+    for s in np.unique(src):
+        idx = np.nonzero(src == s)[0]
+        order.append(idx)
+        parts.append(pa.Table.from_batches([readers[int(s)].take(rows[idx], columns)]))
+    if parts:
+        perm = np.concatenate(order)
+        inverse = np.empty_like(perm)
+        inverse[perm] = np.arange(len(perm))
+        table = pa.concat_tables(parts).take(pa.array(inverse))
+    else:
+        table = pa.Table.from_batches([readers[0].take(rows, columns)])
+    table = table.append_column("_source", pa.array(src.astype(np.int32), type=pa.int32()))
+    return (
+        table.combine_chunks().to_batches()[0]
+        if table.num_rows
+        else pa.RecordBatch.from_pylist([], schema=table.schema)
+    )
