@@ -1,6 +1,7 @@
 """`make bench`: shardstream's read throughput against Arrow Flight and a local Parquet read.
 
-    python -m loadtest.bench [--mib 512] [--pairs 3] [--batch-mib 2] [--json loadtest/results/bench.json]
+    python -m loadtest.bench [--mib 512] [--pairs 3] [--batch-mib 2] [--flight-from-memory]
+                             [--json loadtest/results/bench.json]
 
 One dataset of fixed-width rows (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row) is
 written to Parquet, ingested with `shardstream.server.ingest`, and read in full passes, in the same
@@ -8,14 +9,17 @@ batches of ~--batch-mib MiB, by three paths:
 
     shardstream  one `shardstream serve` subprocess -> `Loader(output="arrow")` in this process
     flight       one Arrow Flight DoGet subprocess (loadtest/flight_server.py) reading the same
-                 shards -> `FlightClient.do_get` reader in this process
+                 shards -> `FlightClient.do_get` reader in this process (--flight-from-memory: the
+                 server reads them once at start, as shardstream's server keeps them in its cache)
     parquet      `ParquetFile.iter_batches` of the same shards in this process (no network)
 
 Each path runs one warm-up pass, then the paths alternate (A B C A B C ...) for --pairs rounds. Per
 pass: payload bytes (rows x 1,032 B, which is `batch.nbytes` of the shardstream and Flight batches;
 Parquet's batches also carry 1 bit/value of all-valid validity bitmaps, recorded as `arrow_nbytes`),
 wall time, time to first batch (connection set-up included), CPU seconds of this process and of the
-server process (psutil), peak RSS of both.
+server process (psutil), peak RSS of both (VmHWM, reset before each pass). The client's peak is not
+per path: one process runs all three, and the allocator keeps what earlier passes used (a Parquet
+`iter_batches` pass alone grows it by ~300 MiB); the servers' peaks are per path.
 Throughput ratios are the median (min-max) of the per-round ratios. Figures only: it never asserts
 on time and exits 0 unless something crashed. MB = 10^6 bytes.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import signal
@@ -33,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -44,6 +50,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
+
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
@@ -95,8 +102,13 @@ def write_source(path: Path, num_rows: int) -> None:
             n = min(GEN_ROWS, num_rows - start)
             values = pa.array(rng.random(n * DIM, dtype=np.float32))
             writer.write_table(
-                pa.table({"id": np.arange(start, start + n, dtype=np.int64),
-                          "vec": pa.FixedSizeListArray.from_arrays(values, DIM)}, schema=schema)
+                pa.table(
+                    {
+                        "id": np.arange(start, start + n, dtype=np.int64),
+                        "vec": pa.FixedSizeListArray.from_arrays(values, DIM),
+                    },
+                    schema=schema,
+                )
             )
 
 
@@ -106,8 +118,12 @@ def build_dataset(workdir: Path, layout: Layout) -> tuple[Path, list[Path]]:
     src.parent.mkdir()
     write_source(src, layout.num_rows)
     root = workdir / "root"
-    manifest = ingest(src, DATASET, root, IngestOptions(row_group_rows=layout.row_group_rows,
-                                                        shard_rows=layout.shard_rows, progress=False))
+    manifest = ingest(
+        src,
+        DATASET,
+        root,
+        IngestOptions(row_group_rows=layout.row_group_rows, shard_rows=layout.shard_rows, progress=False),
+    )
     src.unlink()  # only the shards are read
     registry = Registry(root)
     return root, [registry.shard_path(manifest, s.uri) for s in manifest.shards]
@@ -117,10 +133,11 @@ def build_dataset(workdir: Path, layout: Layout) -> tuple[Path, list[Path]]:
 class FlightProcess:
     """loadtest/flight_server.py in its own process group."""
 
-    def __init__(self, workdir: Path, shards: list[Path], batch_rows: int) -> None:
+    def __init__(self, workdir: Path, shards: list[Path], batch_rows: int, from_memory: bool = False) -> None:
         self.workdir = workdir
         self.shards = shards
         self.batch_rows = batch_rows
+        self.from_memory = from_memory
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -129,8 +146,18 @@ class FlightProcess:
         shards_file.write_text(json.dumps([str(p) for p in self.shards]))
         ready = self.workdir / "flight-ready.json"
         script = Path(__file__).with_name("flight_server.py")
-        cmd = [sys.executable, str(script), "--shards", str(shards_file),
-               "--batch-rows", str(self.batch_rows), "--ready-file", str(ready)]
+        cmd = [
+            sys.executable,
+            str(script),
+            "--shards",
+            str(shards_file),
+            "--batch-rows",
+            str(self.batch_rows),
+            "--ready-file",
+            str(ready),
+        ]
+        if self.from_memory:
+            cmd.append("--from-memory")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
@@ -200,8 +227,12 @@ class Pass:
         return (self.client_cpu_s + (self.server_cpu_s or 0.0)) / (self.payload_bytes / 1e9)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "mb_per_s": self.mb_per_s, "steady_mb_per_s": self.steady_mb_per_s,
-                "cpu_s_per_gb": self.cpu_s_per_gb}
+        return {
+            **asdict(self),
+            "mb_per_s": self.mb_per_s,
+            "steady_mb_per_s": self.steady_mb_per_s,
+            "cpu_s_per_gb": self.cpu_s_per_gb,
+        }
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -228,8 +259,9 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def measure(name: str, round_: int, batches: Callable[[], Iterator[pa.RecordBatch]],
-            server_pid: int | None) -> Pass:
+def measure(
+    name: str, round_: int, batches: Callable[[], Iterator[pa.RecordBatch]], server_pid: int | None
+) -> Pass:
     me = psutil.Process()
     server = psutil.Process(server_pid) if server_pid else None
     peaks = _reset_peak_rss(me.pid) and (server is None or _reset_peak_rss(server.pid))
@@ -248,9 +280,16 @@ def measure(name: str, round_: int, batches: Callable[[], Iterator[pa.RecordBatc
     c1 = _cpu_s(me)
     s1 = _cpu_s(server) if server else 0.0
     return Pass(
-        path=name, round=round_, batches=n, rows=rows, payload_bytes=rows * ROW_BYTES, arrow_nbytes=nbytes,
-        wall_s=wall, first_batch_s=first,
-        client_cpu_s=c1 - c0, server_cpu_s=(s1 - s0) if server else None,
+        path=name,
+        round=round_,
+        batches=n,
+        rows=rows,
+        payload_bytes=rows * ROW_BYTES,
+        arrow_nbytes=nbytes,
+        wall_s=wall,
+        first_batch_s=first,
+        client_cpu_s=c1 - c0,
+        server_cpu_s=(s1 - s0) if server else None,
         client_peak_rss_mib=_peak_rss_mib(me.pid) if peaks else None,
         server_peak_rss_mib=(_peak_rss_mib(server.pid) if server else None) if peaks else None,
     )
@@ -313,22 +352,27 @@ def _fmt(s: dict[str, float], digits: int = 0) -> str:
 
 def print_report(result: dict[str, Any]) -> None:
     cfg, summary = result["config"], result["summary"]
-    print(f"\nshardstream bench: {cfg['payload_mib']:.0f} MiB payload, {cfg['batches']} batches of "
-          f"{cfg['batch_rows']} rows ({cfg['batch_bytes'] / MIB:.2f} MiB), "
-          f"{cfg['pairs']} rounds after 1 warm-up; "
-          f"pyarrow {result['versions']['pyarrow']}, grpcio {result['versions']['grpcio']}, "
-          f"{result['machine']['cpus']} CPUs, warm page cache")
-    head = (f"{'path':<12} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
-            f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'peak RSS MiB c/s':>17}")
+    print(
+        f"\nshardstream bench: {cfg['payload_mib']:.0f} MiB payload, {cfg['batches']} batches of "
+        f"{cfg['batch_rows']} rows ({cfg['batch_bytes'] / MIB:.2f} MiB), "
+        f"{cfg['pairs']} rounds after 1 warm-up; "
+        f"pyarrow {result['versions']['pyarrow']}, grpcio {result['versions']['grpcio']}, "
+        f"{result['machine']['cpus']} CPUs, warm page cache"
+    )
+    head = (
+        f"{'path':<12} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
+        f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'server peak RSS MiB':>19}"
+    )
     print(head)
     print("-" * len(head))
     for name, s in summary["paths"].items():
         server_cpu = f"{s['server_cpu_s']['median']:.2f}" if s["server_cpu_s"] else "-"
-        rss = f"{s['client_peak_rss_mib'] or 0:.0f}/{s['server_peak_rss_mib'] or 0:.0f}" \
-            if s["server_peak_rss_mib"] else f"{s['client_peak_rss_mib'] or 0:.0f}/-"
-        print(f"{name:<12} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
-              f"{s['first_batch_ms']['median']:>13.1f} {s['client_cpu_s']['median']:>13.2f} {server_cpu:>13} "
-              f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>17}")
+        rss = f"{s['server_peak_rss_mib']:.0f}" if s["server_peak_rss_mib"] else "-"
+        print(
+            f"{name:<12} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
+            f"{s['first_batch_ms']['median']:>13.1f} {s['client_cpu_s']['median']:>13.2f} {server_cpu:>13} "
+            f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>19}"
+        )
     print()
     for key, r in summary["ratios"].items():
         print(f"{key:<22} MB/s ratio {_fmt(r['mb_per_s'], 2)}   CPU s/GB ratio {_fmt(r['cpu_s_per_gb'], 2)}")
@@ -339,16 +383,26 @@ def print_report(result: dict[str, Any]) -> None:
 # --- main --------------------------------------------------------------------------------------
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "pyarrow": pa.__version__,
-                                  "grpcio": grpc.__version__, "numpy": np.__version__}
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "grpcio": grpc.__version__,
+        "numpy": np.__version__,
+    }
     for dist in ("shardstream", "protobuf", "torch", "uvloop"):
         try:
             out[dist] = metadata.version(dist)
@@ -368,13 +422,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tmp)
         t0 = time.perf_counter()
         _log(f"building {layout.num_rows * ROW_BYTES / MIB:.0f} MiB ({layout.num_rows} rows) in {workdir}")
-        root, shards = build_dataset(workdir, layout)
+        # In a child process, so the heap the ingest leaves behind does not count in our RSS.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            root, shards = pool.submit(build_dataset, workdir, layout).result()
         _log(f"  {len(shards)} shards, {time.perf_counter() - t0:.1f} s")
-        with LocalServer(root) as server, FlightProcess(workdir, shards, layout.batch_rows) as fl:
+        flight_proc = FlightProcess(workdir, shards, layout.batch_rows, args.flight_from_memory)
+        with LocalServer(root) as server, flight_proc as fl:
             assert server.proc is not None and fl.proc is not None
             runs: dict[str, tuple[Callable[[], Iterator[pa.RecordBatch]], int | None]] = {
-                "shardstream": (lambda: shardstream_batches(server.target, layout.batch_rows),
-                                server.proc.pid),
+                "shardstream": (
+                    lambda: shardstream_batches(server.target, layout.batch_rows),
+                    server.proc.pid,
+                ),
                 "flight": (lambda: flight_batches(fl.port), fl.proc.pid),
                 "parquet": (lambda: parquet_batches(shards, layout.batch_rows), None),
             }
@@ -384,15 +443,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     p = measure(name, round_, batches, pid)
                     passes.append(p)
                     label = "warm-up" if round_ == 0 else f"round {round_}"
-                    _log(f"  {label} {name:<12} {p.mb_per_s:7.0f} MB/s  "
-                         f"first batch {p.first_batch_s * 1e3:6.1f} ms  {p.batches} batches")
+                    _log(
+                        f"  {label} {name:<12} {p.mb_per_s:7.0f} MB/s  "
+                        f"first batch {p.first_batch_s * 1e3:6.1f} ms  {p.batches} batches"
+                    )
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.bench", *sys.argv[1:]]),
         "config": {
-            "mib": args.mib, "pairs": args.pairs, "batch_mib": args.batch_mib, **asdict(layout),
-            "row_bytes": ROW_BYTES, "batch_bytes": layout.batch_rows * ROW_BYTES,
-            "batches": layout.num_rows // layout.batch_rows, "payload_mib": layout.num_rows * ROW_BYTES / MIB,
-            "shards": len(shards), "schema": "id int64, vec fixed_size_list<float32>[256]",
+            "mib": args.mib,
+            "pairs": args.pairs,
+            "batch_mib": args.batch_mib,
+            **asdict(layout),
+            "flight_source": "memory (read once at start)"
+            if args.flight_from_memory
+            else "Parquet, every DoGet",
+            "row_bytes": ROW_BYTES,
+            "batch_bytes": layout.batch_rows * ROW_BYTES,
+            "batches": layout.num_rows // layout.batch_rows,
+            "payload_mib": layout.num_rows * ROW_BYTES / MIB,
+            "shards": len(shards),
+            "schema": "id int64, vec fixed_size_list<float32>[256]",
             "server_cache_holds_dataset": layout.num_rows * ROW_BYTES < SERVER_CACHE_MIB * MIB,
             "page_cache": "warm (written just before the passes)",
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
@@ -407,14 +477,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=DEFAULT_MIB,
-                    help=f"dataset payload size (default {DEFAULT_MIB})")
-    ap.add_argument("--pairs", type=int, default=DEFAULT_PAIRS,
-                    help=f"measured rounds after the warm-up (default {DEFAULT_PAIRS})")
-    ap.add_argument("--batch-mib", type=float, default=DEFAULT_BATCH_MIB,
-                    help=f"batch size in MiB of payload (default {DEFAULT_BATCH_MIB})")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON,
-                    help="where to write the results (default %(default)s)")
+    ap.add_argument(
+        "--mib", type=int, default=DEFAULT_MIB, help=f"dataset payload size (default {DEFAULT_MIB})"
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=DEFAULT_PAIRS,
+        help=f"measured rounds after the warm-up (default {DEFAULT_PAIRS})",
+    )
+    ap.add_argument(
+        "--batch-mib",
+        type=float,
+        default=DEFAULT_BATCH_MIB,
+        help=f"batch size in MiB of payload (default {DEFAULT_BATCH_MIB})",
+    )
+    ap.add_argument(
+        "--flight-from-memory",
+        action="store_true",
+        help="the Flight server reads the shards once at start and serves them from memory, like "
+        "shardstream's warm row-group cache (transport only); default: it reads Parquet on every pass",
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help="where to write the results (default loadtest/results/bench.json)",
+    )
     args = ap.parse_args(argv)
     if args.mib < 1 or args.pairs < 1 or not args.batch_mib > 0:
         ap.error("--mib and --pairs must be >= 1 and --batch-mib > 0")
