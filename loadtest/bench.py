@@ -1,6 +1,7 @@
 """`make bench`: shardstream's read throughput against Arrow Flight and a local Parquet read.
 
-    python -m loadtest.bench [--mib 512] [--pairs 3] [--batch-mib 2] [--json loadtest/results/bench.json]
+    python -m loadtest.bench [--mib 512] [--pairs 3] [--batch-mib 2] [--flight-from-memory]
+                             [--json loadtest/results/bench.json]
 
 One dataset of fixed-width rows (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row) is
 written to Parquet, ingested with `shardstream.server.ingest`, and read in full passes, in the same
@@ -8,14 +9,17 @@ batches of ~--batch-mib MiB, by three paths:
 
     shardstream  one `shardstream serve` subprocess -> `Loader(output="arrow")` in this process
     flight       one Arrow Flight DoGet subprocess (loadtest/flight_server.py) reading the same
-                 shards -> `FlightClient.do_get` reader in this process
+                 shards -> `FlightClient.do_get` reader in this process (--flight-from-memory: the
+                 server reads them once at start, as shardstream's server keeps them in its cache)
     parquet      `ParquetFile.iter_batches` of the same shards in this process (no network)
 
 Each path runs one warm-up pass, then the paths alternate (A B C A B C ...) for --pairs rounds. Per
 pass: payload bytes (rows x 1,032 B, which is `batch.nbytes` of the shardstream and Flight batches;
 Parquet's batches also carry 1 bit/value of all-valid validity bitmaps, recorded as `arrow_nbytes`),
 wall time, time to first batch (connection set-up included), CPU seconds of this process and of the
-server process (psutil), peak RSS of both.
+server process (psutil), peak RSS of both (VmHWM, reset before each pass). The client's peak is not
+per path: one process runs all three, and the allocator keeps what earlier passes used (a Parquet
+`iter_batches` pass alone grows it by ~300 MiB); the servers' peaks are per path.
 Throughput ratios are the median (min-max) of the per-round ratios. Figures only: it never asserts
 on time and exits 0 unless something crashed. MB = 10^6 bytes.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import signal
@@ -33,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -127,10 +133,11 @@ def build_dataset(workdir: Path, layout: Layout) -> tuple[Path, list[Path]]:
 class FlightProcess:
     """loadtest/flight_server.py in its own process group."""
 
-    def __init__(self, workdir: Path, shards: list[Path], batch_rows: int) -> None:
+    def __init__(self, workdir: Path, shards: list[Path], batch_rows: int, from_memory: bool = False) -> None:
         self.workdir = workdir
         self.shards = shards
         self.batch_rows = batch_rows
+        self.from_memory = from_memory
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -149,6 +156,8 @@ class FlightProcess:
             "--ready-file",
             str(ready),
         ]
+        if self.from_memory:
+            cmd.append("--from-memory")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
@@ -352,21 +361,17 @@ def print_report(result: dict[str, Any]) -> None:
     )
     head = (
         f"{'path':<12} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
-        f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'peak RSS MiB c/s':>17}"
+        f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'server peak RSS MiB':>19}"
     )
     print(head)
     print("-" * len(head))
     for name, s in summary["paths"].items():
         server_cpu = f"{s['server_cpu_s']['median']:.2f}" if s["server_cpu_s"] else "-"
-        rss = (
-            f"{s['client_peak_rss_mib'] or 0:.0f}/{s['server_peak_rss_mib'] or 0:.0f}"
-            if s["server_peak_rss_mib"]
-            else f"{s['client_peak_rss_mib'] or 0:.0f}/-"
-        )
+        rss = f"{s['server_peak_rss_mib']:.0f}" if s["server_peak_rss_mib"] else "-"
         print(
             f"{name:<12} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
             f"{s['first_batch_ms']['median']:>13.1f} {s['client_cpu_s']['median']:>13.2f} {server_cpu:>13} "
-            f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>17}"
+            f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>19}"
         )
     print()
     for key, r in summary["ratios"].items():
@@ -417,9 +422,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tmp)
         t0 = time.perf_counter()
         _log(f"building {layout.num_rows * ROW_BYTES / MIB:.0f} MiB ({layout.num_rows} rows) in {workdir}")
-        root, shards = build_dataset(workdir, layout)
+        # In a child process, so the heap the ingest leaves behind does not count in our RSS.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            root, shards = pool.submit(build_dataset, workdir, layout).result()
         _log(f"  {len(shards)} shards, {time.perf_counter() - t0:.1f} s")
-        with LocalServer(root) as server, FlightProcess(workdir, shards, layout.batch_rows) as fl:
+        flight_proc = FlightProcess(workdir, shards, layout.batch_rows, args.flight_from_memory)
+        with LocalServer(root) as server, flight_proc as fl:
             assert server.proc is not None and fl.proc is not None
             runs: dict[str, tuple[Callable[[], Iterator[pa.RecordBatch]], int | None]] = {
                 "shardstream": (
@@ -446,6 +454,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "pairs": args.pairs,
             "batch_mib": args.batch_mib,
             **asdict(layout),
+            "flight_source": "memory (read once at start)"
+            if args.flight_from_memory
+            else "Parquet, every DoGet",
             "row_bytes": ROW_BYTES,
             "batch_bytes": layout.batch_rows * ROW_BYTES,
             "batches": layout.num_rows // layout.batch_rows,
@@ -482,7 +493,16 @@ def main(argv: list[str] | None = None) -> int:
         help=f"batch size in MiB of payload (default {DEFAULT_BATCH_MIB})",
     )
     ap.add_argument(
-        "--json", type=Path, default=DEFAULT_JSON, help="where to write the results (default %(default)s)"
+        "--flight-from-memory",
+        action="store_true",
+        help="the Flight server reads the shards once at start and serves them from memory, like "
+        "shardstream's warm row-group cache (transport only); default: it reads Parquet on every pass",
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help="where to write the results (default loadtest/results/bench.json)",
     )
     args = ap.parse_args(argv)
     if args.mib < 1 or args.pairs < 1 or not args.batch_mib > 0:
