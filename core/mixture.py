@@ -6,9 +6,9 @@ The mixture is one endless stream of positions g = epoch·L + p (L samples per m
 default: the sources' total rows). The stream is cut into blocks of S samples (default 1000);
 every block holds exactly `alloc[s]` samples of source s (the weights' largest-remainder
 allocation of S), at slots chosen by a keyed permutation of the block — so the proportions are
-exact over every block, not just on average. Source s's k-th sample overall is
-c = block·alloc[s] + (its rank among the block's slots of s); it is sample c mod N_s of the
-source's epoch c div N_s. Each source therefore runs its own epochs — a small source repeats, each
+exact over every block, not just on average. Source s's k-th sample of the stream (k counted in
+stream order, so k = block·alloc[s] + the number of its earlier samples in the block) is sample
+k mod N_s of the source's epoch k div N_s. Each source therefore runs its own epochs — a small source repeats, each
 repetition in the fresh order of its next epoch — and position -> (source, source epoch, source
 position) is O(1). The mixture's fingerprint covers the sources' fingerprints, weights, S and L, so
 a state made on one mixture is refused on another.
@@ -147,20 +147,29 @@ class MixturePlan:
     def label(self) -> str:
         return ",".join(f"{s.ref}:{s.weight:g}" for s in self.sources)
 
+    def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each index of schedule block b: its source, and how many earlier indexes share it."""
+        key = derive_key("shardstream.mixture.v1", self.fingerprint, self.seed, b)
+        slot = KeyedPermutation(self.block_size, key)(np.arange(self.block_size, dtype=np.int64))
+        src = np.searchsorted(self._prefix, slot, side="right") - 1
+        by_source = np.argsort(src, kind="stable")  # grouped by source, position order inside
+        rank = np.empty_like(src)
+        rank[by_source] = np.arange(self.block_size) - self._prefix[src[by_source]]
+        return src, rank
+
     def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source index, source epoch, source position) for positions of mixture epoch `epoch`."""
         p = np.asarray(positions, dtype=np.int64)
         g = np.int64(epoch) * np.int64(self.epoch_samples) + p
         block, inner = np.divmod(g, self.block_size)
-        slot = np.empty_like(inner)
+        src = np.empty_like(inner)
+        rank = np.empty_like(inner)
         for b in np.unique(block):
             sel = block == b
-            perm = KeyedPermutation(
-                self.block_size, derive_key("shardstream.mixture.v1", self.fingerprint, self.seed, int(b))
-            )
-            slot[sel] = perm(inner[sel])
-        src = np.searchsorted(self._prefix, slot, side="right") - 1
-        count = block * self.alloc[src] + (slot - self._prefix[src])
+            block_src, block_rank = self._block(int(b))
+            src[sel] = block_src[inner[sel]]
+            rank[sel] = block_rank[inner[sel]]
+        count = block * self.alloc[src] + rank
         source_epoch, source_pos = np.divmod(count, self._rows[src])
         return src, source_epoch, source_pos
 
