@@ -114,3 +114,31 @@ def test_orders_are_the_same_in_other_processes() -> None:
         for h in (0, 7, 999)
     }
     assert len(outs) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    groups=layouts,
+    mode=st.sampled_from(sorted(SHUFFLES)),
+    window=st.integers(1, 5),
+    seed=st.integers(0, 2**32),
+    w=st.integers(1, 6),
+    b=st.integers(1, 25),
+    drop_last=st.booleans(),
+)
+def test_all_ranks_of_an_epoch_get_each_row_once(groups, mode, window, seed, w, b, drop_last) -> None:  # type: ignore[no-untyped-def]
+    """The Mosaic-style invariant, end to end through the plan: steps x ranks x order."""
+    from shardstream.plan import StepLayout
+
+    loc = RowLocator(groups)
+    n = loc.num_rows
+    order = EpochOrder("fp", loc.block_sizes, seed, 0, ShuffleSpec(mode, window))
+    lay = StepLayout(n, 0, w, b, drop_last)
+    rows = [
+        int(x)
+        for t in range(lay.num_steps)
+        for r in range(w)
+        for x in order.rows_in_range(*lay.rank_range(t, r))
+    ]
+    assert rows == order.rows_in_range(0, n - lay.dropped).tolist()  # the documented prefix
+    assert len(set(rows)) == len(rows) and (drop_last or sorted(rows) == list(range(n)))
