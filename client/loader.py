@@ -14,9 +14,11 @@ it has not received, with jittered exponential backoff, within a retry budget th
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,9 +39,13 @@ from shardstream.framing import read_ipc
 from shardstream.plan import ShuffleSpec, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
+from . import metrics
 from .channel import Connection, normalize_endpoints
+from .committer import Committer
 from .convert import to_numpy, to_torch
+from .cursor import CorruptCursorError, CursorRecord, NoCommittedStepError, validate_job
 from .state import LoaderState
+from .stores import CursorStore, open_store
 from .target import Target, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
@@ -120,6 +126,9 @@ class Loader:
         max_message_bytes: int = 0,
         mixture_block: int = 0,
         mixture_epoch_samples: int = 0,
+        job: str | None = None,
+        cursor_store: str | CursorStore | None = None,
+        resume: str | int | None = None,
     ) -> None:
         # Everything is validated before any network call.
         for name, value, low in (
@@ -154,6 +163,16 @@ class Loader:
                 raise InvalidArgumentError(f"columns listed twice: {list(columns)}")
         if not timeout_s > 0:
             raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if job is not None:
+            validate_job(job)
+        elif cursor_store is not None or resume is not None:
+            raise InvalidArgumentError("cursor_store and resume need a job name (job='run-42')")
+        if (
+            resume is not None
+            and resume != "latest"
+            and (isinstance(resume, bool) or not isinstance(resume, int) or resume < 0)
+        ):
+            raise InvalidArgumentError(f"resume must be None, 'latest' or a step number >= 0, got {resume!r}")
         self.endpoints = normalize_endpoints(endpoints)
         self.dataset = normalize_dataset(dataset)
         self.batch_size = batch_size
@@ -172,6 +191,15 @@ class Loader:
         self.max_message_bytes = max_message_bytes
         self.mixture_block = mixture_block
         self.mixture_epoch_samples = mixture_epoch_samples
+        self.job = job
+        self.resume = resume
+        self.resumed_from: int | None = None  # the committed step this loader resumed at
+        self._resume_pending = resume is not None
+        self._store: CursorStore | None = None
+        self._committer: Committer | None = None
+        if job is not None:
+            self._store = cursor_store if isinstance(cursor_store, CursorStore) else open_store(cursor_store)
+            self._committer = Committer(self._store, job, rank)
 
         self._conns: dict[str, Connection] = {}
         self._target: Target | None = None
@@ -191,7 +219,15 @@ class Loader:
         self.close()
 
     def close(self) -> None:
+        """Stop streaming, write pending cursor commits (best effort), close channels."""
         self._closed = True
+        if self._committer is not None:
+            try:
+                self._committer.flush(timeout_s=self.timeout_s)
+            except ShardstreamError as exc:
+                logging.getLogger("shardstream.client").warning("%s", exc)
+            self._committer.close()
+            self._committer = None
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
@@ -264,6 +300,7 @@ class Loader:
         return self._offset
 
     def state_dict(self) -> dict[str, Any]:
+        self._apply_resume()
         target = self.target
         return LoaderState(
             dataset=target.label,
@@ -277,10 +314,72 @@ class Loader:
             steps=self._steps,
         ).to_dict()
 
+    # --- job cursors -------------------------------------------------------------------------
+    def commit(self, step: int) -> None:
+        """Record this rank's cursor for checkpoint `step` (the step your model checkpoint is for).
+
+        Returns at once: a background thread writes to the cursor store. A failed write never
+        raises here; it is logged on the next call, counted in the metrics, and raised by
+        `flush_commits()`. The step is committed for the job once every rank has written it.
+        """
+        if self._committer is None or self.job is None:
+            raise RuntimeError("commit() needs a job: Loader(..., job='run-42')")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be an integer >= 0, got {step!r}")
+        self._committer.take_failures()
+        state = LoaderState.from_dict(self.state_dict())
+        record = CursorRecord(self.job, self.rank, step, state, time.time())
+        self._committer.submit(step, record.to_bytes(), self.world_size)
+
+    def flush_commits(self, timeout_s: float = 30.0) -> None:
+        """Wait for submitted commits; raise UnavailableError if any failed since the last report."""
+        if self._committer is not None:
+            self._committer.flush(timeout_s)
+
+    def _apply_resume(self) -> None:
+        if not self._resume_pending:
+            return
+        assert self._store is not None and self.job is not None
+        store, job = self._store, self.job
+        committed = store.committed(job)
+        if self.resume == "latest":
+            if not committed:
+                raise NoCommittedStepError(
+                    f"job {job!r} has no step committed by all its ranks in {store.url}"
+                )
+            step = committed[-1]
+        else:
+            step = int(self.resume)
+            if step not in committed:
+                written = store.steps(job).get(step, 0)
+                raise NoCommittedStepError(
+                    f"job {job!r}: step {step} is not committed (ranks written: {written}); "
+                    f"committed steps: {committed[-5:] or 'none'} in {store.url}"
+                )
+        where = f"cursor store {store.url}, job {job!r}, step {step}"
+        records = {
+            r: CursorRecord.from_bytes(b, where=f"{where}, rank {r}")
+            for r, b in store.read(job, step).items()
+        }
+        for r, rec in records.items():
+            if rec.job != job or rec.step != step or rec.rank != r:
+                raise CorruptCursorError(
+                    f"{where}, rank {r}: the record belongs to job {rec.job!r} step {rec.step} rank {rec.rank}"
+                )
+        states = {(rec.state.fingerprint, rec.state.epoch, rec.state.offset) for rec in records.values()}
+        if len(states) != 1:
+            raise CorruptCursorError(f"{where}: ranks disagree on the cursor ({sorted(states)})")
+        self._load(next(iter(records.values())).state)
+        self.resumed_from = step
+        self._resume_pending = False
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._active:
             raise RuntimeError("load_state_dict() while iterating: load the state before the loop starts")
-        st = LoaderState.from_dict(state)
+        self._load(LoaderState.from_dict(state))
+        self._resume_pending = False  # an explicit state wins over resume=
+
+    def _load(self, st: LoaderState) -> None:
         target = self.target
         st.check_compatible(
             dataset=target.label,
@@ -295,6 +394,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._active:
             raise RuntimeError("this Loader is already being iterated")
+        self._apply_resume()
         target = self.target
         if self.epochs is None and self.steps_per_epoch() == 0:
             raise InvalidArgumentError(
@@ -309,7 +409,9 @@ class Loader:
         producer = _Producer(self, self._epoch, self._offset)
         try:
             while True:
+                t0 = time.perf_counter()
                 item = producer.get()
+                metrics.WAIT_SECONDS.observe(time.perf_counter() - t0)
                 if isinstance(item, _Done):
                     return
                 if item.last_of_epoch:
@@ -320,6 +422,7 @@ class Loader:
                 if item.info is None:
                     continue  # an epoch with no steps
                 self._steps += 1
+                metrics.BATCHES.inc()
                 self.last_batch = item.info
                 yield item.batch
         finally:
@@ -436,11 +539,14 @@ class _Producer:
                 return False
             # Broken stream or unavailable server: resume elsewhere at the first missing step.
             failures += 1
+            metrics.RETRIES.inc()
             if failures > ld.max_retries:
                 raise UnavailableError(
                     f"gave up on {ld.pinned} epoch {epoch} at step {next_step} after {ld.max_retries} retries "
                     f"over {', '.join(ld.endpoints)} (last error: {last_error or 'stream ended early'})"
                 )
+            if len(ld.endpoints) > 1:
+                metrics.FAILOVERS.inc()
             self._endpoint = (self._endpoint + 1) % len(ld.endpoints)
             backoff = min(DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_BASE_S * 2 ** (failures - 1))
             if self._stop.wait(random.uniform(0, backoff)):  # full jitter
@@ -453,6 +559,7 @@ class _Producer:
         ld = self._ld
         if header.epoch != epoch:
             raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
+        metrics.BYTES.inc(payload.size)
         batch = read_ipc(payload)
         row = 0
         for i, st in enumerate(header.steps):

@@ -286,6 +286,90 @@ def _inspect_columns(args: argparse.Namespace, manifests: list, smp) -> dict[str
     return out
 
 
+def _cmd_cursor_list(args: argparse.Namespace) -> int:
+    from shardstream.client.stores import open_store
+
+    store = open_store(args.store)
+    try:
+        rows = []
+        for job in store.jobs():
+            committed = store.committed(job)
+            rows.append(
+                {
+                    "job": job,
+                    "committed_steps": len(committed),
+                    "latest": committed[-1] if committed else None,
+                    "steps_written": len(store.steps(job)),
+                }
+            )
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif not rows:
+        print(f"no jobs in {store.url}", file=sys.stderr)
+    else:
+        table = [("JOB", "LATEST", "COMMITTED", "WRITTEN")] + [
+            (
+                r["job"],
+                str(r["latest"] if r["latest"] is not None else "-"),
+                str(r["committed_steps"]),
+                str(r["steps_written"]),
+            )
+            for r in rows
+        ]
+        widths = [max(len(t[i]) for t in table) for i in range(4)]
+        for t in table:
+            print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+    return 0
+
+
+def _cmd_cursor_show(args: argparse.Namespace) -> int:
+    from shardstream.client.cursor import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.stores import open_store
+
+    validate_job(args.job)
+    store = open_store(args.store)
+    try:
+        steps = store.steps(args.job)
+        committed = store.committed(args.job)
+        if not steps:
+            raise NoCommittedStepError(f"job {args.job!r} has no cursors in {store.url}")
+        step = args.step if args.step is not None else (committed[-1] if committed else max(steps))
+        records = [
+            CursorRecord.from_bytes(b, where=f"job {args.job!r} step {step} rank {r}").describe()
+            for r, b in sorted(store.read(args.job, step).items())
+        ]
+    finally:
+        store.close()
+    out = {
+        "job": args.job,
+        "store": store.url,
+        "committed": committed,
+        "written": steps,
+        "step": step,
+        "step_committed": step in committed,
+        "ranks": records,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"job {args.job} in {store.url}")
+    print(
+        f"  committed steps  {', '.join(map(str, committed[-10:])) or 'none'}{' …' if len(committed) > 10 else ''}"
+    )
+    partial = {s: n for s, n in steps.items() if s not in committed}
+    if partial:
+        print(f"  partial steps    {', '.join(f'{s} ({n} ranks)' for s, n in list(partial.items())[-5:])}")
+    print(f"  step {step} ({'committed' if step in committed else 'NOT committed'}):")
+    for r in records:
+        print(
+            f"    rank {r['rank']}/{r['world_size']}  {r['dataset']}  epoch {r['epoch']}  offset {r['offset']}  "
+            f"batch {r['batch_size']}"
+        )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from shardstream.demo import run_demo
 
@@ -419,6 +503,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(fn=_cmd_inspect)
+
+    cur = sub.add_parser(
+        "cursor",
+        help="job cursors: list jobs, show a job's committed steps",
+        description="Inspect the cursors jobs commit per checkpoint step (Loader(job=..., "
+        "cursor_store=...)). --store defaults to $SHARDSTREAM_CURSOR_STORE or "
+        "sqlite:///.shardstream/cursors.db.",
+    )
+    csub = cur.add_subparsers(dest="cursor_command", metavar="SUBCOMMAND", required=True)
+    sp = csub.add_parser("list", help="every job with its latest committed step")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=_cmd_cursor_list)
+    sp = csub.add_parser("show", help="one job: committed steps and every rank's cursor at a step")
+    sp.add_argument("job", help="job name")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    sp.add_argument("--step", type=int, help="which step (default: the latest committed)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=_cmd_cursor_show)
 
     sp = sub.add_parser(
         "demo",

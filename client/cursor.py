@@ -1,0 +1,121 @@
+"""Cursor records: one rank's Loader state at one checkpoint step of a job (pure, no I/O).
+
+A record is small versioned JSON:
+
+    {"kind": "shardstream.Cursor", "format": 1, "job": "run-42", "rank": 3, "step": 1200,
+     "time": 1764112345.2, "state": {<Loader.state_dict()>}}
+
+The state inside is global (dataset fingerprint, seed, shuffle, epoch, offset, ...): every rank
+of a job writes the same one at the same step, so any of them resumes any new world size.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
+
+from .state import LoaderState
+
+__all__ = [
+    "CURSOR_FORMAT",
+    "CorruptCursorError",
+    "CursorRecord",
+    "NoCommittedStepError",
+    "validate_job",
+]
+
+CURSOR_FORMAT = 1
+_KIND = "shardstream.Cursor"
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class CorruptCursorError(DataLossError):
+    """A stored cursor is garbage, truncated, of another format or of another job."""
+
+
+class NoCommittedStepError(NotFoundError):
+    """The job has no step committed by all of its ranks (or not the one asked for)."""
+
+
+def validate_job(job: str) -> str:
+    if not isinstance(job, str) or not _JOB_RE.match(job):
+        raise InvalidArgumentError(
+            f"invalid job name {job!r}: letters, digits, '.', '_', ':' or '-', at most 128, not starting with punctuation"
+        )
+    return job
+
+
+@dataclass(frozen=True)
+class CursorRecord:
+    job: str
+    rank: int
+    step: int
+    state: LoaderState
+    time: float = 0.0
+
+    @property
+    def world_size(self) -> int:
+        return self.state.world_size
+
+    def to_bytes(self) -> bytes:
+        d = {
+            "kind": _KIND,
+            "format": CURSOR_FORMAT,
+            "job": self.job,
+            "rank": self.rank,
+            "step": self.step,
+            "time": self.time or time.time(),
+            "state": self.state.to_dict(),
+        }
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, *, where: str) -> CursorRecord:
+        """Parse a stored record; CorruptCursorError naming `where` and what is wrong."""
+        try:
+            d = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptCursorError(f"{where}: not a cursor record (truncated or garbage: {exc})") from None
+        if not isinstance(d, Mapping) or d.get("kind") != _KIND:
+            raise CorruptCursorError(f"{where}: not a shardstream cursor record")
+        if d.get("format") != CURSOR_FORMAT:
+            raise CorruptCursorError(
+                f"{where}: cursor format {d.get('format')!r}, this client reads {CURSOR_FORMAT}"
+            )
+        try:
+            rec = cls(
+                job=str(d["job"]),
+                rank=_int(d, "rank"),
+                step=_int(d, "step"),
+                state=LoaderState.from_dict(d["state"]),
+                time=float(d.get("time", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            detail = exc.args[0] if exc.args else exc
+            raise CorruptCursorError(f"{where}: malformed cursor record ({detail})") from None
+        return rec
+
+    def describe(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "rank": self.rank,
+            "world_size": s.world_size,
+            "batch_size": s.batch_size,
+            "epoch": s.epoch,
+            "offset": s.offset,
+            "dataset": s.dataset,
+            "time": self.time,
+        }
+
+
+def _int(d: Mapping[str, Any], key: str) -> int:
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key!r} must be an integer >= 0, got {value!r}")
+    return value

@@ -1,0 +1,264 @@
+"""Job cursors keyed by checkpoint step: stores, commit, resume, failures — real Redis, real servers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from shardstream.client import Loader
+from shardstream.client.cursor import CorruptCursorError, CursorRecord, NoCommittedStepError
+from shardstream.client.state import LoaderState
+from shardstream.client.stores import MemoryStore, SqliteStore, open_store
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+
+from .conftest import N_ROWS
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_url(request, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
+    if request.param == "memory":
+        MemoryStore._shared.clear()
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/cursors.db"
+    return request.getfixturevalue("redis_server").url
+
+
+def test_store_contract(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        assert store.write("j", 10, 0, 3, b"r0") is False
+        assert store.write("j", 10, 2, 3, b"r2") is False
+        assert store.committed("j") == []
+        assert store.write("j", 10, 2, 3, b"r2-again") is False  # idempotent overwrite, still 2 of 3
+        assert store.write("j", 10, 1, 3, b"r1") is True
+        assert store.write("j", 20, 0, 3, b"x") is False
+        assert store.committed("j") == [10]
+        assert store.read("j", 10) == {0: b"r0", 1: b"r1", 2: b"r2-again"}
+        assert store.steps("j") == {10: 3, 20: 1}
+        assert store.write("other", 1, 0, 1, b"y") is True
+        assert store.jobs() == ["j", "other"]
+    finally:
+        store.close()
+
+
+def test_sqlite_store_is_shared_across_instances(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    a, b = SqliteStore(url), SqliteStore(url)
+    a.write("j", 1, 0, 2, b"a")
+    b.write("j", 1, 1, 2, b"b")
+    assert a.committed("j") == [1] == b.committed("j")
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("bad", ["ftp://x", "sqlite://", "postgres://db"])
+def test_unknown_store_urls(bad: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        open_store(bad)
+
+
+def consume(
+    endpoints,
+    *,
+    job: str,
+    store: str,
+    world: int,
+    batch: int,
+    steps: int | None,
+    commit_every: int,
+    resume=None,
+    seed: int = 0,
+):  # type: ignore[no-untyped-def]
+    """Every rank runs `steps` steps (None: to the end), committing every `commit_every` steps.
+    Returns ids[rank][step]."""
+    out = []
+    for rank in range(world):
+        with Loader(
+            endpoints,
+            "toy@1",
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            seed=seed,
+            job=job,
+            cursor_store=store,
+            resume=resume,
+        ) as ld:
+            got = []
+            for i, b in enumerate(ld):
+                got.append(b["id"].tolist())
+                if (i + 1) % commit_every == 0:
+                    ld.commit(i + 1 + (ld.resumed_from or 0))
+                if steps is not None and i + 1 == steps:
+                    break
+            ld.flush_commits()
+            out.append(got)
+    return out
+
+
+def flat(per_rank: list[list[list[int]]]) -> list[int]:
+    return [i for t in range(len(per_rank[0])) for r in per_rank for i in r[t]]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_crash_after_commits_resumes_exactly_at_the_committed_step(
+    endpoints, store_url: str, case: int
+) -> None:
+    rng = random.Random(case)
+    w1, b1, w2, b2 = rng.choice([2, 4]), rng.choice([8, 20]), rng.choice([1, 3]), rng.choice([5, 16])
+    every = rng.choice([3, 5])
+    total = -(-N_ROWS // (w1 * b1))
+    crash_at = rng.randrange(every, total - 1)  # the ranks die here, some steps after their last commit
+    first = consume(
+        endpoints, job=f"job{case}", store=store_url, world=w1, batch=b1, steps=crash_at, commit_every=every
+    )
+    committed_step = (crash_at // every) * every
+    kept = [r[:committed_step] for r in first]  # the model checkpoint is at committed_step
+    rest = consume(
+        endpoints,
+        job=f"job{case}",
+        store=store_url,
+        world=w2,
+        batch=b2,
+        steps=None,
+        commit_every=10**9,
+        resume="latest",
+    )
+    whole = flat(
+        consume(
+            endpoints, job=f"ref{case}", store="memory://", world=1, batch=64, steps=None, commit_every=10**9
+        )
+    )
+    assert flat(kept) + flat(rest) == whole
+    assert sorted(whole) == list(range(N_ROWS))
+
+
+def test_resume_a_named_step_and_refusals(endpoints, store_url: str) -> None:
+    consume(endpoints, job="named", store=store_url, world=2, batch=10, steps=12, commit_every=4)
+    with Loader(endpoints, "toy@1", batch_size=10, job="named", cursor_store=store_url, resume=8) as ld:
+        assert ld.state_dict()["offset"] == 8 * 2 * 10 and ld.resumed_from == 8
+    with Loader(endpoints, "toy@1", batch_size=10, job="named", cursor_store=store_url, resume=6) as ld:
+        with pytest.raises(NoCommittedStepError, match="step 6 is not committed"):
+            iter(ld)
+    with Loader(
+        endpoints, "toy@1", batch_size=10, job="nothing", cursor_store=store_url, resume="latest"
+    ) as ld:
+        with pytest.raises(NoCommittedStepError, match="no step committed"):
+            iter(ld)
+    with Loader(
+        endpoints, "toy@2", batch_size=10, job="named", cursor_store=store_url, resume="latest"
+    ) as ld:
+        with pytest.raises(FailedPreconditionError, match="toy@1"):
+            iter(ld)
+    with Loader(
+        endpoints, "toy@1", batch_size=10, seed=5, job="named", cursor_store=store_url, resume="latest"
+    ) as ld:
+        with pytest.raises(InvalidArgumentError, match="seed"):
+            iter(ld)
+
+
+def good_record(job: str, rank: int, step: int) -> bytes:
+    state = LoaderState("toy@1", "f" * 64, 0, "block(window=16)", 0, 40, 2, 10)
+    return CursorRecord(job, rank, step, state, 1.0).to_bytes()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"", "not a cursor record"),
+        (b'{"kind": "shardstream.Cursor", "format": 1, "job": "x"', "truncated or garbage"),
+        (b'{"kind": "something else"}', "not a shardstream cursor"),
+        (b'{"kind": "shardstream.Cursor", "format": 7}', "cursor format 7"),
+        (b'{"kind": "shardstream.Cursor", "format": 1, "job": "g", "rank": 1, "step": 4}', "malformed"),
+        (good_record("intruder", 1, 4), "belongs to job 'intruder'"),
+        (good_record("g", 1, 99), "step 99"),
+    ],
+)
+def test_garbage_truncated_or_foreign_cursors_are_refused(
+    endpoints, store_url: str, payload: bytes, message: str
+) -> None:
+    store = open_store(store_url)
+    store.write("g", 4, 0, 2, good_record("g", 0, 4))
+    store.write("g", 4, 1, 2, payload)
+    store.close()
+    with Loader(endpoints, "toy@1", batch_size=10, job="g", cursor_store=store_url, resume="latest") as ld:
+        with pytest.raises(CorruptCursorError, match=message):
+            iter(ld)
+
+
+def test_redis_outage_never_stops_training_and_commits_recover(endpoints, redis_server) -> None:
+    url = redis_server.url
+    with Loader(endpoints, "toy@1", batch_size=10, job="outage", cursor_store=url, epochs=None) as ld:
+        it = iter(ld)
+        for _ in range(3):
+            next(it)
+        ld.commit(3)
+        ld.flush_commits()
+        redis_server.kill()
+        for _ in range(3):
+            next(it)  # training continues
+        ld.commit(6)
+        with pytest.raises(UnavailableError, match="cursor commit"):
+            ld.flush_commits(timeout_s=60)
+        redis_server.start()  # same port, empty
+        next(it)
+        ld.commit(7)
+        ld.flush_commits()
+    store = open_store(url)
+    assert store.committed("outage") == [7]
+    store.close()
+
+
+def test_wiped_redis_says_nothing_is_committed(endpoints, redis_server) -> None:
+    import redis
+
+    consume(endpoints, job="wiped", store=redis_server.url, world=1, batch=10, steps=4, commit_every=2)
+    redis.Redis.from_url(redis_server.url).flushall()
+    with Loader(
+        endpoints, "toy@1", batch_size=10, job="wiped", cursor_store=redis_server.url, resume="latest"
+    ) as ld:
+        with pytest.raises(NoCommittedStepError):
+            iter(ld)
+
+
+def test_job_arguments_are_validated_before_any_network_call() -> None:
+    for kwargs in (
+        dict(job="bad job"),
+        dict(resume="latest"),
+        dict(job="j", resume="soon"),
+        dict(job="j", resume=-1),
+        dict(job="j", cursor_store="ftp://x"),
+    ):
+        with pytest.raises(ValueError):
+            Loader(["127.0.0.1:1"], "toy", batch_size=1, **kwargs)
+    with Loader(["127.0.0.1:1"], "toy", batch_size=1) as ld, pytest.raises(RuntimeError, match="needs a job"):
+        ld.commit(1)
+
+
+def test_cursor_cli_list_and_show(endpoints, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    consume(endpoints, job="cli-job", store=url, world=2, batch=10, steps=7, commit_every=3)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "shardstream", "cursor", *args, "--store", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = json.loads(cli("list", "--json").stdout)
+    assert listed == [{"job": "cli-job", "committed_steps": 2, "latest": 6, "steps_written": 2}]
+    shown = json.loads(cli("show", "cli-job", "--json").stdout)
+    assert shown["step"] == 6 and [r["offset"] for r in shown["ranks"]] == [120, 120]
+    r = cli("show", "cli-job")
+    assert r.returncode == 0 and "committed steps  3, 6" in r.stdout
+    r = cli("show", "ghost")
+    assert r.returncode == 1 and "no cursors" in r.stderr and "Traceback" not in r.stderr
