@@ -85,8 +85,8 @@ class BatchInfo:
 @dataclass
 class _Item:
     epoch: int
-    global_end: int
-    last_of_epoch: bool
+    next_epoch: int  # the cursor once this item is handed over
+    next_offset: int
     dropped: int = 0
     batch: Any = None
     info: BatchInfo | None = None
@@ -195,6 +195,8 @@ class Loader:
         self.resume = resume
         self.resumed_from: int | None = None  # the committed step this loader resumed at
         self._resume_pending = resume is not None
+        # (worker id, workers): data-loader workers of one rank take every workers-th step each.
+        self._stride = (0, 1)
         self._store: CursorStore | None = None
         self._committer: Committer | None = None
         if job is not None:
@@ -314,6 +316,11 @@ class Loader:
             steps=self._steps,
         ).to_dict()
 
+    def _epoch_start_offset(self) -> int:
+        """Where this loader's first step of an epoch starts (not 0 for data-loader workers > 0)."""
+        worker, _ = self._stride
+        return min(worker * self.world_size * self.batch_size, self.target.num_rows)
+
     # --- job cursors -------------------------------------------------------------------------
     def commit(self, step: int) -> None:
         """Record this rank's cursor for checkpoint `step` (the step your model checkpoint is for).
@@ -414,11 +421,9 @@ class Loader:
                 metrics.WAIT_SECONDS.observe(time.perf_counter() - t0)
                 if isinstance(item, _Done):
                     return
-                if item.last_of_epoch:
+                if item.next_epoch != item.epoch:
                     self.dropped[item.epoch] = item.dropped
-                    self._epoch, self._offset = item.epoch + 1, 0
-                else:
-                    self._epoch, self._offset = item.epoch, item.global_end
+                self._epoch, self._offset = item.next_epoch, item.next_offset
                 if item.info is None:
                     continue  # an epoch with no steps
                 self._steps += 1
@@ -479,7 +484,7 @@ class _Producer:
             while ld.epochs is None or epoch < ld.epochs:
                 if not self._stream_epoch(epoch, offset):
                     return
-                epoch, offset = epoch + 1, 0
+                epoch, offset = epoch + 1, ld._epoch_start_offset()
             self._put(_Done())
         except BaseException as exc:  # handed to the consumer, never swallowed here
             self._put(_Failed(exc))
@@ -489,6 +494,7 @@ class _Producer:
         ld = self._ld
         target = ld.target
         layout = StepLayout(target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
+        stride = ld._stride[1]
         next_step = 0
         failures = 0
         last_error: BaseException | None = None
@@ -503,6 +509,7 @@ class _Producer:
                 world_size=ld.world_size,
                 batch_size=ld.batch_size,
                 first_step=next_step,
+                step_stride=stride,
                 drop_last=ld.drop_last,
                 columns=ld.columns or [],
                 max_message_bytes=ld.max_message_bytes,
@@ -520,7 +527,7 @@ class _Producer:
                     if progressed is None:
                         return False
                     if progressed:
-                        next_step += progressed
+                        next_step += progressed * stride
                         failures = 0  # progress resets the retry budget
                     if ended:
                         break
@@ -557,14 +564,17 @@ class _Producer:
     ) -> tuple[int | None, bool]:
         """Queue the steps of one message; (steps queued or None when stopped, end of epoch)."""
         ld = self._ld
+        stride = ld._stride[1]
         if header.epoch != epoch:
             raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
         metrics.BYTES.inc(payload.size)
         batch = read_ipc(payload)
         row = 0
         for i, st in enumerate(header.steps):
-            if st.step != next_step + i:
-                raise DataLossError(f"server sent step {st.step}, expected {next_step + i} (epoch {epoch})")
+            if st.step != next_step + i * stride:
+                raise DataLossError(
+                    f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
+                )
             n = st.position_end - st.position_start
             part = batch.slice(row, n)
             row += n
@@ -582,15 +592,17 @@ class _Producer:
             if not ld.provenance:
                 part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])
             last = header.end_of_epoch and i == len(header.steps) - 1
-            item = _Item(
-                epoch, st.global_end, last, header.dropped if last else 0, _convert(part, ld.output), info
-            )
+            if last:
+                nxt = (epoch + 1, ld._epoch_start_offset())
+            else:  # this loader's next step (the next global step unless workers split the stream)
+                nxt = (epoch, layout.global_range(st.step + stride)[0])
+            item = _Item(epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output), info)
             if not self._put(item):
                 return None, False
         if row != batch.num_rows:
             raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {row}")
         if header.end_of_epoch and not header.steps:
-            if not self._put(_Item(epoch, layout.num_rows, True, header.dropped)):
+            if not self._put(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)):
                 return None, False
         return len(header.steps), header.end_of_epoch
 

@@ -82,6 +82,7 @@ class _ReadPlan:
     epoch: int
     first_step: int
     end_step: int
+    stride: int
     max_message_bytes: int
 
 
@@ -237,6 +238,7 @@ class ShardStreamService:
             epoch=req.epoch,
             first_step=req.first_step,
             end_step=end,
+            stride=max(1, req.step_stride),
             max_message_bytes=req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES,
         )
 
@@ -250,7 +252,7 @@ class ShardStreamService:
             ps, pe = plan.layout.rank_range(step, plan.rank)
             header.steps.add(step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge)
             ranges.append(np.arange(ps, pe, dtype=np.int64))
-        if steps and steps[-1] == plan.layout.num_steps - 1:
+        if steps and plan.end_step == plan.layout.num_steps and steps[-1] + plan.stride >= plan.end_step:
             header.end_of_epoch = True
             header.dropped = plan.layout.dropped
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
@@ -277,8 +279,8 @@ class ShardStreamService:
 
             def submit() -> tuple[asyncio.Future[tuple[bytes, int]], int]:
                 nonlocal step
-                chunk = range(step, min(plan.end_step, step + per_message))
-                step = chunk.stop
+                chunk = range(step, min(plan.end_step, step + per_message * plan.stride), plan.stride)
+                step = chunk[-1] + plan.stride
                 return asyncio.ensure_future(asyncio.to_thread(self._build, plan, chunk)), len(chunk)
 
             pending = submit()

@@ -1,0 +1,94 @@
+"""ShardStreamDataset under torch's DataLoader (0, 1, 2 workers) and torchdata's StatefulDataLoader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardstream.client.torch import ShardStreamDataset
+
+from .conftest import N_ROWS
+
+
+def ids_of(batches) -> list[int]:  # type: ignore[no-untyped-def]
+    return [i for b in batches for i in b["id"].tolist()]
+
+
+def reference(endpoints: list[str], **kw) -> list[int]:  # type: ignore[no-untyped-def]
+    return ids_of(
+        DataLoader(ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2, **kw), batch_size=None)
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_dataloader_workers_split_the_stream_in_order(endpoints: list[str], workers: int) -> None:
+    ds = ShardStreamDataset(endpoints, "toy@1", batch_size=16, rank=1, world_size=2, seed=2)
+    kw = dict(multiprocessing_context="spawn") if workers else {}
+    got = ids_of(DataLoader(ds, batch_size=None, num_workers=workers, **kw))
+    solo = ids_of(
+        DataLoader(
+            ShardStreamDataset(endpoints, "toy@1", batch_size=16, rank=1, world_size=2, seed=2),
+            batch_size=None,
+        )
+    )
+    assert got == solo and len(set(got)) == len(got)
+    other = ids_of(
+        DataLoader(
+            ShardStreamDataset(endpoints, "toy@1", batch_size=16, rank=0, world_size=2, seed=2),
+            batch_size=None,
+        )
+    )
+    assert sorted(got + other) == list(range(N_ROWS))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_exactly(endpoints: list[str], workers: int) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    kw = dict(multiprocessing_context="spawn") if workers else {}
+    whole = reference(endpoints)
+    dl = StatefulDataLoader(
+        ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
+        batch_size=None,
+        num_workers=workers,
+        **kw,
+    )
+    first = []
+    for i, b in enumerate(dl):
+        first.append(b)
+        if i == 20:
+            break
+    state = dl.state_dict()
+    del dl
+    dl2 = StatefulDataLoader(
+        ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
+        batch_size=None,
+        num_workers=workers,
+        **kw,
+    )
+    dl2.load_state_dict(state)
+    assert ids_of(first) + ids_of(dl2) == whole
+
+
+def test_a_global_state_resumes_under_workers(endpoints: list[str]) -> None:
+    whole = reference(endpoints)
+    ds = ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2)
+    it = iter(ds)
+    first = [next(it) for _ in range(7)]
+    state = ds.state_dict()
+    it.close()
+    ds2 = ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2)
+    ds2.load_state_dict(state)
+    rest = ids_of(DataLoader(ds2, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    assert ids_of(first) + rest == whole
+
+
+def test_tensors_and_pin_memory_flag(endpoints: list[str]) -> None:
+    ds = ShardStreamDataset(endpoints, "toy@1", batch_size=8, pin_memory=True, columns=["x", "id"])
+    b = next(iter(DataLoader(ds, batch_size=None)))
+    assert isinstance(b["x"], torch.Tensor) and b["x"].shape == (8, 3)
+    with pytest.raises(ValueError, match="pin_memory needs output='torch'"):
+        ShardStreamDataset(endpoints, "toy@1", batch_size=8, pin_memory=True, output="numpy")
+    with pytest.raises(ValueError):
+        ShardStreamDataset(endpoints, "toy@1", batch_size=0)
