@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 
 import grpc
+
 from shardstream.errors import from_grpc_error
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb

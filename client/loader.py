@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
+
 from shardstream.errors import (
     DataLossError,
     InvalidArgumentError,

@@ -57,6 +57,7 @@ def _model():  # type: ignore[no-untyped-def]
 # --- one rank ------------------------------------------------------------------------------------
 def _rank_main(argv: list[str]) -> int:
     import torch
+
     from shardstream.client import Loader
 
     p = argparse.ArgumentParser(prog="shardstream.demo rank")
@@ -118,6 +119,7 @@ def _rank_main(argv: list[str]) -> int:
 def _evaluate(model_path: Path, root: Path) -> float:
     import pyarrow.parquet as pq
     import torch
+
     from shardstream.registry import Registry
 
     reg = Registry(root)

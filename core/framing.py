@@ -13,6 +13,7 @@ stay aligned, so numeric columns reach numpy and torch without a copy.
 from __future__ import annotations
 
 import pyarrow as pa
+
 from shardstream.errors import DataLossError
 from shardstream.v1 import shardstream_pb2 as pb
 

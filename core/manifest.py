@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
 from shardstream.errors import InvalidArgumentError
+from shardstream.storage import check_key
 
 __all__ = ["FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
 
@@ -77,6 +79,7 @@ class Shard:
     sha256: str
 
     def __post_init__(self) -> None:
+        check_key(self.uri, "shard uri")  # never a path outside the dataset's directory
         if sum(self.row_groups) != self.rows:
             raise InvalidArgumentError(
                 f"shard {self.uri}: row groups sum to {sum(self.row_groups)} rows, manifest says {self.rows}"

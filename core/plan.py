@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from shardstream.errors import InvalidArgumentError
 from shardstream.permutation import KeyedPermutation, derive_key
 

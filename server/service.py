@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
+
 from shardstream.errors import FailedPreconditionError, InternalError, InvalidArgumentError, ShardstreamError
 from shardstream.framing import encode_read_response, ipc_bytes
 from shardstream.manifest import DatasetRef, Manifest

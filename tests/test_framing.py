@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from shardstream.framing import ALIGNMENT, decode_read_response, encode_read_response, ipc_bytes, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 from shardstream.server.ingest import IngestOptions, ingest

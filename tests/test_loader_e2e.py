@@ -9,6 +9,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+
 from shardstream.client import Loader
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
 from shardstream.framing import decode_read_response

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shardstream.permutation import KeyedPermutation, derive_key
 
 

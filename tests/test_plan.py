@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shardstream.errors import InvalidArgumentError
 from shardstream.plan import SHUFFLES, EpochOrder, RowLocator, StepLayout, parse_shuffle
 

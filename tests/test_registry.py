@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.manifest import DatasetRef, Manifest, Shard
 from shardstream.registry import Registry
