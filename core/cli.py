@@ -12,9 +12,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
+from shardstream.registry_cli import add_registry_commands
+
+if TYPE_CHECKING:
+    from shardstream.registry import Registry
 
 __all__ = ["main"]
 
@@ -60,7 +65,10 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows,
         progress=False if args.quiet else None,
     )
-    m = ingest(args.src, args.name, args.root, opts)
+    from shardstream.registry import Registry
+
+    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        m = ingest(args.src, args.name, reg, opts)
     print(f"{m.ref}", flush=True)
     if not args.quiet:
         print(
@@ -83,6 +91,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             cache_bytes=args.cache_mib << 20,
             grace_s=args.grace,
             ready_file=args.ready_file,
+            s3_endpoint=args.s3_endpoint,
         )
     )
     return 0
@@ -91,7 +100,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_datasets_list(args: argparse.Namespace) -> int:
     from shardstream.registry import Registry
 
-    reg = Registry(args.root)
+    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        return _print_datasets(args, reg)
+
+
+def _print_datasets(args: argparse.Namespace, reg: Registry) -> int:
     manifests = [reg.resolve(name) for name in reg.names()]
     if args.json:
         print(
@@ -137,7 +150,8 @@ def _cmd_datasets_list(args: argparse.Namespace) -> int:
 def _cmd_datasets_show(args: argparse.Namespace) -> int:
     from shardstream.registry import Registry
 
-    m = Registry(args.root).resolve(args.dataset)
+    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        m = reg.resolve(args.dataset)
     if args.json:
         print(json.dumps(m.to_json(), indent=1, sort_keys=True))
         return 0
@@ -391,7 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--root",
             default=DEFAULT_ROOT,
-            help=f"dataset registry directory (default: $SHARDSTREAM_ROOT or {DEFAULT_ROOT!r})",
+            help=f"dataset registry: a local directory or s3://BUCKET/PREFIX (default: $SHARDSTREAM_ROOT or "
+            f"{DEFAULT_ROOT!r})",
+        )
+        sp.add_argument(
+            "--s3-endpoint",
+            default=None,
+            help="S3 endpoint URL for s3:// roots (default: $AWS_ENDPOINT_URL, else AWS); credentials come "
+            "from the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …)",
         )
 
     sp = sub.add_parser(
@@ -445,7 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=_cmd_serve)
 
     ds = sub.add_parser(
-        "datasets", help="list and show registered datasets", description="Inspect the registry under --root."
+        "datasets",
+        help="list, show, verify, tag and trace registered datasets",
+        description="Inspect and maintain the registry under --root.",
     )
     dsub = ds.add_subparsers(dest="datasets_command", metavar="SUBCOMMAND", required=True)
     sp = dsub.add_parser("list", help="every dataset with its latest version")
@@ -458,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the manifest as JSON")
     sp.add_argument("--all-shards", action="store_true", help="list every shard, not the first 10")
     sp.set_defaults(fn=_cmd_datasets_show)
+    add_registry_commands(sub, dsub, root_arg)
 
     sp = sub.add_parser(
         "inspect",

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.storage import check_key
 
 __all__ = ["FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
 
@@ -79,6 +80,7 @@ class Shard:
     sha256: str
 
     def __post_init__(self) -> None:
+        check_key(self.uri, "shard uri")  # never a path outside the dataset's directory
         if sum(self.row_groups) != self.rows:
             raise InvalidArgumentError(
                 f"shard {self.uri}: row groups sum to {sum(self.row_groups)} rows, manifest says {self.rows}"

@@ -1,10 +1,11 @@
-"""The dataset registry on a local directory (DESIGN §3).
+"""The dataset registry, beside the data, on any `Storage` (DESIGN §3).
 
-Layout, beside the data:
+Layout under the root (a local directory or `s3://bucket/prefix`):
 
-    <root>/<name>/manifests/<version>.json   immutable, created only if absent (O_EXCL)
-    <root>/<name>/tags/<tag>                 the version number a tag points at
-    <root>/<name>/data/...                   shards, referenced by relative URI from manifests
+    <name>/manifests/<version>.json   immutable, created only if absent (local: exclusive link;
+                                      S3: conditional put `If-None-Match: *`)
+    <name>/tags/<tag>                 the version number a tag points at (replaced atomically)
+    <name>/data/...                   shards, referenced by relative URI from manifests
 
 A version is never rewritten. Two writers racing for the same name both succeed, with distinct
 versions: each tries `latest + 1` with an exclusive create and moves on to the next on conflict.
@@ -18,105 +19,153 @@ from pathlib import Path
 
 from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.manifest import DatasetRef, Manifest, validate_name
+from shardstream.storage import ObjectRef, Storage, check_key, open_storage
 
 __all__ = ["Registry"]
 
 _MAX_CREATE_ATTEMPTS = 1000
 
 
-class Registry:
-    """Dataset versions under one root directory."""
+def validate_tag(tag: str) -> str:
+    validate_name(tag, "tag")
+    if tag.isdigit():
+        raise InvalidArgumentError(f"tag {tag!r} is a number: NAME@{tag} would mean version {tag}")
+    return tag
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        text = os.fspath(root)
-        if "://" in text:
-            raise InvalidArgumentError(
-                f"--root {text!r}: only local directories are supported in this version"
-            )
-        self.root = Path(text)
+
+class Registry:
+    """Dataset versions under one root (a local directory path or `s3://bucket/prefix`)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | Storage,
+        *,
+        s3_endpoint: str | None = None,
+    ) -> None:
+        self.storage = root if isinstance(root, Storage) else open_storage(root, s3_endpoint=s3_endpoint)
+        self.root = self.storage.url
 
     def __repr__(self) -> str:
-        return f"Registry({str(self.root)!r})"
+        return f"Registry({self.root!r})"
 
-    # --- paths ---------------------------------------------------------------------------------
-    def dataset_dir(self, name: str) -> Path:
-        return self.root / validate_name(name)
+    def __enter__(self) -> Registry:
+        return self
 
-    def shard_path(self, manifest: Manifest, uri: str) -> Path:
-        return self.dataset_dir(manifest.name) / uri
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def _manifest_path(self, name: str, version: int) -> Path:
-        return self.dataset_dir(name) / "manifests" / f"{version}.json"
+    def close(self) -> None:
+        self.storage.close()
+
+    # --- keys ----------------------------------------------------------------------------------
+    @staticmethod
+    def shard_key(manifest: Manifest, uri: str) -> str:
+        return f"{validate_name(manifest.name)}/{check_key(uri, 'shard uri')}"
+
+    def shard_path(self, manifest: Manifest, uri: str) -> Path | ObjectRef:
+        """Where a shard lives: a local file path, or an object of a remote storage."""
+        key = self.shard_key(manifest, uri)
+        local = self.storage.local_path(key)
+        return local if local is not None else ObjectRef(self.storage, key)
+
+    @staticmethod
+    def _manifest_key(name: str, version: int) -> str:
+        return f"{validate_name(name)}/manifests/{version}.json"
+
+    @staticmethod
+    def _tag_key(name: str, tag: str) -> str:
+        return f"{validate_name(name)}/tags/{validate_tag(tag)}"
 
     # --- reads ---------------------------------------------------------------------------------
     def names(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(
-            p.name for p in self.root.iterdir() if (p / "manifests").is_dir() and self.versions(p.name)
-        )
+        out = []
+        for name in self.storage.children(""):
+            try:
+                validate_name(name)
+            except InvalidArgumentError:
+                continue
+            if self.versions(name):
+                out.append(name)
+        return out
 
     def versions(self, name: str) -> list[int]:
-        d = self.dataset_dir(name) / "manifests"
-        if not d.is_dir():
-            return []
-        return sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit())
+        base = f"{validate_name(name)}/manifests/"
+        found = []
+        for key in self.storage.list(base):
+            stem = key[len(base) :]
+            if stem.endswith(".json") and stem[:-5].isdigit() and "/" not in stem:
+                found.append(int(stem[:-5]))
+        return sorted(found)
 
     def latest(self, name: str) -> int | None:
         vs = self.versions(name)
         return vs[-1] if vs else None
+
+    def tags(self, name: str) -> dict[str, int]:
+        """Every tag of `name` and the version it points at."""
+        base = f"{validate_name(name)}/tags/"
+        out = {}
+        for key in self.storage.list(base):
+            tag = key[len(base) :]
+            if "/" in tag or tag.startswith("."):
+                continue
+            try:
+                out[tag] = int(self.storage.get(key).decode().strip())
+            except (NotFoundError, ValueError):
+                continue
+        return dict(sorted(out.items()))
 
     def resolve(self, ref: str | DatasetRef) -> Manifest:
         """The manifest for `name`, `name@N` or `name@tag`; NotFoundError naming what is missing."""
         r = DatasetRef.parse(ref) if isinstance(ref, str) else ref
         version = r.version
         if r.tag is not None:
-            tag_file = self.dataset_dir(r.name) / "tags" / r.tag
             try:
-                version = int(tag_file.read_text().strip())
-            except FileNotFoundError:
+                text = self.storage.get(self._tag_key(r.name, r.tag)).decode().strip()
+            except NotFoundError:
                 raise NotFoundError(f"dataset {r.name!r} has no tag {r.tag!r} under {self.root}") from None
+            if not text.isdigit():
+                raise InvalidArgumentError(f"tag {r.name}@{r.tag} is malformed ({text[:40]!r})")
+            version = int(text)
         if version is None:
             version = self.latest(r.name)
             if version is None:
                 raise NotFoundError(f"no dataset named {r.name!r} under {self.root}")
-        path = self._manifest_path(r.name, version)
+        key = self._manifest_key(r.name, version)
         try:
-            text = path.read_text()
-        except FileNotFoundError:
+            text_bytes = self.storage.get(key)
+        except NotFoundError:
             known = self.versions(r.name)
             if not known:
                 raise NotFoundError(f"no dataset named {r.name!r} under {self.root}") from None
             raise NotFoundError(
                 f"dataset {r.name!r} has no version {version} (versions: {', '.join(map(str, known))})"
             ) from None
-        return Manifest.loads(text, source=str(path))
+        m = Manifest.loads(text_bytes, source=self.storage.url_of(key))
+        if m.name != r.name or m.version != version:
+            raise InvalidArgumentError(f"{self.storage.url_of(key)} holds {m.ref}, not {r.name}@{version}")
+        return m
 
     # --- writes --------------------------------------------------------------------------------
     def create_version(self, name: str, build: Callable[[int, int | None], Manifest]) -> Manifest:
         """Write a new version of `name`; `build(version, parent)` makes its manifest.
 
-        The version number is taken by an exclusive create (atomic link), so concurrent writers never overwrite
+        The version number is taken by an exclusive create, so concurrent writers never overwrite
         each other: the loser rebuilds its manifest for the next free number.
         """
-        mdir = self.dataset_dir(name) / "manifests"
-        mdir.mkdir(parents=True, exist_ok=True)
+        validate_name(name)
         for _ in range(_MAX_CREATE_ATTEMPTS):
             parent = self.latest(name)
             version = (parent or 0) + 1
             manifest = build(version, parent)
             if manifest.name != name or manifest.version != version:
                 raise AssertionError("build() must return a manifest for the version it was given")
-            path = self._manifest_path(name, version)
-            # Write a private temp file, then hard-link it into place: link() is atomic and fails
-            # when the name exists, so readers never see a half-written manifest.
-            tmp = mdir / f".{version}.{os.getpid()}.{id(manifest)}.tmp"
-            tmp.write_bytes(manifest.dumps().encode())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                continue
-            finally:
-                tmp.unlink()
-            return manifest
+            if self.storage.put_if_absent(self._manifest_key(name, version), manifest.dumps().encode()):
+                return manifest
         raise RuntimeError(f"could not allocate a version of {name!r} after {_MAX_CREATE_ATTEMPTS} attempts")
+
+    def set_tag(self, ref: str | DatasetRef, tag: str) -> Manifest:
+        """Point `tag` at the version `ref` names (replacing where it pointed); atomic."""
+        m = self.resolve(ref)
+        self.storage.put(self._tag_key(m.name, tag), f"{m.version}\n".encode())
+        return m

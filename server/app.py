@@ -54,12 +54,20 @@ class ServerConfig:
     cache_bytes: int = DEFAULT_CACHE_BYTES
     grace_s: float = DEFAULT_GRACE_S
     ready_file: str | None = None
+    s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
 
 
 async def serve(cfg: ServerConfig) -> None:
-    registry = Registry(cfg.root)
-    if not registry.root.is_dir():
-        raise InvalidArgumentError(f"--root {cfg.root}: no such directory")
+    registry = Registry(cfg.root, s3_endpoint=cfg.s3_endpoint)
+    try:
+        # Fail fast with one clear line: a missing directory, an unreachable S3, refused credentials.
+        await asyncio.to_thread(registry.storage.check_root)
+        await _serve(cfg, registry)
+    finally:
+        registry.close()
+
+
+async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     service = ShardStreamService(registry, new_row_group_cache(cfg.cache_bytes))
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((service.handler(),))

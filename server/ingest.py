@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import InvalidArgumentError, ShardstreamError
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
 
@@ -233,12 +234,22 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordB
 
 
 def ingest(
-    src: str | os.PathLike[str], name: str, root: str | os.PathLike[str], opts: IngestOptions | None = None
+    src: str | os.PathLike[str],
+    name: str,
+    root: str | os.PathLike[str] | Registry,
+    opts: IngestOptions | None = None,
 ) -> Manifest:
-    """Ingest `src` (a file or a directory of them) as the next version of dataset `name`."""
+    """Ingest `src` (a local file or a directory of them) as the next version of dataset `name`.
+
+    `root` is a registry, a local directory or `s3://bucket/prefix` (shards are then written to a
+    local staging directory and uploaded before the version is created).
+    """
     opts = opts or IngestOptions()
     validate_name(name)
-    registry = Registry(root)
+    if not isinstance(root, Registry):
+        with Registry(root) as registry:
+            return ingest(src, name, registry, opts)
+    registry = root
     files = _inputs(Path(src))
     total = sum(p.stat().st_size for p in files)
     bar = tqdm(
@@ -265,9 +276,16 @@ def ingest(
         bar.update(path.stat().st_size)
     schema = _unify(schemas)
 
-    # Pass 2: shards, in a directory of this ingest's own.
-    out_dir = registry.dataset_dir(name) / "data" / uuid.uuid4().hex
+    # Pass 2: shards, in a directory of this ingest's own (staged locally when the root is remote).
+    ingest_id = uuid.uuid4().hex
+    local_dataset_dir = registry.storage.local_path(name)
+    staging = (
+        None if local_dataset_dir is not None else tempfile.TemporaryDirectory(prefix="shardstream-ingest-")
+    )
+    dataset_dir = local_dataset_dir if local_dataset_dir is not None else Path(staging.name) / name  # type: ignore[union-attr]
+    out_dir = dataset_dir / "data" / ingest_id
     out_dir.mkdir(parents=True)
+    uploaded: list[str] = []
     try:
         writer = _ShardWriter(out_dir, schema, opts)
         for path in files:
@@ -275,6 +293,19 @@ def ingest(
                 writer.write(batch)
             bar.update(path.stat().st_size)
         shards = tuple(writer.finish())
+        if staging is not None:
+            with tqdm(
+                total=sum(s.bytes for s in shards),
+                unit="B",
+                unit_scale=True,
+                desc=f"upload {name}",
+                disable=None if opts.progress is None else not opts.progress,
+            ) as up:
+                for shard in shards:
+                    key = f"{name}/{shard.uri}"
+                    registry.storage.put_file(key, dataset_dir / shard.uri)
+                    uploaded.append(key)
+                    up.update(shard.bytes)
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         meta = {"modality": "table", "source": str(Path(src).resolve()), "files": len(files)}
 
@@ -293,7 +324,14 @@ def ingest(
         manifest = registry.create_version(name, build)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
+        for key in uploaded:
+            try:
+                registry.storage.delete(key)
+            except ShardstreamError:  # best effort: unreferenced shards are harmless
+                pass
         raise
     finally:
         bar.close()
+        if staging is not None:
+            staging.cleanup()
     return manifest

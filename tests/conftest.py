@@ -22,6 +22,8 @@ from shardstream.manifest import Manifest
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 
+from .seaweed import s3_env, s3_root, s3_server  # noqa: F401 — S3 fixtures (a real SeaweedFS)
+
 # A prime row count, shards of unequal size and small row groups, so steps straddle everything.
 N_ROWS = 1009
 

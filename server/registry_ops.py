@@ -1,0 +1,264 @@
+"""Registry operations that read data: `register` (bring your own Parquet) and `verify`.
+
+`register NAME --from URI...` turns Parquet files already under `<root>/<NAME>/` (written by Spark,
+Ray Data, DuckDB, pandas, …) into a new version without rewriting them: it reads every footer
+concurrently (one ranged read each), checks that all files share one schema — naming the files and
+fields that differ when they do not — and only then hashes each file's bytes (concurrently) for the
+manifest's content hashes, which `verify` and the server's read-path check compare against.
+
+`verify NAME[@V]` recomputes every shard's size and sha256 and reports each one that differs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
+from shardstream.manifest import Manifest, Shard, validate_name
+from shardstream.registry import Registry
+from shardstream.storage import LocalStorage, check_key
+
+from .reader import PROVENANCE_COLUMNS, read_footer
+
+__all__ = ["ShardProblem", "register", "verify"]
+
+DEFAULT_THREADS = 32
+PARQUET_SUFFIXES = (".parquet", ".pq")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _bar(total: int, desc: str, progress: bool | None, unit: str = "B") -> tqdm:
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=unit == "B",
+        desc=desc,
+        disable=None if progress is None else not progress,  # None: a bar only on a terminal
+    )
+
+
+def _pmap(
+    fn: Callable[[T], R], items: Sequence[T], threads: int, bar: tqdm, weight: Callable[[T], int]
+) -> list[R]:
+    """`fn` over `items` on `threads` threads, in order; the first error is raised."""
+    with ThreadPoolExecutor(max(1, min(threads, len(items)))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        out = []
+        try:
+            for item, fut in zip(items, futures, strict=True):
+                out.append(fut.result())
+                bar.update(weight(item))
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return out
+
+
+# --- register ------------------------------------------------------------------------------------
+def _source_key(registry: Registry, name: str, uri: str) -> str:
+    """The storage key (`NAME/...`) of a `--from` location; InvalidArgumentError when it is unsafe."""
+    root = registry.storage.url.rstrip("/")
+    dataset = f"{root}/{name}"
+    if uri.startswith("s3://"):
+        if not (uri.rstrip("/") + "/").startswith(dataset + "/") or not uri.startswith(root + "/"):
+            raise InvalidArgumentError(f"--from {uri}: outside the dataset's directory {dataset}/")
+        rel = uri[len(root) + 1 :]
+    elif "://" in uri or uri.lower().startswith("file:"):
+        raise InvalidArgumentError(
+            f"--from {uri!r}: only s3:// URIs and paths are accepted (for a local file give its path)"
+        )
+    elif os.path.isabs(uri):
+        if not isinstance(registry.storage, LocalStorage):
+            raise InvalidArgumentError(f"--from {uri}: a local path, but --root is {root}")
+        if ".." in Path(uri).parts:
+            raise InvalidArgumentError(f"--from {uri!r} has a '..' segment")
+        try:
+            rel = Path(os.path.abspath(uri)).relative_to(os.path.abspath(registry.storage.root)).as_posix()
+        except ValueError:
+            raise InvalidArgumentError(f"--from {uri}: outside the dataset's directory {dataset}/") from None
+        if not (rel + "/").startswith(f"{name}/"):
+            raise InvalidArgumentError(f"--from {uri}: outside the dataset's directory {dataset}/")
+    else:  # relative to the dataset's directory
+        rel = uri.strip("/")
+        rel = name if rel in ("", ".") else f"{name}/{check_key(rel, '--from')}"
+    rel = rel.rstrip("/")
+    if rel != name:
+        check_key(rel, "--from")
+    return rel
+
+
+def _expand(registry: Registry, key: str) -> list[str]:
+    """The Parquet files a `--from` key names: itself, or the ones under that prefix."""
+    storage = registry.storage
+    if key.lower().endswith(PARQUET_SUFFIXES):
+        try:
+            storage.head(key)
+            return [key]
+        except NotFoundError:
+            pass
+    found = []
+    for k in storage.list(key):
+        rel = k[len(key) + 1 :]
+        parts = rel.split("/")
+        # Hidden and bookkeeping files (Spark's _SUCCESS, _committed_*, .crc) are not data.
+        if any(p.startswith((".", "_")) for p in parts):
+            continue
+        if rel.lower().endswith(PARQUET_SUFFIXES):
+            found.append(k)
+    return found
+
+
+@dataclass(frozen=True)
+class _Footer:
+    key: str
+    size: int
+    etag: str
+    row_groups: tuple[int, ...]
+    schema: pa.Schema
+
+
+def _footer(registry: Registry, key: str) -> _Footer:
+    storage = registry.storage
+    info = storage.head(key)
+    try:
+        local = storage.local_path(key)
+        if local is not None:
+            md = pq.read_metadata(local)
+        else:
+            _, md = read_footer(lambda s, n: storage.get_range(key, s, n, etag=info.etag), info.size)
+        schema = md.schema.to_arrow_schema().remove_metadata()
+    except (DataLossError, OSError, pa.ArrowException) as exc:
+        raise InvalidArgumentError(f"{storage.url_of(key)}: not a readable Parquet file ({exc})") from exc
+    groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+    return _Footer(key, info.size, info.etag, groups, schema)
+
+
+def _schema_differences(footers: Sequence[_Footer], base: str) -> list[str]:
+    ref = footers[0]
+    out = []
+    for f in footers[1:]:
+        if f.schema.equals(ref.schema):
+            continue
+        where, there = f.key[len(base) + 1 :], ref.key[len(base) + 1 :]
+        for field in ref.schema:
+            if field.name not in f.schema.names:
+                out.append(f"{where} lacks field {field.name!r} (in {there})")
+            elif not f.schema.field(field.name).type.equals(field.type):
+                out.append(
+                    f"{where}: field {field.name!r} is {f.schema.field(field.name).type}, {there} has {field.type}"
+                )
+        for field in f.schema:
+            if field.name not in ref.schema.names:
+                out.append(f"{where} has field {field.name!r} that {there} lacks")
+        if not out or not out[-1].startswith(where):
+            out.append(f"{where}: fields in another order ({f.schema.names} vs {ref.schema.names})")
+    return out
+
+
+def register(
+    registry: Registry,
+    name: str,
+    sources: Iterable[str],
+    *,
+    threads: int = DEFAULT_THREADS,
+    progress: bool | None = None,
+) -> Manifest:
+    """Register the Parquet files under `sources` (inside `<root>/<name>/`) as the next version of `name`."""
+    validate_name(name)
+    keys: list[str] = []
+    for uri in sources:
+        key = _source_key(registry, name, uri)
+        found = _expand(registry, key)
+        if not found:
+            raise InvalidArgumentError(
+                f"--from {uri}: no Parquet files ({', '.join(PARQUET_SUFFIXES)}) there"
+            )
+        keys += found
+    keys = sorted(dict.fromkeys(keys))
+    if not keys:
+        raise InvalidArgumentError("register: give at least one --from location")
+    with _bar(len(keys), f"footers {name}", progress, unit="file") as bar:
+        footers = _pmap(lambda k: _footer(registry, k), keys, threads, bar, lambda _: 1)
+    diffs = _schema_differences(footers, name)
+    if diffs:
+        more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
+        raise InvalidArgumentError(f"schemas differ: {'; '.join(diffs[:8])}{more}")
+    schema = footers[0].schema
+    reserved = [n for n in schema.names if n in PROVENANCE_COLUMNS]
+    if reserved:
+        raise InvalidArgumentError(f"column name(s) {reserved} are reserved for provenance")
+    if not schema.names:
+        raise InvalidArgumentError("the files have no columns")
+
+    with _bar(sum(f.size for f in footers), f"hash {name}", progress) as bar:
+        digests = _pmap(
+            lambda f: registry.storage.digest(f.key, etag=f.etag), footers, threads, bar, lambda f: f.size
+        )
+    shards = []
+    for f, (size, sha) in zip(footers, digests, strict=True):
+        if size != f.size:
+            raise DataLossError(f"{registry.storage.url_of(f.key)} changed while being registered")
+        shards.append(Shard(f.key[len(name) + 1 :], sum(f.row_groups), size, f.row_groups, sha))
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def build(version: int, parent: int | None) -> Manifest:
+        return Manifest(
+            name=name,
+            version=version,
+            schema=schema,
+            shards=tuple(shards),
+            parent=parent,
+            change="create" if parent is None else "replace",
+            created_at=created,
+            metadata={"modality": "table", "source": "register", "files": len(shards)},
+        )
+
+    return registry.create_version(name, build)
+
+
+# --- verify --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardProblem:
+    uri: str
+    problem: str
+
+
+def _check_shard(registry: Registry, m: Manifest, shard: Shard) -> ShardProblem | None:
+    key = registry.shard_key(m, shard.uri)
+    try:
+        info = registry.storage.head(key)
+        if info.size != shard.bytes:
+            return ShardProblem(shard.uri, f"size {info.size} bytes, manifest says {shard.bytes}")
+        size, sha = registry.storage.digest(key, etag=info.etag)
+    except NotFoundError:
+        return ShardProblem(shard.uri, "missing")
+    except DataLossError as exc:
+        return ShardProblem(shard.uri, str(exc))
+    if size != shard.bytes:
+        return ShardProblem(shard.uri, f"size {size} bytes, manifest says {shard.bytes}")
+    if sha != shard.sha256:
+        return ShardProblem(shard.uri, f"sha256 {sha[:16]}… differs from the manifest's {shard.sha256[:16]}…")
+    return None
+
+
+def verify(
+    registry: Registry, m: Manifest, *, threads: int = DEFAULT_THREADS, progress: bool | None = None
+) -> list[ShardProblem]:
+    """Every shard of `m` whose size or sha256 differs from the manifest (or that is missing)."""
+    if not m.shards:
+        return []
+    with _bar(m.num_bytes, f"verify {m.ref}", progress) as bar:
+        results = _pmap(lambda s: _check_shard(registry, m, s), m.shards, threads, bar, lambda s: s.bytes)
+    return [r for r in results if r is not None]
