@@ -178,13 +178,18 @@ def _cmd_datasets_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from shardstream.registry import Registry
+
+    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        return _inspect(args, reg)
+
+
+def _inspect(args: argparse.Namespace, reg) -> int:  # type: ignore[no-untyped-def]
     from shardstream.errors import InvalidArgumentError
     from shardstream.inspect import make_selector, shuffle_stats, step_samples
     from shardstream.mixture import is_mixture, parse_mixture
     from shardstream.plan import ShuffleSpec, StepLayout
-    from shardstream.registry import Registry
 
-    reg = Registry(args.root)
     if is_mixture(args.dataset):
         pairs = parse_mixture(args.dataset)
         manifests = [reg.resolve(ref) for ref, _ in pairs]
@@ -222,7 +227,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             f"--step {args.step} is outside the epoch's {layout.num_steps} steps (0..{layout.num_steps - 1})"
         )
     smp = step_samples(sel, layout, args.epoch, args.step, args.rank)
-    columns = _inspect_columns(args, manifests, smp)
+    columns = _inspect_columns(args, reg, manifests, smp)
     records = []
     for i in range(len(smp.positions)):
         rec = {
@@ -270,7 +275,7 @@ def _short(value: object, limit: int = 40, from_left: bool = False) -> str:
     return "…" + text[-(limit - 1) :] if from_left else text[: limit - 1] + "…"
 
 
-def _inspect_columns(args: argparse.Namespace, manifests: list, smp) -> dict[str, list]:  # type: ignore[no-untyped-def,type-arg]
+def _inspect_columns(args: argparse.Namespace, reg, manifests: list, smp) -> dict[str, list]:  # type: ignore[no-untyped-def,type-arg]
     """The id column (if every source has it) or, with --show, the requested columns, read from the shards."""
     common = [n for n in manifests[0].schema.names if all(n in m.schema.names for m in manifests)]
     if args.show:
@@ -280,13 +285,11 @@ def _inspect_columns(args: argparse.Namespace, manifests: list, smp) -> dict[str
     if not wanted or not len(smp.rows):
         return {}
     from shardstream.errors import InvalidArgumentError
-    from shardstream.registry import Registry
     from shardstream.server.reader import DatasetReader, new_row_group_cache
 
     unknown = [c for c in wanted if c not in common]
     if unknown:
         raise InvalidArgumentError(f"unknown column(s) {unknown}; columns are: {', '.join(common)}")
-    reg = Registry(args.root)
     cache = new_row_group_cache(256 << 20)
     out: dict[str, list] = {c: [None] * len(smp.rows) for c in wanted}  # type: ignore[type-arg]
     for s in sorted(set(smp.sources.tolist())):

@@ -79,14 +79,19 @@ class _Shard(Protocol):
 
 class _LocalShard:
     def __init__(self, path: Path) -> None:
-        self._file = pq.ParquetFile(path)
+        self._path = path
+        self._metadata = pq.read_metadata(path)
 
     def row_group_counts(self) -> tuple[int, ...]:
-        md = self._file.metadata
+        md = self._metadata
         return tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
 
     def read_row_group(self, group: int, columns: list[str]) -> pa.Table:
-        return self._file.read_row_group(group, columns=columns)
+        # A reader per read: one pq.ParquetFile read from several threads at once corrupts its
+        # state (crashes, "ReadRangeCache did not find matching cache entry"). Opening one with
+        # the footer already parsed costs a file open, nothing more.
+        with pq.ParquetFile(self._path, metadata=self._metadata) as f:
+            return f.read_row_group(group, columns=columns)
 
 
 class _SparseFile:
