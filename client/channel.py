@@ -19,6 +19,9 @@ _SERVICE = "shardstream.v1.ShardStream"
 # gRPC once headers arrive: the Loader resumes them from its cursor instead.
 _SERVICE_CONFIG = json.dumps(
     {
+        # A dns:/// target that resolves to several servers (a Kubernetes headless service) spreads
+        # calls over all of them and skips the ones that are down.
+        "loadBalancingConfig": [{"round_robin": {}}],
         "methodConfig": [
             {
                 "name": [
@@ -52,12 +55,14 @@ CHANNEL_OPTIONS = [
 
 
 def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[str]:
-    """`host:port` strings, validated (a comma-separated string is accepted too)."""
+    """`host:port` or `dns:///host:port` strings, validated (a comma-separated string is accepted too)."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     out = [e.strip() for e in items if isinstance(e, str) and e.strip()]
     if not out or len(out) != len(items):
         raise ValueError(f"endpoints must be a non-empty list of 'host:port' strings, got {endpoints!r}")
     for e in out:
+        if e.startswith("dns:"):  # dns:///host:port — every address the name resolves to
+            e = e.split("/", 3)[-1] if e.startswith("dns://") else e.removeprefix("dns:")
         host, sep, port = e.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"endpoint {e!r} is not 'host:port'")

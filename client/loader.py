@@ -193,7 +193,7 @@ class Loader:
         self.mixture_epoch_samples = mixture_epoch_samples
         self.job = job
         self.resume = resume
-        self.resumed_from: int | None = None  # the committed step this loader resumed at
+        self._resumed_from: int | None = None
         self._resume_pending = resume is not None
         # (worker id, workers): data-loader workers of one rank take every workers-th step each.
         self._stride = (0, 1)
@@ -343,6 +343,15 @@ class Loader:
         if self._committer is not None:
             self._committer.flush(timeout_s)
 
+    @property
+    def resumed_from(self) -> int | None:
+        """The committed checkpoint step this loader resumes at (resume=...), None otherwise.
+
+        Reading it applies the resume (one cursor-store read), so a training loop can restore the
+        matching model checkpoint before its first batch."""
+        self._apply_resume()
+        return self._resumed_from
+
     def _apply_resume(self) -> None:
         if not self._resume_pending:
             return
@@ -377,7 +386,7 @@ class Loader:
         if len(states) != 1:
             raise CorruptCursorError(f"{where}: ranks disagree on the cursor ({sorted(states)})")
         self._load(next(iter(records.values())).state)
-        self.resumed_from = step
+        self._resumed_from = step
         self._resume_pending = False
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -78,6 +78,9 @@ class LocalServer:
         self.stop()
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> LocalServer:
+        """Start (or restart, on the same port) and wait until it serves."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
         self._tmp = tempfile.TemporaryDirectory(prefix="shardstream-server-")
         ready = Path(self._tmp.name) / "ready.json"
         cmd = [
@@ -88,7 +91,7 @@ class LocalServer:
             "--root",
             self.root,
             "--port",
-            "0",
+            str(self.port),  # 0 the first time: the server picks a free port
             "--ready-file",
             str(ready),
             "--grace",

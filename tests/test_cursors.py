@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -262,3 +268,122 @@ def test_cursor_cli_list_and_show(endpoints, tmp_path: Path) -> None:
     assert r.returncode == 0 and "committed steps  3, 6" in r.stdout
     r = cli("show", "ghost")
     assert r.returncode == 1 and "no cursors" in r.stderr and "Traceback" not in r.stderr
+
+
+def steps_logged(log: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+class RankProcs:
+    """Training ranks as processes (tests/rank_worker.py); all killed at teardown."""
+
+    def __init__(self, endpoints: list[str], store: str, job: str, every: int) -> None:
+        self.base = [
+            "--endpoints",
+            ",".join(endpoints),
+            "--job",
+            job,
+            "--store",
+            store,
+            "--commit-every",
+            str(every),
+        ]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, rank: int, world: int, batch: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.rank_worker",
+            *self.base,
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(world),
+            "--batch-size",
+            str(batch),
+            "--log",
+            str(log),
+            *extra,
+        ]
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, cwd=Path(__file__).parent.parent, stdin=subprocess.PIPE
+        )
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdin:
+            proc.stdin.close()
+
+    def close(self) -> None:
+        for p in self.procs:
+            self.kill(p)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_kill_9_of_rank_processes_then_resume_latest(
+    endpoints, redis_server, tmp_path: Path, case: int
+) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(100 + case)
+    world, batch, every = 2, rng.choice([8, 12]), rng.choice([3, 4])
+    crash = rng.randrange(every + 1, -(-N_ROWS // (world * batch)) - 2)
+    job = f"kill{case}"
+    ranks = RankProcs(endpoints, redis_server.url, job, every)
+    try:
+        # Phase 1: each rank pauses after step `crash` (as if mid-step), then gets SIGKILL.
+        logs = [tmp_path / f"r{r}.log" for r in range(world)]
+        procs = [ranks.spawn(r, world, batch, logs[r], "--pause-at", str(crash)) for r in range(world)]
+        deadline = time.monotonic() + 120
+        while min(len(steps_logged(log)) for log in logs) < crash:
+            assert all(p.poll() is None for p in procs), "a rank died on its own"
+            assert time.monotonic() < deadline, "ranks made no progress"
+            time.sleep(0.01)
+        for p in procs:
+            ranks.kill(p)  # its prefetch and commit threads die with it
+        store = open_store(redis_server.url)
+        committed = store.committed(job)[-1]
+        store.close()
+        assert every <= committed <= crash
+
+        # Phase 2: the job restarts from the committed step with another world size and batch size.
+        w2, b2 = 3, 10
+        logs2 = [tmp_path / f"again{r}.log" for r in range(w2)]
+        procs2 = [ranks.spawn(r, w2, b2, logs2[r], "--resume") for r in range(w2)]
+        assert [p.wait(timeout=120) for p in procs2] == [0] * w2
+    finally:
+        ranks.close()
+    before = [[rec["ids"] for rec in steps_logged(log) if rec["step"] <= committed] for log in logs]
+    after = [steps_logged(log) for log in logs2]
+    assert all(recs[0]["step"] == committed + 1 for recs in after)  # exactly at the committed step
+    order = [i for t in range(len(before[0])) for r in before for i in r[t]]
+    order += [i for t in range(len(after[0])) for recs in after for i in recs[t]["ids"]]
+    with Loader(endpoints, "toy@1", batch_size=64, seed=21) as ld:
+        assert order == [i for b in ld for i in b["id"].tolist()]
+
+
+def test_job_of_8_ranks_resumes_as_4_then_as_3_with_another_batch_size(endpoints, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = f"sqlite:///{tmp_path}/c.db"
+    a = consume(endpoints, job="shrink", store=store, world=8, batch=6, steps=5, commit_every=5)
+    b = consume(
+        endpoints, job="shrink", store=store, world=4, batch=6, steps=7, commit_every=7, resume="latest"
+    )
+    c = consume(
+        endpoints,
+        job="shrink",
+        store=store,
+        world=3,
+        batch=25,
+        steps=None,
+        commit_every=10**9,
+        resume="latest",
+    )
+    reference = flat(
+        consume(
+            endpoints, job="ref-shrink", store="memory://", world=1, batch=100, steps=None, commit_every=10**9
+        )
+    )
+    assert flat(a) + flat(b) + flat(c) == reference

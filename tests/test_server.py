@@ -176,3 +176,74 @@ def test_corrupt_shard_is_data_loss_naming_the_shard(tmp_path: Path, server_fact
         with pytest.raises(DataLossError, match=m.shards[1].uri):
             for _ in ld:
                 pass
+
+
+def test_dns_endpoint_reaches_the_fleet(endpoints: list[str]) -> None:
+    port = endpoints[0].rsplit(":", 1)[1]
+    with Loader([f"dns:///localhost:{port}"], "toy@1", batch_size=100) as ld:
+        assert sum(len(b["id"]) for b in ld) == N_ROWS
+
+
+def test_repeated_kill_9_of_servers_loses_and_repeats_nothing(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """4 ranks, 2 epochs, 3 servers; every 25 consumed steps one server is SIGKILLed and restarted
+    while the ranks wait (as a training step would), so every kill lands mid-stream."""
+    servers = [server_factory() for _ in range(3)]
+    targets = [s.target for s in servers]
+    world, batch, every = 4, 8, 25
+
+    def run(faults: bool) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {r: [] for r in range(world)}
+        cond = threading.Condition()
+        consumed = [0]
+        kills = [0]
+        errors: list[BaseException] = []
+
+        def rank(r: int) -> None:
+            try:
+                with Loader(
+                    targets,
+                    "toy@1",
+                    batch_size=batch,
+                    rank=r,
+                    world_size=world,
+                    epochs=2,
+                    seed=8,
+                    prefetch=2,
+                    max_message_bytes=1,
+                    max_retries=20,
+                ) as ld:
+                    for b in ld:
+                        out[r].extend(b["id"].tolist())
+                        with cond:
+                            consumed[0] += 1
+                            cond.notify_all()
+                            if faults:
+                                cond.wait_for(lambda: kills[0] >= consumed[0] // every)
+            except BaseException as exc:  # noqa: BLE001 — reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        victim = 0
+        while faults and any(t.is_alive() for t in threads):
+            with cond:
+                due = cond.wait_for(lambda: consumed[0] >= every * (kills[0] + 1), timeout=1)
+            if due:
+                servers[victim].kill()
+                servers[victim].start()  # same port
+                victim = (victim + 1) % len(servers)
+                with cond:
+                    kills[0] += 1
+                    cond.notify_all()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert not faults or kills[0] >= 8, kills
+        return out
+
+    reference = run(faults=False)
+    faulty = run(faults=True)
+    assert faulty == reference  # per-rank order identical to the fault-free run
+    everything = sorted(i for ids in faulty.values() for i in ids)
+    assert everything == sorted(list(range(N_ROWS)) * 2)  # 2 epochs: each sample exactly twice
