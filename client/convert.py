@@ -27,9 +27,10 @@ def _uniform_list_size(arr: pa.Array) -> int | None:
     if pa.types.is_fixed_size_list(arr.type):
         return arr.type.list_size
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        offsets = arr.offsets.to_numpy()
-        sizes = np.diff(offsets)
-        if len(sizes) and (sizes == sizes[0]).all():
+        sizes = np.diff(arr.offsets.to_numpy())
+        if not len(sizes):
+            return 0  # an empty batch (a rank's share of a short last step): shape (0, 0)
+        if (sizes == sizes[0]).all():
             return int(sizes[0])
     return None
 

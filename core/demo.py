@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ import numpy as np
 __all__ = ["run_demo"]
 
 DATASET = "demo"
+JOB = "demo-job"
 FEATURES = 8
 CLASSES = 4
 
@@ -65,18 +68,24 @@ def _rank_main(argv: list[str]) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--store", required=True, help="cursor store URL")
+    p.add_argument("--commit-every", type=int, required=True, help="checkpoint interval in steps")
     p.add_argument(
-        "--stop-after", type=int, default=0, help="steps before the simulated preemption (0: to the end)"
+        "--stop-at", type=int, default=0, help="job step of the simulated preemption (0: epoch end)"
     )
-    p.add_argument("--resume", help="checkpoint directory to resume from")
-    p.add_argument("--out", required=True, help="directory for this rank's checkpoint and the ids it saw")
+    p.add_argument("--die-at", type=int, default=0, help="SIGKILL this process after this job step (a crash)")
+    p.add_argument("--resume", action="store_true", help="resume from the job's latest committed step")
+    p.add_argument("--ckpt-dir", help="where this rank's model-STEP.pt checkpoints are (default: --out)")
+    p.add_argument(
+        "--init-model", help="model weights to resume from when there is no checkpoint of the step"
+    )
+    p.add_argument("--out", required=True, help="directory for checkpoints and the ids this rank saw")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    seen: list[np.ndarray] = []
     losses: list[float] = []
     with Loader(
         a.endpoints.split(","),
@@ -88,32 +97,47 @@ def _rank_main(argv: list[str]) -> int:
         shuffle=True,
         output="torch",
         columns=["id", "features", "label"],
+        job=JOB,
+        cursor_store=a.store,
+        resume="latest" if a.resume else None,
     ) as loader:
+        step = loader.resumed_from or 0  # the job step this rank's checkpoint is for
         if a.resume:
-            ckpt = Path(a.resume)
-            loader.load_state_dict(json.loads((ckpt / "loader.json").read_text()))
-            model.load_state_dict(torch.load(ckpt / "model.pt"))
-        step = 0
-        for batch in loader:
-            seen.append(batch["id"].numpy().copy())
-            x, y = batch["features"].float(), batch["label"].long()
-            if len(y):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-            step += 1
-            if a.stop_after and step == a.stop_after:
-                break
-        state = loader.state_dict()
-    (out / "loader.json").write_text(json.dumps(state, sort_keys=True))
-    torch.save(model.state_dict(), out / "model.pt")
-    np.save(out / "seen.npy", np.concatenate(seen) if seen else np.empty(0, np.int64))
+            mine = Path(a.ckpt_dir or out) / f"model-{step}.pt"
+            model.load_state_dict(torch.load(mine if mine.exists() else a.init_model))
+        with (out / "seen.jsonl").open("a") as seen:
+            for batch in loader:
+                step += 1
+                x, y = batch["features"].float(), batch["label"].long()
+                if len(y):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                seen.write(json.dumps({"step": step, "ids": batch["id"].tolist()}) + "\n")
+                seen.flush()
+                if step % a.commit_every == 0 or step == a.stop_at:
+                    torch.save(model.state_dict(), out / f"model-{step}.pt")  # the model checkpoint ...
+                    loader.commit(step)  # ... and the data cursor describe the same step
+                if step == a.die_at:
+                    loader.flush_commits()
+                    os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, threads and all
+                if step == a.stop_at:
+                    break
+        loader.flush_commits()
+    torch.save(model.state_dict(), out / "model-final.pt")
     (out / "summary.json").write_text(
         json.dumps({"steps": step, "first_loss": losses[:10], "last_loss": losses[-10:]})
     )
     return 0
+
+
+def _seen(out: Path, upto: int | None = None, after: int = 0) -> list[int]:
+    """Ids a rank trained on in job steps (after, upto]."""
+    path = out / "seen.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [i for r in recs if after < r["step"] and (upto is None or r["step"] <= upto) for i in r["ids"]]
 
 
 def _evaluate(model_path: Path, root: Path) -> float:
@@ -141,47 +165,49 @@ def _average(models: list[Path], out: Path) -> None:
 
 
 # --- the orchestration ---------------------------------------------------------------------------
-def _run_ranks(
-    phase: str,
-    endpoints: str,
-    world: int,
-    batch: int,
-    work: Path,
-    *,
-    stop_after: int = 0,
-    resume: Path | None = None,
-) -> list[Path]:
-    outs = [work / phase / f"rank{r}" for r in range(world)]
-    procs = []
-    for r, out in enumerate(outs):
+class _Ranks:
+    def __init__(self, endpoints: str, store: str, work: Path, every: int) -> None:
+        self.endpoints, self.store, self.work, self.every = endpoints, store, work, every
+
+    def start(self, phase: str, rank: int, world: int, batch: int, *extra: str) -> subprocess.Popen[bytes]:
         cmd = [
             sys.executable,
             "-m",
             "shardstream.demo",
             "rank",
             "--endpoints",
-            endpoints,
+            self.endpoints,
             "--rank",
-            str(r),
+            str(rank),
             "--world-size",
             str(world),
             "--batch-size",
             str(batch),
+            "--store",
+            self.store,
             "--out",
-            str(out),
+            str(self.work / phase / f"rank{rank}"),
+            "--commit-every",
+            str(self.every),
+            *extra,
         ]
-        if stop_after:
-            cmd += ["--stop-after", str(stop_after)]
-        if resume:
-            cmd += ["--resume", str(resume)]
-        procs.append(subprocess.Popen(cmd))
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise RuntimeError(f"{phase}: rank exit codes {codes}")
-    return outs
+        return subprocess.Popen(cmd)
+
+
+def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(json.loads(line)["step"] >= step for line in _lines(out / "seen.jsonl")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"rank in {out} stopped before step {step}")
+        time.sleep(0.05)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False) -> int:
+    from shardstream.client.stores import open_store
     from shardstream.server.fleet import LocalServer
     from shardstream.server.ingest import IngestOptions, ingest
 
@@ -194,7 +220,11 @@ def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False)
     work.mkdir(parents=True, exist_ok=True)
     root = work / "datasets"
     t0 = time.monotonic()
-    print(f"== shardstream demo in {work}")
+    store_url = os.environ.get("REDIS_URL") or f"sqlite:///{(work / 'cursors.db').resolve()}"
+    print(f"== shardstream demo in {work} (cursor store: {store_url})")
+    store = open_store(store_url)
+    if JOB in store.jobs() and store.committed(JOB):
+        print(f"   note: the store already holds job {JOB!r}; its new steps overwrite the old ones")
 
     src = work / "demo.jsonl"
     _make_jsonl(src, rows)
@@ -204,6 +234,7 @@ def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False)
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     servers = [LocalServer(root, metrics=True, log_path=logs / f"server{i}.log") for i in range(2)]
+    ok = False
     try:
         for s in servers:
             s.start()
@@ -211,39 +242,83 @@ def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False)
         print(f"2. two servers up at {endpoints} (logs in {logs})")
 
         w1, b1, w2, b2 = 2, 32, 3, 24
-        steps1 = max(1, (rows // (w1 * b1)) // 2)
-        outs1 = _run_ranks("phase1", endpoints, w1, b1, work, stop_after=steps1)
-        states = [json.loads((o / "loader.json").read_text()) for o in outs1]
-        if any(s != states[0] for s in states):
-            raise RuntimeError("ranks disagree on the loader state")
-        ckpt = work / "checkpoint"
-        ckpt.mkdir(exist_ok=True)
-        (ckpt / "loader.json").write_text(json.dumps(states[0], sort_keys=True))
-        _average([o / "model.pt" for o in outs1], ckpt / "model.pt")
-        s1 = json.loads((outs1[0] / "summary.json").read_text())
+        steps1 = rows // (w1 * b1)
+        every = max(2, steps1 // 12)  # checkpoint interval, in steps
+        stop = max(2 * every, steps1 // 2 // every * every)  # the preemption, at a checkpoint
+        die = max(2, stop * 3 // 5)  # rank 1 crashes here, some steps after a checkpoint
+        kill_server_at = max(1, stop // 4)
+        ranks = _Ranks(endpoints, store_url, work, every)
+        p1 = [
+            ranks.start("phase1", 0, w1, b1, "--stop-at", str(stop)),
+            ranks.start("phase1", 1, w1, b1, "--stop-at", str(stop), "--die-at", str(die)),
+        ]
+        _wait_for_step(work / "phase1" / "rank0", kill_server_at, p1[0])
+        servers[0].kill()
         print(
-            f"3. {w1} ranks x batch {b1} trained {steps1} steps (loss {np.mean(s1['first_loss']):.3f} -> "
-            f"{np.mean(s1['last_loss']):.3f}), then were preempted; checkpoint at global offset {states[0]['offset']}"
+            f"3. {w1} ranks x batch {b1} training; at step {kill_server_at} server 0 got SIGKILL — the ranks "
+            "failed over to server 1"
+        )
+        servers[0].start()
+        code = p1[1].wait()
+        again = ranks.start(
+            "phase1b",
+            1,
+            w1,
+            b1,
+            "--stop-at",
+            str(stop),
+            "--resume",
+            "--ckpt-dir",
+            str(work / "phase1" / "rank1"),
+        )
+        if again.wait() != 0 or p1[0].wait() != 0:
+            raise RuntimeError("a phase-1 rank failed")
+        restarted_at = json.loads(_lines(work / "phase1b" / "rank1" / "seen.jsonl")[0])["step"] - 1
+        print(
+            f"4. rank 1 got SIGKILL after step {die} (exit {code}); restarted, it resumed at the job's latest "
+            f"committed step {restarted_at} with its model checkpoint of that step (server 0 is back at "
+            f"{servers[0].target})"
+        )
+        committed = store.committed(JOB)[-1]
+        print(f"5. both ranks reached step {stop} and committed it; the job is preempted there")
+
+        _average(
+            [work / "phase1" / "rank0" / f"model-{stop}.pt", work / "phase1b" / "rank1" / f"model-{stop}.pt"],
+            work / "model-preempted.pt",
+        )
+        p2 = [
+            ranks.start("phase2", r, w2, b2, "--resume", "--init-model", str(work / "model-preempted.pt"))
+            for r in range(w2)
+        ]
+        if any(p.wait() != 0 for p in p2):
+            raise RuntimeError("a phase-2 rank failed")
+        _average([work / "phase2" / f"rank{r}" / "model-final.pt" for r in range(w2)], work / "model.pt")
+        steps2 = json.loads((work / "phase2" / "rank0" / "summary.json").read_text())["steps"] - committed
+        print(
+            f"6. resumed from step {committed} on {w2} ranks x batch {b2}: the epoch finished in {steps2} more steps"
         )
 
-        outs2 = _run_ranks("phase2", endpoints, w2, b2, work, resume=ckpt)
-        steps2 = json.loads((outs2[0] / "summary.json").read_text())["steps"]
-        _average([o / "model.pt" for o in outs2], work / "model.pt")
-        print(f"4. resumed on {w2} ranks x batch {b2} and finished the epoch in {steps2} more steps")
-
-        seen = np.concatenate([np.load(o / "seen.npy") for o in outs1 + outs2])
+        # What the model trained on: rank 1's first life counts up to its checkpoint only.
+        seen = np.asarray(
+            _seen(work / "phase1" / "rank0", upto=stop)
+            + _seen(work / "phase1" / "rank1", upto=restarted_at)
+            + _seen(work / "phase1b" / "rank1", after=restarted_at, upto=stop)
+            + [i for r in range(w2) for i in _seen(work / "phase2" / f"rank{r}", after=committed)],
+            dtype=np.int64,
+        )
         unique, counts = np.unique(seen, return_counts=True)
         missing = rows - len(unique)
         duplicated = int((counts > 1).sum())
         ok = missing == 0 and duplicated == 0 and len(seen) == rows
         accuracy = _evaluate(work / "model.pt", root)
         print(
-            f"5. samples delivered: {len(seen)} of {rows}; missing {missing}; seen twice {duplicated} -> "
+            f"7. samples trained on: {len(seen)} of {rows}; missing {missing}; seen twice {duplicated} -> "
             f"{'EXACTLY ONCE' if ok else 'MISMATCH'}; accuracy of the averaged model {accuracy:.1%}"
         )
     finally:
         codes = [s.stop() for s in servers]
-    print(f"6. servers drained and stopped (exit codes {codes}) in {time.monotonic() - t0:.1f} s total")
+        store.close()
+    print(f"8. servers drained and stopped (exit codes {codes}) in {time.monotonic() - t0:.1f} s total")
     if not keep and not workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok and codes == [0, 0] else 1

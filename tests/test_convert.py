@@ -71,3 +71,8 @@ def test_equal_length_variable_lists_are_reshaped_without_copy() -> None:
     values = batch.column("v").flatten()
     assert out["v"].data_ptr() == values.buffers()[1].address + values.offset * 8
     assert out["ragged"].dtype == object  # unequal lengths stay numpy objects
+
+
+def test_empty_variable_list_column_is_still_a_tensor() -> None:
+    out = to_torch(received(pa.record_batch({"v": pa.array([[1.0, 2.0]])}).slice(0, 0)))
+    assert isinstance(out["v"], torch.Tensor) and out["v"].shape[0] == 0

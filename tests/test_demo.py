@@ -13,6 +13,7 @@ def test_demo_runs_end_to_end_and_proves_exactly_once(tmp_path: Path) -> None:
         timeout=600,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "samples delivered: 3001 of 3001; missing 0; seen twice 0 -> EXACTLY ONCE" in r.stdout
+    assert "samples trained on: 3001 of 3001; missing 0; seen twice 0 -> EXACTLY ONCE" in r.stdout
+    assert "got SIGKILL" in r.stdout and "failed over" in r.stdout
     assert "exit codes [0, 0]" in r.stdout
     assert "Warning" not in r.stderr, r.stderr
