@@ -78,20 +78,23 @@ class _Shard(Protocol):
 
 
 class _LocalShard:
+    """A local Parquet file: opened and its footer parsed once, read by many threads at once.
+
+    A `pq.ParquetFile` is not thread-safe (concurrent `read_row_group` calls share its pre-buffer
+    cache: wrong reads, ArrowInvalid or a segfault), so each read gets its own reader over the shared
+    handle (`ReadAt` is thread-safe) and the parsed footer, as `_RemoteShard` does.
+    """
+
     def __init__(self, path: Path) -> None:
-        self._path = path
-        self._metadata = pq.read_metadata(path)
+        self._source = pa.OSFile(str(path))  # pinned: a shard replaced on disk is not mixed in
+        self.metadata = pq.read_metadata(self._source)
 
     def row_group_counts(self) -> tuple[int, ...]:
-        md = self._metadata
+        md = self.metadata
         return tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
 
     def read_row_group(self, group: int, columns: list[str]) -> pa.Table:
-        # A reader per read: one pq.ParquetFile read from several threads at once corrupts its
-        # state (crashes, "ReadRangeCache did not find matching cache entry"). Opening one with
-        # the footer already parsed costs a file open, nothing more.
-        with pq.ParquetFile(self._path, metadata=self._metadata) as f:
-            return f.read_row_group(group, columns=columns)
+        return pq.ParquetFile(self._source, metadata=self.metadata).read_row_group(group, columns=columns)
 
 
 class _SparseFile:
