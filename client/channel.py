@@ -36,7 +36,7 @@ _SERVICE_CONFIG = json.dumps(
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
             }
-        ]
+        ],
     }
 )
 

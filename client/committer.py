@@ -27,15 +27,15 @@ class Committer:
         self.store = store
         self.job = job
         self.rank = rank
-        self._queue: queue.Queue[tuple[int, bytes, int] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, str, bytes, int] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._failures: list[tuple[int, BaseException]] = []
         self.committed_steps: list[int] = []  # steps this rank's write completed for the job
         self._thread = threading.Thread(target=self._run, name=f"shardstream-commit-r{rank}", daemon=True)
         self._thread.start()
 
-    def submit(self, step: int, record: bytes, world_size: int) -> None:
-        self._queue.put((step, record, world_size))
+    def submit(self, step: int, key: str, record: bytes, world_size: int) -> None:
+        self._queue.put((step, key, record, world_size))
 
     def _run(self) -> None:
         while True:
@@ -43,11 +43,11 @@ class Committer:
             try:
                 if item is None:
                     return
-                step, record, world_size = item
+                step, key, record, world_size = item
                 metrics.COMMITS.inc()
                 t0 = time.perf_counter()
                 try:
-                    done = self.store.write(self.job, step, self.rank, world_size, record)
+                    done = self.store.write(self.job, step, key, self.rank, world_size, record)
                 except Exception as exc:  # noqa: BLE001 — kept and reported on the next call
                     metrics.COMMIT_FAILURES.inc()
                     with self._lock:

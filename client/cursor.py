@@ -11,6 +11,7 @@ of a job writes the same one at the same step, so any of them resumes any new wo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -62,6 +63,13 @@ class CursorRecord:
     @property
     def world_size(self) -> int:
         return self.state.world_size
+
+    @property
+    def key(self) -> str:
+        """Names the cursor itself: the ranks of one run at one step share it, other runs don't."""
+        s = self.state
+        text = f"{s.world_size}|{s.fingerprint}|{s.seed}|{s.shuffle}|{s.epoch}|{s.offset}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_bytes(self) -> bytes:
         d = {

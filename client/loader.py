@@ -336,7 +336,7 @@ class Loader:
         self._committer.take_failures()
         state = LoaderState.from_dict(self.state_dict())
         record = CursorRecord(self.job, self.rank, step, state, time.time())
-        self._committer.submit(step, record.to_bytes(), self.world_size)
+        self._committer.submit(step, record.key, record.to_bytes(), self.world_size)
 
     def flush_commits(self, timeout_s: float = 30.0) -> None:
         """Wait for submitted commits; raise UnavailableError if any failed since the last report."""

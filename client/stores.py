@@ -6,8 +6,9 @@
     memory://                               this process only (tests, single-process jobs)
 
 A step is *committed* for a job when every rank of the world size it was written with has
-written it; `write` says whether this write completed the step. Writes of one (job, step, rank)
-overwrite each other (a retried commit is idempotent).
+written it, all with the same cursor (see `CursorStore`); `write` says whether this write completed
+the step. Writes of one (job, step, cursor, rank) overwrite each other (a retried commit is
+idempotent).
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ REDIS_TIMEOUT_S = 2.0  # per Redis operation: a commit never hangs the committer
 
 @runtime_checkable
 class CursorStore(Protocol):
+    """Records are grouped per (job, step, cursor key): the key names the cursor (world size, dataset,
+    epoch, offset) so that records left by an earlier run of the job at the same step number — a rank
+    that died before its peers committed — never count towards a later run's commit. When several
+    runs complete the same step, the last one to complete it is the step's committed record set."""
+
     url: str
 
-    def write(self, job: str, step: int, rank: int, world_size: int, record: bytes) -> bool: ...
-    def read(self, job: str, step: int) -> dict[int, bytes]: ...
+    def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool: ...
+    def read(self, job: str, step: int) -> dict[int, bytes]: ...  # the committed records of the step
     def committed(self, job: str) -> list[int]: ...
-    def steps(self, job: str) -> dict[int, int]: ...  # step -> ranks written
+    def steps(self, job: str) -> dict[int, int]: ...  # step -> most ranks written under one key
     def jobs(self) -> list[str]: ...
     def close(self) -> None: ...
 
@@ -41,32 +47,41 @@ class CursorStore(Protocol):
 class MemoryStore:
     """Process-local; shared by the Loaders of one process."""
 
-    _shared: dict[str, dict[int, dict[int, tuple[int, bytes]]]] = {}
+    # job -> step -> key -> rank -> record
+    _shared: dict[str, dict[int, dict[str, dict[int, bytes]]]] = {}
+    _committed: dict[str, dict[int, str]] = {}  # job -> step -> the key that completed it last
     _lock = threading.Lock()
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
 
-    def write(self, job: str, step: int, rank: int, world_size: int, record: bytes) -> bool:
+    @classmethod
+    def clear(cls) -> None:
+        with cls._lock:
+            cls._shared.clear()
+            cls._committed.clear()
+
+    def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool:
         with self._lock:
-            ranks = self._shared.setdefault(job, {}).setdefault(step, {})
-            ranks[rank] = (world_size, record)
-            return len(ranks) == world_size
+            ranks = self._shared.setdefault(job, {}).setdefault(step, {}).setdefault(key, {})
+            ranks[rank] = record
+            done = len(ranks) == world_size
+            if done:
+                self._committed.setdefault(job, {})[step] = key
+            return done
 
     def read(self, job: str, step: int) -> dict[int, bytes]:
         with self._lock:
-            return {r: rec for r, (_, rec) in self._shared.get(job, {}).get(step, {}).items()}
+            key = self._committed.get(job, {}).get(step)
+            return dict(self._shared[job][step][key]) if key is not None else {}
 
     def committed(self, job: str) -> list[int]:
         with self._lock:
-            steps = self._shared.get(job, {})
-            return sorted(
-                s for s, ranks in steps.items() if ranks and len(ranks) == next(iter(ranks.values()))[0]
-            )
+            return sorted(self._committed.get(job, {}))
 
     def steps(self, job: str) -> dict[int, int]:
         with self._lock:
-            return {s: len(r) for s, r in sorted(self._shared.get(job, {}).items())}
+            return {s: max(map(len, keys.values())) for s, keys in sorted(self._shared.get(job, {}).items())}
 
     def jobs(self) -> list[str]:
         with self._lock:
@@ -88,27 +103,41 @@ class SqliteStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(
-                "CREATE TABLE IF NOT EXISTS cursors (job TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL,"
-                " world_size INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job, step, rank))"
+                "CREATE TABLE IF NOT EXISTS cursors (job TEXT NOT NULL, step INTEGER NOT NULL, key TEXT NOT NULL,"
+                " rank INTEGER NOT NULL, world_size INTEGER NOT NULL, record BLOB NOT NULL,"
+                " PRIMARY KEY (job, step, key, rank))"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS committed (job TEXT NOT NULL, step INTEGER NOT NULL, key TEXT NOT NULL,"
+                " PRIMARY KEY (job, step))"
             )
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = self._local.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db = self._local.db = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
+            self._all.append(db)
         return db
 
-    def write(self, job: str, step: int, rank: int, world_size: int, record: bytes) -> bool:
+    def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool:
         db = self._db()
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(
-                "INSERT OR REPLACE INTO cursors VALUES (?, ?, ?, ?, ?)", (job, step, rank, world_size, record)
+                "INSERT OR REPLACE INTO cursors VALUES (?, ?, ?, ?, ?, ?)",
+                (job, step, key, rank, world_size, record),
             )
-            (n,) = db.execute("SELECT count(*) FROM cursors WHERE job=? AND step=?", (job, step)).fetchone()
+            (n,) = db.execute(
+                "SELECT count(*) FROM cursors WHERE job=? AND step=? AND key=?", (job, step, key)
+            ).fetchone()
+            if n == world_size:
+                db.execute("INSERT OR REPLACE INTO committed VALUES (?, ?, ?)", (job, step, key))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -118,26 +147,27 @@ class SqliteStore:
     def read(self, job: str, step: int) -> dict[int, bytes]:
         rows = (
             self._db()
-            .execute("SELECT rank, record FROM cursors WHERE job=? AND step=?", (job, step))
+            .execute(
+                "SELECT c.rank, c.record FROM cursors c JOIN committed k ON c.job=k.job AND c.step=k.step AND c.key=k.key"
+                " WHERE c.job=? AND c.step=?",
+                (job, step),
+            )
             .fetchall()
         )
         return {int(r): bytes(rec) for r, rec in rows}
 
     def committed(self, job: str) -> list[int]:
-        rows = (
-            self._db()
-            .execute(
-                "SELECT step FROM cursors WHERE job=? GROUP BY step HAVING count(*) = max(world_size) ORDER BY step",
-                (job,),
-            )
-            .fetchall()
-        )
+        rows = self._db().execute("SELECT step FROM committed WHERE job=? ORDER BY step", (job,)).fetchall()
         return [int(s) for (s,) in rows]
 
     def steps(self, job: str) -> dict[int, int]:
         rows = (
             self._db()
-            .execute("SELECT step, count(*) FROM cursors WHERE job=? GROUP BY step ORDER BY step", (job,))
+            .execute(
+                "SELECT step, max(n) FROM (SELECT step, key, count(*) AS n FROM cursors WHERE job=? GROUP BY step, key)"
+                " GROUP BY step ORDER BY step",
+                (job,),
+            )
             .fetchall()
         )
         return {int(s): int(n) for s, n in rows}
@@ -146,15 +176,15 @@ class SqliteStore:
         return [j for (j,) in self._db().execute("SELECT DISTINCT job FROM cursors ORDER BY job").fetchall()]
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
+        for db in self._all:
             db.close()
-            self._local.db = None
+        self._all.clear()
+        self._local = threading.local()
 
 
 class RedisStore:
-    """Redis or Redis Cluster. Keys of one job share the hash tag {job}, so a step's write and its
-    completion check run in one MULTI/EXEC transaction even on a cluster."""
+    """Redis or Redis Cluster. Keys of one job share the hash tag {job}, so a write and its
+    completion check run in one Lua script (atomic) even on a cluster."""
 
     _PREFIX = "shardstream"
 
@@ -185,33 +215,46 @@ class RedisStore:
         except self._redis.RedisError as exc:
             raise UnavailableError(f"cursor store {self.url}: {type(exc).__name__}: {exc}") from exc
 
-    # Record this rank's cursor and, when it completes the step, mark the step committed: atomically.
+    # KEYS: records of (step, key), all steps, committed steps, step -> committed key.
+    # Record this rank's cursor; when it completes the step, mark the step committed under this key.
     _WRITE = """
         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
         redis.call('ZADD', KEYS[2], ARGV[3], ARGV[3])
-        if redis.call('HLEN', KEYS[1]) == tonumber(ARGV[4]) then
+        local n = redis.call('HLEN', KEYS[1])
+        redis.call('HSET', KEYS[5], ARGV[3], math.max(n, tonumber(redis.call('HGET', KEYS[5], ARGV[3]) or 0)))
+        if n == tonumber(ARGV[4]) then
             redis.call('ZADD', KEYS[3], ARGV[3], ARGV[3])
+            redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
             return 1
         end
         return 0
     """
 
-    def write(self, job: str, step: int, rank: int, world_size: int, record: bytes) -> bool:
-        keys = [self._key(job, "step", step), self._key(job, "steps"), self._key(job, "committed")]
-        done = self._call(self._write_script, keys, [str(rank), record, str(step), str(world_size)])
+    def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool:
+        keys = [
+            self._key(job, "step", step, key),
+            self._key(job, "steps"),
+            self._key(job, "committed"),
+            self._key(job, "committed-key"),
+            self._key(job, "ranks-written"),
+        ]
+        done = self._call(self._write_script, keys, [str(rank), record, str(step), str(world_size), key])
         self._call(self._client.sadd, f"{self._PREFIX}:jobs", job)
         return bool(done)
 
     def read(self, job: str, step: int) -> dict[int, bytes]:
-        raw = self._call(self._client.hgetall, self._key(job, "step", step))
+        key = self._call(self._client.hget, self._key(job, "committed-key"), str(step))
+        if key is None:
+            return {}
+        raw = self._call(self._client.hgetall, self._key(job, "step", step, key.decode()))
         return {int(k): bytes(v) for k, v in raw.items()}
 
     def committed(self, job: str) -> list[int]:
         return sorted(int(s) for s in self._call(self._client.zrange, self._key(job, "committed"), 0, -1))
 
     def steps(self, job: str) -> dict[int, int]:
-        steps = sorted(int(s) for s in self._call(self._client.zrange, self._key(job, "steps"), 0, -1))
-        return {s: int(self._call(self._client.hlen, self._key(job, "step", s))) for s in steps}
+        raw = self._call(self._client.hgetall, self._key(job, "ranks-written"))
+        return {int(s): int(n) for s, n in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
     def jobs(self) -> list[str]:
         return sorted(j.decode() for j in self._call(self._client.smembers, f"{self._PREFIX}:jobs"))

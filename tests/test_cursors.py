@@ -25,7 +25,7 @@ from .conftest import N_ROWS
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 def store_url(request, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
     if request.param == "memory":
-        MemoryStore._shared.clear()
+        MemoryStore.clear()
         return "memory://"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/cursors.db"
@@ -35,17 +35,34 @@ def store_url(request, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
 def test_store_contract(store_url: str) -> None:
     store = open_store(store_url)
     try:
-        assert store.write("j", 10, 0, 3, b"r0") is False
-        assert store.write("j", 10, 2, 3, b"r2") is False
-        assert store.committed("j") == []
-        assert store.write("j", 10, 2, 3, b"r2-again") is False  # idempotent overwrite, still 2 of 3
-        assert store.write("j", 10, 1, 3, b"r1") is True
-        assert store.write("j", 20, 0, 3, b"x") is False
+        assert store.write("j", 10, "k", 0, 3, b"r0") is False
+        assert store.write("j", 10, "k", 2, 3, b"r2") is False
+        assert store.committed("j") == [] and store.read("j", 10) == {}
+        assert store.write("j", 10, "k", 2, 3, b"r2-again") is False  # idempotent overwrite, still 2 of 3
+        assert store.write("j", 10, "k", 1, 3, b"r1") is True
+        assert store.write("j", 20, "k", 0, 3, b"x") is False
         assert store.committed("j") == [10]
         assert store.read("j", 10) == {0: b"r0", 1: b"r1", 2: b"r2-again"}
         assert store.steps("j") == {10: 3, 20: 1}
-        assert store.write("other", 1, 0, 1, b"y") is True
+        assert store.write("other", 1, "k", 0, 1, b"y") is True
         assert store.jobs() == ["j", "other"]
+    finally:
+        store.close()
+
+
+def test_records_of_an_earlier_run_never_complete_a_later_runs_step(store_url: str) -> None:
+    """A rank of run A wrote step 32 and died before its peer; run B (3 ranks) reaches step 32 with
+    another cursor: A's leftover must not count as one of B's ranks, and B's records win."""
+    store = open_store(store_url)
+    try:
+        assert store.write("j", 32, "runA", 1, 2, b"A1") is False
+        assert store.write("j", 32, "runB", 0, 3, b"B0") is False
+        assert store.write("j", 32, "runB", 2, 3, b"B2") is False  # A's rank-1 record does not make 3
+        assert store.committed("j") == []
+        assert store.write("j", 32, "runB", 1, 3, b"B1") is True
+        assert store.read("j", 32) == {0: b"B0", 1: b"B1", 2: b"B2"}
+        assert store.write("j", 32, "runA", 0, 2, b"A0") is True  # the last run to complete a step wins
+        assert store.read("j", 32) == {0: b"A0", 1: b"A1"}
     finally:
         store.close()
 
@@ -53,8 +70,8 @@ def test_store_contract(store_url: str) -> None:
 def test_sqlite_store_is_shared_across_instances(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/c.db"
     a, b = SqliteStore(url), SqliteStore(url)
-    a.write("j", 1, 0, 2, b"a")
-    b.write("j", 1, 1, 2, b"b")
+    a.write("j", 1, "k", 0, 2, b"a")
+    b.write("j", 1, "k", 1, 2, b"b")
     assert a.committed("j") == [1] == b.committed("j")
     a.close()
     b.close()
@@ -187,8 +204,8 @@ def test_garbage_truncated_or_foreign_cursors_are_refused(
     endpoints, store_url: str, payload: bytes, message: str
 ) -> None:
     store = open_store(store_url)
-    store.write("g", 4, 0, 2, good_record("g", 0, 4))
-    store.write("g", 4, 1, 2, payload)
+    store.write("g", 4, "k", 0, 2, good_record("g", 0, 4))
+    store.write("g", 4, "k", 1, 2, payload)
     store.close()
     with Loader(endpoints, "toy@1", batch_size=10, job="g", cursor_store=store_url, resume="latest") as ld:
         with pytest.raises(CorruptCursorError, match=message):
