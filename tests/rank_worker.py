@@ -48,6 +48,8 @@ def main() -> None:
             if step % a.commit_every == 0:
                 ld.commit(step)
             if step == a.pause_at:
+                ld.flush_commits()  # commits up to here have landed; the kill hits a running loader
+                open(a.log + ".paused", "w").close()  # noqa: SIM115 — tells the test to kill us now
                 sys.stdin.read()  # blocks: the test kills this process here (its threads keep running)
         ld.flush_commits()
 
