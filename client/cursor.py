@@ -27,6 +27,7 @@ __all__ = [
     "CURSOR_FORMAT",
     "CorruptCursorError",
     "CursorRecord",
+    "Migration",
     "NoCommittedStepError",
     "validate_job",
 ]
@@ -127,3 +128,36 @@ def _int(d: Mapping[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{key!r} must be an integer >= 0, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A job's explicit move to another version of its dataset, effective at an epoch boundary."""
+
+    job: str
+    from_dataset: str
+    from_fingerprint: str
+    to_dataset: str
+    to_fingerprint: str
+    at_epoch: int
+
+    def to_bytes(self) -> bytes:
+        d = {"kind": "shardstream.Migration", "format": CURSOR_FORMAT, **self.__dict__, "time": time.time()}
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str) -> Migration:
+        try:
+            d = json.loads(data)
+            if d.get("kind") != "shardstream.Migration" or d.get("format") != CURSOR_FORMAT:
+                raise ValueError("not a migration record of this format")
+            return cls(
+                job=str(d["job"]),
+                from_dataset=str(d["from_dataset"]),
+                from_fingerprint=str(d["from_fingerprint"]),
+                to_dataset=str(d["to_dataset"]),
+                to_fingerprint=str(d["to_fingerprint"]),
+                at_epoch=_int(d, "at_epoch"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCursorError(f"{where}: malformed migration record ({exc})") from None

@@ -14,6 +14,7 @@ it has not received, with jittered exponential backoff, within a retry budget th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import random
@@ -30,6 +31,7 @@ import pyarrow as pa
 
 from shardstream.errors import (
     DataLossError,
+    FailedPreconditionError,
     InvalidArgumentError,
     ShardstreamError,
     UnavailableError,
@@ -43,7 +45,7 @@ from . import metrics
 from .channel import Connection, normalize_endpoints
 from .committer import Committer
 from .convert import to_numpy, to_torch
-from .cursor import CorruptCursorError, CursorRecord, NoCommittedStepError, validate_job
+from .cursor import CorruptCursorError, CursorRecord, Migration, NoCommittedStepError, validate_job
 from .state import LoaderState
 from .stores import CursorStore, open_store
 from .target import Target, normalize_dataset, resolve_target
@@ -385,9 +387,35 @@ class Loader:
         states = {(rec.state.fingerprint, rec.state.epoch, rec.state.offset) for rec in records.values()}
         if len(states) != 1:
             raise CorruptCursorError(f"{where}: ranks disagree on the cursor ({sorted(states)})")
-        self._load(next(iter(records.values())).state)
+        state = next(iter(records.values())).state
+        if state.fingerprint != self.target.fingerprint:
+            state = self._migrated(state, where)
+        self._load(state)
         self._resumed_from = step
         self._resume_pending = False
+
+    def _migrated(self, state: LoaderState, where: str) -> LoaderState:
+        """The committed state moved to this loader's dataset version, if `cursor migrate` said so."""
+        assert self._store is not None and self.job is not None
+        target = self.target
+        raw = self._store.get_migration(self.job)
+        mig = Migration.from_bytes(raw, where=f"{where} (migration)") if raw is not None else None
+        if mig is None or (mig.from_fingerprint, mig.to_fingerprint) != (
+            state.fingerprint,
+            target.fingerprint,
+        ):
+            raise FailedPreconditionError(
+                f"job {self.job!r} was committed on {state.dataset} (fingerprint {state.fingerprint[:12]}…) but this "
+                f"loader reads {target.label} (fingerprint {target.fingerprint[:12]}…); move the job explicitly "
+                f"with `shardstream cursor migrate {self.job} --to {target.label}`"
+            )
+        if state.epoch < mig.at_epoch:
+            raise FailedPreconditionError(
+                f"job {self.job!r} is in epoch {state.epoch} of {state.dataset} (offset {state.offset}); its move "
+                f"to {target.label} takes effect at epoch {mig.at_epoch}: finish the epoch on {state.dataset} "
+                f"(Loader(..., {state.dataset!r}, epochs={mig.at_epoch}) and commit at its end), then resume here"
+            )
+        return dataclasses.replace(state, dataset=target.label, fingerprint=target.fingerprint, offset=0)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._active:

@@ -41,6 +41,8 @@ class CursorStore(Protocol):
     def committed(self, job: str) -> list[int]: ...
     def steps(self, job: str) -> dict[int, int]: ...  # step -> most ranks written under one key
     def jobs(self) -> list[str]: ...
+    def set_migration(self, job: str, record: bytes) -> None: ...  # the job's pending version move
+    def get_migration(self, job: str) -> bytes | None: ...
     def close(self) -> None: ...
 
 
@@ -50,6 +52,7 @@ class MemoryStore:
     # job -> step -> key -> rank -> record
     _shared: dict[str, dict[int, dict[str, dict[int, bytes]]]] = {}
     _committed: dict[str, dict[int, str]] = {}  # job -> step -> the key that completed it last
+    _migrations: dict[str, bytes] = {}
     _lock = threading.Lock()
 
     def __init__(self, url: str = "memory://") -> None:
@@ -60,6 +63,7 @@ class MemoryStore:
         with cls._lock:
             cls._shared.clear()
             cls._committed.clear()
+            cls._migrations.clear()
 
     def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool:
         with self._lock:
@@ -86,6 +90,14 @@ class MemoryStore:
     def jobs(self) -> list[str]:
         with self._lock:
             return sorted(self._shared)
+
+    def set_migration(self, job: str, record: bytes) -> None:
+        with self._lock:
+            self._migrations[job] = record
+
+    def get_migration(self, job: str) -> bytes | None:
+        with self._lock:
+            return self._migrations.get(job)
 
     def close(self) -> None:
         pass
@@ -115,6 +127,7 @@ class SqliteStore:
                 "CREATE TABLE IF NOT EXISTS committed (job TEXT NOT NULL, step INTEGER NOT NULL, key TEXT NOT NULL,"
                 " PRIMARY KEY (job, step))"
             )
+            db.execute("CREATE TABLE IF NOT EXISTS migrations (job TEXT PRIMARY KEY, record BLOB NOT NULL)")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -174,6 +187,13 @@ class SqliteStore:
 
     def jobs(self) -> list[str]:
         return [j for (j,) in self._db().execute("SELECT DISTINCT job FROM cursors ORDER BY job").fetchall()]
+
+    def set_migration(self, job: str, record: bytes) -> None:
+        self._db().execute("INSERT OR REPLACE INTO migrations VALUES (?, ?)", (job, record))
+
+    def get_migration(self, job: str) -> bytes | None:
+        row = self._db().execute("SELECT record FROM migrations WHERE job=?", (job,)).fetchone()
+        return bytes(row[0]) if row else None
 
     def close(self) -> None:
         for db in self._all:
@@ -258,6 +278,13 @@ class RedisStore:
 
     def jobs(self) -> list[str]:
         return sorted(j.decode() for j in self._call(self._client.smembers, f"{self._PREFIX}:jobs"))
+
+    def set_migration(self, job: str, record: bytes) -> None:
+        self._call(self._client.set, self._key(job, "migration"), record)
+
+    def get_migration(self, job: str) -> bytes | None:
+        raw = self._call(self._client.get, self._key(job, "migration"))
+        return bytes(raw) if raw is not None else None
 
     def close(self) -> None:
         self._client.close()

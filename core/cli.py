@@ -387,6 +387,66 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
+    from shardstream.client.cursor import CursorRecord, Migration, NoCommittedStepError, validate_job
+    from shardstream.client.stores import open_store
+    from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+    from shardstream.manifest import DatasetRef
+    from shardstream.mixture import is_mixture
+    from shardstream.registry import Registry
+
+    validate_job(args.job)
+    store = open_store(args.store)
+    try:
+        committed = store.committed(args.job)
+        if not committed:
+            raise NoCommittedStepError(
+                f"job {args.job!r} has no committed step in {store.url}: nothing to migrate"
+            )
+        step = committed[-1]
+        records = store.read(args.job, step)
+        rec = CursorRecord.from_bytes(next(iter(records.values())), where=f"job {args.job!r} step {step}")
+        state = rec.state
+        if is_mixture(state.dataset):
+            raise InvalidArgumentError("moving a mixture job to new versions is not supported yet")
+        old = DatasetRef.parse(state.dataset)
+        with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+            new = reg.resolve(args.to)
+            if new.name != old.name:
+                raise InvalidArgumentError(
+                    f"job {args.job!r} reads {old.name}; --to {args.to} is another dataset"
+                )
+            lineage = [new.version]
+            m = new
+            while m.parent is not None and m.version != old.version:
+                m = reg.resolve(f"{m.name}@{m.parent}")
+                lineage.append(m.version)
+        if old.version not in lineage:
+            raise FailedPreconditionError(
+                f"{new.ref} does not descend from {state.dataset} (its lineage: "
+                f"{' <- '.join(f'v{v}' for v in lineage)}): refusing to move job {args.job!r}"
+            )
+        if new.fingerprint == state.fingerprint:
+            print(
+                f"{new.ref} has the same content as {state.dataset}: job {args.job!r} can resume on it as is"
+            )
+            return 0
+        at_epoch = state.epoch + 1 if state.offset > 0 else state.epoch
+        store.set_migration(
+            args.job,
+            Migration(
+                args.job, state.dataset, state.fingerprint, new.ref, new.fingerprint, at_epoch
+            ).to_bytes(),
+        )
+    finally:
+        store.close()
+    print(
+        f"job {args.job}: moves from {state.dataset} to {new.ref} (lineage {' <- '.join(f'v{v}' for v in lineage)}) "
+        f"at epoch {at_epoch}; resume it with Loader(..., {new.ref!r}, job={args.job!r}, resume='latest')"
+    )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from shardstream.demo import run_demo
 
@@ -549,6 +609,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--step", type=int, help="which step (default: the latest committed)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(fn=_cmd_cursor_show)
+    sp = csub.add_parser(
+        "migrate",
+        help="move a job to a newer version of its dataset, at its next epoch boundary",
+        description="Record that JOB moves from the dataset version of its latest committed cursor to --to, "
+        "which must descend from it (its parent chain in the registry). The move takes effect at the job's next "
+        "epoch boundary; a Loader on the new version then resumes the job. Without it, resuming on another "
+        "version is refused.",
+    )
+    sp.add_argument("job", help="job name")
+    sp.add_argument("--to", required=True, help="NAME@VERSION to move to")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    root_arg(sp)
+    sp.set_defaults(fn=_cmd_cursor_migrate)
 
     sp = sub.add_parser(
         "demo",

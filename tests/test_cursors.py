@@ -94,6 +94,7 @@ def consume(
     commit_every: int,
     resume=None,
     seed: int = 0,
+    dataset: str = "toy@1",
 ):  # type: ignore[no-untyped-def]
     """Every rank runs `steps` steps (None: to the end), committing every `commit_every` steps.
     Returns ids[rank][step]."""
@@ -101,7 +102,7 @@ def consume(
     for rank in range(world):
         with Loader(
             endpoints,
-            "toy@1",
+            dataset,
             batch_size=batch,
             rank=rank,
             world_size=world,
@@ -404,3 +405,55 @@ def test_job_of_8_ranks_resumes_as_4_then_as_3_with_another_batch_size(endpoints
         )
     )
     assert flat(a) + flat(b) + flat(c) == reference
+
+
+def test_cursor_migrate_moves_a_job_at_its_next_epoch_boundary(endpoints, data_root, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = f"sqlite:///{tmp_path}/c.db"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shardstream",
+                "cursor",
+                *args,
+                "--store",
+                store,
+                "--root",
+                str(data_root),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    consume(endpoints, job="mig", store=store, world=1, batch=100, steps=3, commit_every=3)
+    with Loader(endpoints, "toy@2", batch_size=100, job="mig", cursor_store=store, resume="latest") as ld:
+        with pytest.raises(FailedPreconditionError, match="cursor migrate mig --to toy@2"):
+            iter(ld)
+    r = cli("migrate", "mig", "--to", "toy@2")
+    assert r.returncode == 0 and "at epoch 1" in r.stdout, r.stderr
+    with Loader(endpoints, "toy@2", batch_size=100, job="mig", cursor_store=store, resume="latest") as ld:
+        with pytest.raises(FailedPreconditionError, match="finish the epoch on toy@1"):
+            iter(ld)
+    # finish epoch 0 on toy@1 and commit at its end, then epoch 1 runs on toy@2
+    with Loader(endpoints, "toy@1", batch_size=100, job="mig", cursor_store=store, resume="latest") as ld:
+        first = [i for b in ld for i in b["id"].tolist()]
+        ld.commit(100)
+    with Loader(
+        endpoints, "toy@2", batch_size=100, epochs=2, job="mig", cursor_store=store, resume="latest"
+    ) as ld:
+        assert ld.state_dict()["epoch"] == 1 and ld.state_dict()["dataset"] == "toy@2"
+        second = [i for b in ld for i in b["id"].tolist()]
+    assert len(first) == N_ROWS - 300 and sorted(second) == list(range(10_000, 10_000 + N_ROWS))
+
+    r = cli("migrate", "ghost-job", "--to", "toy@2")
+    assert r.returncode == 1 and "nothing to migrate" in r.stderr
+    consume(
+        endpoints, job="backwards", store=store, world=1, batch=100, steps=1, commit_every=1, dataset="toy@2"
+    )
+    r = cli("migrate", "backwards", "--to", "toy@1")
+    assert r.returncode == 1 and "does not descend from toy@2" in r.stderr and "Traceback" not in r.stderr
+    r = cli("migrate", "backwards", "--to", "tiny@1")
+    assert r.returncode == 1 and "another dataset" in r.stderr
