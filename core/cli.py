@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shardstream import __version__
+from shardstream._table import print_table
 from shardstream.errors import ShardstreamError
 from shardstream.registry_cli import add_registry_commands
 
@@ -141,9 +142,7 @@ def _print_datasets(args: argparse.Namespace, reg: Registry) -> int:
                 m.created_at,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print_table(rows)
     return 0
 
 
@@ -262,9 +261,7 @@ def _inspect(args: argparse.Namespace, reg) -> int:  # type: ignore[no-untyped-d
         return 0
     keys = [k for k in records[0] if k != "source" or sel.is_mixture]
     table = [keys] + [[_short(r[k], from_left=k == "shard") for k in keys] for r in records]
-    widths = [max(len(row[i]) for row in table) for i in range(len(keys))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print_table(table)
     return 0
 
 
@@ -335,9 +332,7 @@ def _cmd_cursor_list(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
-        widths = [max(len(t[i]) for t in table) for i in range(4)]
-        for t in table:
-            print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+        print_table(table)
     return 0
 
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from shardstream._table import print_table
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import DatasetRef
 
@@ -135,9 +136,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
                 ",".join(by_version.get(m.version, [])),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print_table(rows)
     return 0
 
 

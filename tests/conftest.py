@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -166,3 +167,19 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
     yield server
     server.kill()
+
+
+def same_output_in_processes(code: str, hash_seeds: tuple[int, ...] = (0, 7, 12345)) -> str:
+    """Run `code` in fresh interpreters with different PYTHONHASHSEEDs; assert one output, return it."""
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(h), "PATH": ""},
+        ).stdout
+        for h in hash_seeds
+    }
+    assert len(outs) == 1, outs
+    return outs.pop()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,8 @@ from hypothesis import strategies as st
 from shardstream.errors import InvalidArgumentError
 from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, allocate, parse_mixture
 from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
+
+from .conftest import same_output_in_processes
 
 
 def plan_of(
@@ -155,14 +155,4 @@ def test_schedule_is_the_same_in_other_processes() -> None:
         "p = MixturePlan([SourceInfo('a@1','fa',50,0.7), SourceInfo('b@1','fb',9,0.3)], 4, 20);"
         "print([x.tolist() for x in p.locate(2, np.arange(60))])"
     )
-    outs = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={"PYTHONHASHSEED": str(h), "PATH": ""},
-        ).stdout
-        for h in (0, 5, 77)
-    }
-    assert len(outs) == 1
+    same_output_in_processes(code)

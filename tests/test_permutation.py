@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.permutation import KeyedPermutation, derive_key
+
+from .conftest import same_output_in_processes
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 15, 16, 17, 97, 255, 256, 257, 1009, 4096, 10_007])
@@ -57,16 +56,6 @@ def test_same_in_another_process_with_another_hash_seed() -> None:
         "import numpy as np;from shardstream.permutation import KeyedPermutation, derive_key;"
         "print(KeyedPermutation(777, derive_key('fp', 3, 1, 'full'))(np.arange(777)).tolist())"
     )
-    outs = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={"PYTHONHASHSEED": str(h), "PATH": ""},
-        ).stdout
-        for h in (0, 1, 12345)
-    }
-    assert len(outs) == 1
+    out = same_output_in_processes(code)
     here = KeyedPermutation(777, derive_key("fp", 3, 1, "full"))(np.arange(777)).tolist()
-    assert outs.pop().strip() == str(here)
+    assert out.strip() == str(here)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +10,8 @@ from hypothesis import strategies as st
 from shardstream.errors import InvalidArgumentError
 from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec
 from shardstream.shuffle import SHUFFLES
+
+from .conftest import same_output_in_processes
 
 # shards -> row groups -> rows; empty shards and empty row groups included
 layouts = st.lists(st.lists(st.integers(0, 40), max_size=6), max_size=8)
@@ -103,17 +102,7 @@ def test_orders_are_the_same_in_other_processes() -> None:
         "import numpy as np;from shardstream.plan import EpochOrder, ShuffleSpec;"
         "print(EpochOrder('fp', [30, 7, 0, 19, 44], 5, 2, ShuffleSpec('block', 2)).rows_in_range(0, 100).tolist())"
     )
-    outs = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={"PYTHONHASHSEED": str(h), "PATH": ""},
-        ).stdout
-        for h in (0, 7, 999)
-    }
-    assert len(outs) == 1
+    same_output_in_processes(code)
 
 
 @settings(max_examples=150, deadline=None)
