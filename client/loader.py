@@ -122,6 +122,7 @@ class Loader:
         drop_last: bool = False,
         output: str = "numpy",
         provenance: bool = False,
+        pin_memory: bool = False,
         prefetch: int = DEFAULT_PREFETCH_BATCHES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
@@ -151,6 +152,8 @@ class Loader:
             raise InvalidArgumentError(f"epochs must be None (endless) or an integer >= 1, got {epochs!r}")
         if output not in OUTPUTS:
             raise InvalidArgumentError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        if pin_memory and output != "torch":
+            raise InvalidArgumentError("pin_memory needs output='torch'")
         if output == "torch":
             try:
                 import torch  # noqa: F401
@@ -187,6 +190,9 @@ class Loader:
         self.drop_last = drop_last
         self.output = output
         self.provenance = provenance
+        # Page-locked host tensors (copied to the GPU with non_blocking=True, ~2x faster) are made in
+        # the prefetch thread, off the training loop. Without CUDA there is nothing to pin for.
+        self.pin_memory = pin_memory and output == "torch" and _cuda_available()
         self.prefetch = prefetch
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -633,7 +639,9 @@ class _Producer:
                 nxt = (epoch + 1, ld._epoch_start_offset())
             else:  # this loader's next step (the next global step unless workers split the stream)
                 nxt = (epoch, layout.global_range(st.step + stride)[0])
-            item = _Item(epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output), info)
+            item = _Item(
+                epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output, ld.pin_memory), info
+            )
             if not self._put(item):
                 return None, False
         if row != batch.num_rows:
@@ -644,9 +652,20 @@ class _Producer:
         return len(header.steps), header.end_of_epoch
 
 
-def _convert(batch: pa.RecordBatch, output: str) -> Any:
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _convert(batch: pa.RecordBatch, output: str, pin_memory: bool = False) -> Any:
     if output == "arrow":
         return batch
     if output == "torch":
-        return to_torch(batch)
+        out = to_torch(batch)
+        if pin_memory:
+            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
+        return out
     return to_numpy(batch)

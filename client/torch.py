@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardstream.errors import InvalidArgumentError
@@ -38,12 +37,10 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
     ) -> None:
         super().__init__()
         loader_kwargs.setdefault("output", "torch")
-        if loader_kwargs["output"] != "torch" and pin_memory:
-            raise InvalidArgumentError("pin_memory needs output='torch'")
         self._args = (endpoints, dataset)
-        self._kwargs = loader_kwargs
+        self._kwargs = {**loader_kwargs, "pin_memory": pin_memory}  # pinned in the Loader's prefetch thread
         self.pin_memory = pin_memory
-        Loader(endpoints, dataset, **loader_kwargs).close()  # validate the arguments now, no network
+        Loader(*self._args, **self._kwargs).close()  # validate the arguments now, no network
         self._pending: Mapping[str, Any] | None = None
         self.loader: Loader | None = None  # the live Loader of this process (or worker)
         self._worker = (0, 1)
@@ -59,12 +56,7 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
         try:
             self._restore(loader, worker, workers)
             self.loader = loader
-            for batch in loader:
-                if self.pin_memory and torch.cuda.is_available():
-                    batch = {
-                        k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-                    }
-                yield batch
+            yield from loader
         finally:
             loader.close()
 
