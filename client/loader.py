@@ -52,8 +52,13 @@ from .target import Target, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
 
+log = logging.getLogger("shardstream.client")
+
 DEFAULT_PREFETCH_BATCHES = 8
 DEFAULT_TIMEOUT_S = 10.0
+# A stream that delivers nothing this long while the training loop waits is abandoned for another
+# endpoint (a hung server that still answers keepalive pings).
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 60.0
 DEFAULT_MAX_RETRIES = 6
 DEFAULT_BACKOFF_BASE_S = 0.05
 DEFAULT_BACKOFF_MAX_S = 2.0
@@ -127,6 +132,7 @@ class Loader:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_message_bytes: int = 0,
+        stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S,
         mixture_block: int = 0,
         mixture_epoch_samples: int = 0,
         job: str | None = None,
@@ -168,6 +174,8 @@ class Loader:
                 raise InvalidArgumentError(f"columns listed twice: {list(columns)}")
         if not timeout_s > 0:
             raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if not stream_idle_timeout_s > 0:
+            raise InvalidArgumentError(f"stream_idle_timeout_s must be > 0, got {stream_idle_timeout_s!r}")
         if job is not None:
             validate_job(job)
         elif cursor_store is not None or resume is not None:
@@ -195,6 +203,7 @@ class Loader:
         self.pin_memory = pin_memory and output == "torch" and _cuda_available()
         self.prefetch = prefetch
         self.timeout_s = timeout_s
+        self.stream_idle_timeout_s = stream_idle_timeout_s
         self.max_retries = max_retries
         self.max_message_bytes = max_message_bytes
         self.mixture_block = mixture_block
@@ -487,6 +496,7 @@ class _Producer:
         self._stop = threading.Event()
         self._call: Any = None
         self._call_lock = threading.Lock()
+        self._waiting_since: float | None = None  # when the thread began waiting for a message
         self._endpoint = loader.rank % len(loader.endpoints)
         self._thread = threading.Thread(
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{loader.rank}", daemon=True
@@ -500,10 +510,36 @@ class _Producer:
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("the shardstream prefetch thread died without a result") from None
+                self._check_idle()
                 continue
             if isinstance(item, _Failed):
                 raise item.exc
             return item
+
+    def _watched(self, call: Any) -> Iterator[Any]:
+        """The call's messages, noting when the thread waits on the network (see _check_idle)."""
+        it = iter(call)
+        while True:
+            self._waiting_since = time.monotonic()
+            try:
+                msg = next(it)
+            except StopIteration:
+                return
+            finally:
+                self._waiting_since = None
+            yield msg
+
+    def _check_idle(self) -> None:
+        """A server that keeps the connection alive but sends nothing: give up on it, fail over."""
+        since = self._waiting_since
+        if since is not None and time.monotonic() - since > self._ld.stream_idle_timeout_s:
+            self._waiting_since = None
+            log.warning(
+                "no data from the server for %.0f s: switching endpoints", self._ld.stream_idle_timeout_s
+            )
+            with self._call_lock:
+                if self._call is not None:
+                    self._call.cancel()
 
     def stop(self) -> None:
         self._stop.set()
@@ -565,7 +601,7 @@ class _Producer:
                     self._call = call
                 if self._stop.is_set():
                     call.cancel()
-                for header, payload in call:
+                for header, payload in self._watched(call):
                     progressed, ended = self._deliver(epoch, layout, next_step, header, payload)
                     if progressed is None:
                         return False

@@ -457,3 +457,50 @@ def test_cursor_migrate_moves_a_job_at_its_next_epoch_boundary(endpoints, data_r
     assert r.returncode == 1 and "does not descend from toy@2" in r.stderr and "Traceback" not in r.stderr
     r = cli("migrate", "backwards", "--to", "tiny@1")
     assert r.returncode == 1 and "another dataset" in r.stderr
+
+
+def test_client_metrics_count_batches_stall_bytes_and_commits(endpoints, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import REGISTRY
+
+    from shardstream.client import metrics
+
+    def value(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    before = {
+        n: value(n)
+        for n in (
+            "shardstream_client_batches_total",
+            "shardstream_client_wait_seconds_count",
+            "shardstream_client_bytes_total",
+            "shardstream_client_cursor_commits_total",
+            "shardstream_client_cursor_commit_seconds_count",
+        )
+    }
+    with Loader(
+        endpoints, "toy@1", batch_size=100, job="metrics", cursor_store=f"sqlite:///{tmp_path}/c.db"
+    ) as ld:
+        n = sum(1 for _ in ld)
+        ld.commit(n)
+        ld.flush_commits()
+    assert n == 11
+    assert value("shardstream_client_batches_total") - before["shardstream_client_batches_total"] == n
+    assert (
+        value("shardstream_client_wait_seconds_count") - before["shardstream_client_wait_seconds_count"]
+        == n + 1
+    )
+    assert value("shardstream_client_bytes_total") > before["shardstream_client_bytes_total"]
+    assert (
+        value("shardstream_client_cursor_commits_total") - before["shardstream_client_cursor_commits_total"]
+        == 1
+    )
+    assert (
+        value("shardstream_client_cursor_commit_seconds_count")
+        - before["shardstream_client_cursor_commit_seconds_count"]
+        == 1
+    )
+    port = metrics.start_metrics_server(0)
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "shardstream_client_wait_seconds_bucket" in text

@@ -247,3 +247,56 @@ def test_repeated_kill_9_of_servers_loses_and_repeats_nothing(server_factory) ->
     assert faulty == reference  # per-rank order identical to the fault-free run
     everything = sorted(i for ids in faulty.values() for i in ids)
     assert everything == sorted(list(range(N_ROWS)) * 2)  # 2 epochs: each sample exactly twice
+
+
+def test_a_silent_server_is_abandoned_for_another(endpoints: list[str]) -> None:
+    """A tiny purpose-built server: answers GetDataset, then never sends a byte on Read."""
+    from concurrent import futures
+
+    from shardstream.client import metrics
+
+    with grpc.insecure_channel(endpoints[0]) as ch:
+        info = ch.unary_unary(
+            "/shardstream.v1.ShardStream/GetDataset",
+            request_serializer=pb.GetDatasetRequest.SerializeToString,
+            response_deserializer=pb.DatasetInfo.FromString,
+        )(pb.GetDatasetRequest(dataset="toy@1"), timeout=5)
+    reads = []
+
+    def never_send(request, context):  # type: ignore[no-untyped-def]
+        reads.append(request.first_step)
+        gone = threading.Event()
+        context.add_callback(gone.set)
+        gone.wait()
+        return iter(())
+
+    silent = grpc.server(futures.ThreadPoolExecutor(4))
+    silent.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "shardstream.v1.ShardStream",
+                {
+                    "GetDataset": grpc.unary_unary_rpc_method_handler(
+                        lambda req, ctx: info,
+                        request_deserializer=pb.GetDatasetRequest.FromString,
+                        response_serializer=pb.DatasetInfo.SerializeToString,
+                    ),
+                    "Read": grpc.unary_stream_rpc_method_handler(
+                        never_send, request_deserializer=pb.ReadRequest.FromString
+                    ),
+                },
+            ),
+        )
+    )
+    port = silent.add_insecure_port("127.0.0.1:0")
+    silent.start()
+    try:
+        before = metrics.FAILOVERS._value.get()
+        with Loader(
+            [f"127.0.0.1:{port}", endpoints[1]], "toy@1", batch_size=50, stream_idle_timeout_s=1
+        ) as ld:
+            ids = [i for b in ld for i in b["id"].tolist()]
+        assert sorted(ids) == list(range(N_ROWS))
+        assert reads == [0] and metrics.FAILOVERS._value.get() == before + 1
+    finally:
+        silent.stop(None)
