@@ -1,0 +1,303 @@
+"""The prefetch thread of a Loader: streams, failover, decode, handed over a bounded queue.
+
+One `_Producer` per iteration of a Loader. It streams the rank's steps epoch by epoch, reconnecting
+(to the next endpoint) at the first step it lacks when a stream breaks, a server is unavailable or
+a stream goes silent, with jittered exponential backoff within a retry budget that progress resets.
+Decoded batches (and any exception, wrapped) go to the consumer through a bounded queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from shardstream.errors import DataLossError, UnavailableError, from_grpc_error
+from shardstream.framing import read_ipc
+from shardstream.plan import StepLayout
+from shardstream.v1 import shardstream_pb2 as pb
+
+from . import metrics
+from .convert import to_numpy, to_torch
+
+if TYPE_CHECKING:
+    from .loader import Loader
+
+__all__ = ["BatchInfo"]
+
+log = logging.getLogger("shardstream.client")
+
+DEFAULT_BACKOFF_BASE_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 2.0
+PROVENANCE = ("_shard", "_row", "_source")
+_POLL_S = 0.1
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,  # a draining server cancels its streams
+    grpc.StatusCode.UNKNOWN,  # a connection cut mid-stream
+}
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Where a batch came from: epoch, global positions, and each row's (source,) shard and row."""
+
+    epoch: int
+    step: int  # global step index in the epoch, counted from the stream's start offset
+    position_start: int  # this rank's global positions [position_start, position_end)
+    position_end: int
+    global_start: int  # the global step's positions over all ranks
+    global_end: int
+    shards: np.ndarray  # int32 index into the manifest's shard list, per row
+    rows: np.ndarray  # int64 row within the shard, per row
+    sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
+
+
+@dataclass
+class _Item:
+    epoch: int
+    next_epoch: int  # the cursor once this item is handed over
+    next_offset: int
+    dropped: int = 0
+    batch: Any = None
+    info: BatchInfo | None = None
+
+
+class _Done:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Producer:
+    """The background thread: streams, failover, decode; hands results over a bounded queue."""
+
+    def __init__(self, loader: Loader, epoch: int, offset: int) -> None:
+        self._ld = loader
+        self._queue: queue.Queue[_Item | _Done | _Failed] = queue.Queue(maxsize=loader.prefetch)
+        self._stop = threading.Event()
+        self._call: Any = None
+        self._call_lock = threading.Lock()
+        self._waiting_since: float | None = None  # when the thread began waiting for a message
+        self._endpoint = loader.rank % len(loader.endpoints)
+        self._thread = threading.Thread(
+            target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{loader.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def get(self) -> _Item | _Done:
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the shardstream prefetch thread died without a result") from None
+                self._check_idle()
+                continue
+            if isinstance(item, _Failed):
+                raise item.exc
+            return item
+
+    def _watched(self, call: Any) -> Iterator[Any]:
+        """The call's messages, noting when the thread waits on the network (see _check_idle)."""
+        it = iter(call)
+        while True:
+            self._waiting_since = time.monotonic()
+            try:
+                msg = next(it)
+            except StopIteration:
+                return
+            finally:
+                self._waiting_since = None
+            yield msg
+
+    def _check_idle(self) -> None:
+        """A server that keeps the connection alive but sends nothing: give up on it, fail over."""
+        since = self._waiting_since
+        if since is not None and time.monotonic() - since > self._ld.stream_idle_timeout_s:
+            self._waiting_since = None
+            log.warning(
+                "no data from the server for %.0f s: switching endpoints", self._ld.stream_idle_timeout_s
+            )
+            with self._call_lock:
+                if self._call is not None:
+                    self._call.cancel()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._call_lock:
+            if self._call is not None:
+                self._call.cancel()
+        self._thread.join(timeout=30)
+
+    def _put(self, item: _Item | _Done | _Failed) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, epoch: int, offset: int) -> None:
+        try:
+            ld = self._ld
+            while ld.epochs is None or epoch < ld.epochs:
+                if not self._stream_epoch(epoch, offset):
+                    return
+                epoch, offset = epoch + 1, ld._epoch_start_offset()
+            self._put(_Done())
+        except BaseException as exc:  # handed to the consumer, never swallowed here
+            self._put(_Failed(exc))
+
+    def _stream_epoch(self, epoch: int, offset: int) -> bool:
+        """Stream one epoch from `offset`; False when stopped."""
+        ld = self._ld
+        target = ld.target
+        layout = StepLayout(target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
+        stride = ld._stride[1]
+        next_step = 0
+        failures = 0
+        last_error: BaseException | None = None
+        while True:
+            endpoint = ld.endpoints[self._endpoint]
+            request = pb.ReadRequest(
+                seed=ld.seed,
+                epoch=epoch,
+                shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
+                start_offset=offset,
+                rank=ld.rank,
+                world_size=ld.world_size,
+                batch_size=ld.batch_size,
+                first_step=next_step,
+                step_stride=stride,
+                drop_last=ld.drop_last,
+                columns=ld.columns or [],
+                max_message_bytes=ld.max_message_bytes,
+            )
+            target.fill(request)
+            ended = False
+            try:
+                call = ld._conn(endpoint).read(request)
+                with self._call_lock:
+                    self._call = call
+                if self._stop.is_set():
+                    call.cancel()
+                for header, payload in self._watched(call):
+                    progressed, ended = self._deliver(epoch, layout, next_step, header, payload)
+                    if progressed is None:
+                        return False
+                    if progressed:
+                        next_step += progressed * stride
+                        failures = 0  # progress resets the retry budget
+                    if ended:
+                        break
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    return False
+                if exc.code() not in _RETRYABLE:
+                    raise from_grpc_error(exc, target=endpoint) from exc
+                last_error = from_grpc_error(exc, target=endpoint)
+            finally:
+                with self._call_lock:
+                    self._call = None
+            if ended:
+                return True
+            if self._stop.is_set():
+                return False
+            # Broken stream or unavailable server: resume elsewhere at the first missing step.
+            failures += 1
+            metrics.RETRIES.inc()
+            if failures > ld.max_retries:
+                raise UnavailableError(
+                    f"gave up on {ld.pinned} epoch {epoch} at step {next_step} after {ld.max_retries} retries "
+                    f"over {', '.join(ld.endpoints)} (last error: {last_error or 'stream ended early'})"
+                )
+            if len(ld.endpoints) > 1:
+                metrics.FAILOVERS.inc()
+            self._endpoint = (self._endpoint + 1) % len(ld.endpoints)
+            backoff = min(DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_BASE_S * 2 ** (failures - 1))
+            if self._stop.wait(random.uniform(0, backoff)):  # full jitter
+                return False
+
+    def _deliver(
+        self, epoch: int, layout: StepLayout, next_step: int, header: pb.ReadHeader, payload: pa.Buffer
+    ) -> tuple[int | None, bool]:
+        """Queue the steps of one message; (steps queued or None when stopped, end of epoch)."""
+        ld = self._ld
+        stride = ld._stride[1]
+        if header.epoch != epoch:
+            raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
+        metrics.BYTES.inc(payload.size)
+        batch = read_ipc(payload)
+        row = 0
+        for i, st in enumerate(header.steps):
+            if st.step != next_step + i * stride:
+                raise DataLossError(
+                    f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
+                )
+            n = st.position_end - st.position_start
+            part = batch.slice(row, n)
+            row += n
+            info = BatchInfo(
+                epoch=epoch,
+                step=st.step,
+                position_start=st.position_start,
+                position_end=st.position_end,
+                global_start=st.global_start,
+                global_end=st.global_end,
+                shards=part.column("_shard").to_numpy(),
+                rows=part.column("_row").to_numpy(),
+                sources=part.column("_source").to_numpy() if "_source" in part.schema.names else None,
+            )
+            if not ld.provenance:
+                part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])
+            last = header.end_of_epoch and i == len(header.steps) - 1
+            if last:
+                nxt = (epoch + 1, ld._epoch_start_offset())
+            else:  # this loader's next step (the next global step unless workers split the stream)
+                nxt = (epoch, layout.global_range(st.step + stride)[0])
+            item = _Item(
+                epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output, ld.pin_memory), info
+            )
+            if not self._put(item):
+                return None, False
+        if row != batch.num_rows:
+            raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {row}")
+        if header.end_of_epoch and not header.steps:
+            if not self._put(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)):
+                return None, False
+        return len(header.steps), header.end_of_epoch
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _convert(batch: pa.RecordBatch, output: str, pin_memory: bool = False) -> Any:
+    if output == "arrow":
+        return batch
+    if output == "torch":
+        out = to_torch(batch)
+        if pin_memory:
+            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
+        return out
+    return to_numpy(batch)
