@@ -1,7 +1,8 @@
 """Job-cursor resume benchmark: resume at a deep offset vs at 0, vs replaying; cost of commit(step).
 
-    python -m loadtest.resume_bench [--rows 11000000] [--pairs 3] [--offset 10000000]
-                                    [--replay-offset 1000000] [--commit-batches 4000]
+    python -m loadtest.resume_bench [--rows 11000000] [--pairs 3] [--resume-reps 5]
+                                    [--offset 10000000] [--replay-offset 1000000]
+                                    [--no-replay-direct] [--commit-batches 4000]
                                     [--json loadtest/results/resume_bench.json]
 
 One dataset of small samples (`id` int64, `label` int32, `text` a short string like "row-123456")
@@ -15,13 +16,17 @@ the temp dir (`sqlite:///<tmp>/c.db`).
    offset 0 and another at --offset (10^7), made by `load_state_dict` of a `LoaderState` at that
    offset and `commit(step)`. Measured: wall time from `Loader(..., job=J, cursor_store=URL,
    resume="latest")` construction to its first batch (split into construction, `resumed_from` —
-   GetDataset + the cursor-store read — and the first batch). One warm-up each, then --pairs rounds
-   of A (offset 0) B (offset 10^7) C (replay); ratio B/A per round. The first batch's position is
-   checked against the committed offset.
+   GetDataset + the cursor-store read — and the first batch). One warm-up each (cold row groups),
+   then --pairs rounds, each of --resume-reps pairs of A (offset 0) and B (--offset), ordered
+   A B, B A, ..., then one replay (2.); ratio B/A per pair. Before every timed run the bench waits
+   until the server is idle: a stream the client cancels after its first batch leaves the
+   server building its read-ahead message, which would otherwise land on the next measurement.
+   The first batch's position is checked against the committed offset.
 2. replay: a fresh Loader (no job) iterated from offset 0 until its offset reaches
    --replay-offset (10^6), timed; samples/s, and the time to replay to --offset extrapolated
-   linearly from it (measured directly when --replay-offset equals --offset). Ratio: extrapolated
-   replay / direct resume at --offset, per round.
+   linearly from it; ratio: extrapolated replay / median direct resume at --offset of the same
+   round. Unless --no-replay-direct, one more replay per mode goes all the way to --offset
+   (~50 s each at 10^7) to check the extrapolation.
 3. commits: a Loader (job, sqlite store, shuffle "block") iterates --commit-batches batches, with
    `commit(step)` after every batch (B) or never (A), alternating; time per batch from the first
    batch to the last (start-up excluded), the time spent inside `commit()`, and the
@@ -47,6 +52,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import closing
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -74,6 +80,7 @@ DEFAULT_OFFSET = 10_000_000
 DEFAULT_REPLAY_OFFSET = 1_000_000
 DEFAULT_PAIRS = 3
 DEFAULT_COMMIT_BATCHES = 4_000
+DEFAULT_RESUME_REPS = 5
 GEN_ROWS = 1 << 20  # rows per generated chunk of the source file
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "resume_bench.json"
 
@@ -130,6 +137,21 @@ class Meter:
         self.wall_s = time.perf_counter() - self.t0
         self.client_cpu_s = _cpu_s(self.me) - self.c0
         self.server_cpu_s = _cpu_s(self.server) - self.s0
+
+
+def wait_idle(pid: int, quiet_s: float = 0.1, max_s: float = 10.0) -> float:
+    """Wait until the server process uses < 10% of a core over `quiet_s`: a stream the previous
+    run cancelled may still be building its read-ahead message there. Returns the seconds waited."""
+    proc = psutil.Process(pid)
+    t0 = time.monotonic()
+    last = _cpu_s(proc)
+    while time.monotonic() - t0 < max_s:
+        time.sleep(quiet_s)
+        now = _cpu_s(proc)
+        if now - last <= 0.1 * quiet_s:
+            break
+        last = now
+    return time.monotonic() - t0
 
 
 def make_cursor(target: str, store: str, job: str, mode: str, offset: int) -> int:
@@ -213,7 +235,9 @@ def replay_once(target: str, mode: str, until: int, server_pid: int) -> dict[str
     }
 
 
-def commits_once(target: str, store: str, job: str, batches: int, commit: bool, server_pid: int) -> dict[str, Any]:
+def commits_once(
+    target: str, store: str, job: str, batches: int, commit: bool, server_pid: int
+) -> dict[str, Any]:
     """`batches` batches, commit(step) after each one or never; steady-state time per batch."""
     in_commit = 0.0
     n = 0
@@ -248,7 +272,7 @@ def commits_once(target: str, store: str, job: str, batches: int, commit: bool, 
 
 
 def committed_steps(db: Path, job: str) -> int:
-    with sqlite3.connect(db) as con:
+    with closing(sqlite3.connect(db)) as con:
         (n,) = con.execute("SELECT count(*) FROM committed WHERE job=?", (job,)).fetchone()
     return int(n)
 
@@ -260,13 +284,19 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     cfg = result["config"]
+    scale = cfg["offset"] / cfg["replay_offset"]
     out: dict[str, Any] = {"resume": {}, "commits": {}}
     for mode in MODES:
         runs = result["resume"][mode]
         a = [r for r in runs["at_0"] if r["round"] > 0]
         b = [r for r in runs["at_offset"] if r["round"] > 0]
         c = [r for r in runs["replay"] if r["round"] > 0]
-        scale = cfg["offset"] / cfg["replay_offset"]
+        # replay / resume per round: the replay against the median direct resume of its round
+        b_round = {
+            n: statistics.median(r["first_batch_s"] for r in b if r["round"] == n)
+            for n in {r["round"] for r in b}
+        }
+        direct = runs["replay_direct"]
         out["resume"][mode] = {
             "first_batch_ms_at_0": _spread([r["first_batch_s"] * 1e3 for r in a]),
             "first_batch_ms_at_offset": _spread([r["first_batch_s"] * 1e3 for r in b]),
@@ -275,20 +305,24 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "ratio_offset_vs_0": _spread(
                 [y["first_batch_s"] / x["first_batch_s"] for x, y in zip(a, b, strict=True)]
             ),
+            "pairs": len(a),
+            "breakdown_ms_at_0": {
+                k: statistics.median(r[k] for r in a) * 1e3
+                for k in ("construct_s", "resumed_from_s", "stream_first_batch_s")
+            },
             "breakdown_ms_at_offset": {
                 k: statistics.median(r[k] for r in b) * 1e3
                 for k in ("construct_s", "resumed_from_s", "stream_first_batch_s")
             },
+            "server_cpu_ms_per_resume": statistics.median(r["server_cpu_s"] for r in a + b) * 1e3,
             "resumed_at_committed_offset": all(
                 r["first_position"] == runs["offset_of"][r["job"]] for r in runs["at_0"] + runs["at_offset"]
             ),
             "replay_samples_per_s": _spread([r["samples_per_s"] for r in c]),
             "replay_s_measured": _spread([r["wall_s"] for r in c]),
-            "replay_s_to_offset": _spread([r["wall_s"] * scale for r in c]),
-            "replay_extrapolated": scale != 1,
-            "replay_vs_resume": _spread(
-                [z["wall_s"] * scale / y["first_batch_s"] for y, z in zip(b, c, strict=True)]
-            ),
+            "replay_s_to_offset_extrapolated": _spread([r["wall_s"] * scale for r in c]),
+            "replay_s_to_offset_measured_once": direct["wall_s"] if direct else None,
+            "replay_vs_resume": _spread([z["wall_s"] * scale / b_round[z["round"]] for z in c]),
             "replay_client_cpu_s_per_1e6": statistics.median(
                 r["client_cpu_s"] / r["replayed"] * 1e6 for r in c
             ),
@@ -298,15 +332,18 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
     without = [r for r in result["commits"]["without"] if r["round"] > 0]
     with_ = [r for r in result["commits"]["with"] if r["round"] > 0]
+    pairs = list(zip(without, with_, strict=True))
+
+    def incl_flush(r: dict[str, Any]) -> float:
+        return (r["loop_s"] + r["flush_backlog_s"]) / max(1, r["batches"] - 1)
+
     out["commits"] = {
         "per_batch_us_without": _spread([r["per_batch_s"] * 1e6 for r in without]),
         "per_batch_us_with": _spread([r["per_batch_s"] * 1e6 for r in with_]),
-        "ratio_with_vs_without": _spread(
-            [y["per_batch_s"] / x["per_batch_s"] for x, y in zip(without, with_, strict=True)]
-        ),
-        "added_us_per_batch": _spread(
-            [(y["per_batch_s"] - x["per_batch_s"]) * 1e6 for x, y in zip(without, with_, strict=True)]
-        ),
+        "ratio_with_vs_without": _spread([y["per_batch_s"] / x["per_batch_s"] for x, y in pairs]),
+        "added_us_per_batch": _spread([(y["per_batch_s"] - x["per_batch_s"]) * 1e6 for x, y in pairs]),
+        "per_batch_us_with_incl_flush": _spread([incl_flush(r) * 1e6 for r in with_]),
+        "ratio_incl_flush": _spread([incl_flush(y) / x["per_batch_s"] for x, y in pairs]),
         "commit_call_us": _spread([r["per_commit_call_s"] * 1e6 for r in with_]),
         "flush_backlog_ms": _spread([r["flush_backlog_s"] * 1e3 for r in with_]),
         "client_cpu_s_without": statistics.median(r["client_cpu_s"] for r in without),
@@ -323,50 +360,66 @@ def _fmt(s: dict[str, float], digits: int = 1) -> str:
 def print_report(result: dict[str, Any]) -> None:
     cfg, ds, summ = result["config"], result["dataset"], result["summary"]
     off, rep = cfg["offset"], cfg["replay_offset"]
+    first = next(iter(summ["resume"].values()))
     print(
         f"\nshardstream resume bench: {ds['num_rows']:,} rows ({ds['shard_bytes'] / 1e6:.0f} MB in "
-        f"{ds['shards']} shards, {ds['row_groups']} row groups), batch {BATCH}, world 1, sqlite cursors; "
-        f"{cfg['pairs']} rounds after 1 warm-up; pyarrow {result['versions']['pyarrow']}, "
-        f"grpcio {result['versions']['grpcio']}, {result['machine']['cpus']} CPUs"
+        f"{ds['shards']} shards, {ds['row_groups']} row groups), batch {BATCH}, world 1, output numpy, "
+        f"sqlite cursors; {first['pairs']} A/B pairs in {cfg['pairs']} rounds after 1 warm-up; "
+        f"pyarrow {result['versions']['pyarrow']}, grpcio {result['versions']['grpcio']}, "
+        f"{result['machine']['cpus']} CPUs. Median (min-max); ratios of pairs."
     )
-    how = "extrapolated from " + f"{rep:,}" if rep != off else "measured"
     head = (
-        f"{'shuffle':<8} {'1st batch ms @0':>20} {f'1st batch ms @{off:.0e}':>22} {'ratio':>18} "
-        f"{'replay samples/s':>22} {f'replay s to {off:.0e}':>20} {'replay/resume':>18}"
+        f"{'shuffle':<8} {'1st batch ms @0':>18} {f'1st batch ms @{off:.0e}':>20} {'ratio':>17} "
+        f"{'replay samples/s':>23} {f'replay s to {off:.0e}':>18} {'replay/resume':>16}"
     )
     print(head)
     print("-" * len(head))
     for mode, s in summ["resume"].items():
         print(
-            f"{mode:<8} {_fmt(s['first_batch_ms_at_0']):>20} {_fmt(s['first_batch_ms_at_offset']):>22} "
-            f"{_fmt(s['ratio_offset_vs_0'], 2):>18} {_fmt(s['replay_samples_per_s'], 0):>22} "
-            f"{_fmt(s['replay_s_to_offset']):>20} {_fmt(s['replay_vs_resume'], 0):>18}"
+            f"{mode:<8} {_fmt(s['first_batch_ms_at_0']):>18} {_fmt(s['first_batch_ms_at_offset']):>20} "
+            f"{_fmt(s['ratio_offset_vs_0'], 2):>17} {_fmt(s['replay_samples_per_s'], 0):>23} "
+            f"{_fmt(s['replay_s_to_offset_extrapolated']):>18} {_fmt(s['replay_vs_resume'], 0):>16}"
         )
-    print(f"(replay time to {off:,}: {how}; ratios: median (min-max) of per-round ratios)")
+    how = f"time to {off:,} extrapolated linearly" if rep != off else "measured"
+    print(f"replay: {cfg['pairs']} runs from 0 to {rep:,} per mode after 1 warm-up, {how}")
     for mode, s in summ["resume"].items():
-        bd = s["breakdown_ms_at_offset"]
+        bd0, bd = s["breakdown_ms_at_0"], s["breakdown_ms_at_offset"]
+        once = s["replay_s_to_offset_measured_once"]
         print(
-            f"{mode}: @{off:.0e} = construct {bd['construct_s']:.1f} + resumed_from {bd['resumed_from_s']:.1f} "
-            f"+ first batch {bd['stream_first_batch_s']:.1f} ms; cold (warm-up) "
-            f"{s['cold_first_batch_ms_at_0']:.0f} / {s['cold_first_batch_ms_at_offset']:.0f} ms; "
-            f"resumed at the committed offset: {s['resumed_at_committed_offset']}"
+            f"{mode}: construct + resumed_from + first batch ms: @0 {bd0['construct_s']:.1f} + "
+            f"{bd0['resumed_from_s']:.1f} + {bd0['stream_first_batch_s']:.1f}; @{off:.0e} {bd['construct_s']:.1f} + "
+            f"{bd['resumed_from_s']:.1f} + {bd['stream_first_batch_s']:.1f}; server CPU "
+            f"{s['server_cpu_ms_per_resume']:.0f} ms/resume; cold {s['cold_first_batch_ms_at_0']:.0f} / "
+            f"{s['cold_first_batch_ms_at_offset']:.0f} ms"
+            + (f"; replay to {off:,} measured once: {once:.1f} s" if once else "")
+            + f"; resumed at the committed offset: {s['resumed_at_committed_offset']}"
         )
     c = summ["commits"]
     print(
-        f"\ncommit(step) every batch, {cfg['commit_batches']:,} batches, shuffle block, sqlite:\n"
+        f"\ncommit(step) after every batch vs none, {cfg['commit_batches']:,} batches, shuffle block, sqlite:\n"
         f"  us/batch without {_fmt(c['per_batch_us_without'])}  with {_fmt(c['per_batch_us_with'])}  "
         f"ratio {_fmt(c['ratio_with_vs_without'], 2)}  added {_fmt(c['added_us_per_batch'])} us\n"
-        f"  commit() call {_fmt(c['commit_call_us'])} us; backlog flushed after the loop "
-        f"{_fmt(c['flush_backlog_ms'])} ms; client CPU s {c['client_cpu_s_without']:.2f} -> "
-        f"{c['client_cpu_s_with']:.2f}; every step committed: {c['all_steps_committed']}"
+        f"  commit() call {_fmt(c['commit_call_us'])} us on the training thread; backlog left after the loop "
+        f"{_fmt(c['flush_backlog_ms'], 0)} ms; with it {_fmt(c['per_batch_us_with_incl_flush'])} us/batch, "
+        f"ratio {_fmt(c['ratio_incl_flush'], 2)}\n"
+        f"  client CPU s {c['client_cpu_s_without']:.2f} -> {c['client_cpu_s_with']:.2f}; "
+        f"every step committed: {c['all_steps_committed']}"
     )
+    g0, g1 = result["git_at_start"], result["git_at_end"]
+    print(f"\ncode: {str(g0['commit'])[:7]}", end="")
+    if g0 != g1 or g0["modified_outside_loadtest"]:
+        print(
+            f" -> {str(g1['commit'])[:7]}; modified: {g0['modified_outside_loadtest']} -> {g1['modified_outside_loadtest']}"
+        )
+    else:
+        print(", clean outside loadtest/")
 
 
 # --- main --------------------------------------------------------------------------------------
-def _git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", *args],
             cwd=Path(__file__).parent,
             capture_output=True,
             text=True,
@@ -376,6 +429,13 @@ def _git_commit() -> str | None:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _git_state() -> dict[str, Any]:
+    """HEAD and the files changed against it outside loadtest/ (the code measured, if dirty)."""
+    changed = (_git("diff", "--name-only", "HEAD") or "").splitlines()
+    dirty = [f for f in changed if not f.startswith("loadtest/")]
+    return {"commit": _git("rev-parse", "HEAD"), "modified_outside_loadtest": dirty}
 
 
 def _versions() -> dict[str, str | None]:
@@ -406,6 +466,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "offset": args.offset,
             "replay_offset": args.replay_offset,
             "pairs": args.pairs,
+            "resume_reps": args.resume_reps,
+            "replay_direct": args.replay_direct,
             "commit_batches": args.commit_batches,
             "batch_size": BATCH,
             "world_size": 1,
@@ -417,7 +479,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "processes": "client: this process; one `shardstream serve` subprocess (LocalServer)",
         },
         "versions": _versions(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "git_commit": _git_commit()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "git_at_start": _git_state(),
         "resume": {},
         "commits": {"without": [], "with": []},
     }
@@ -442,23 +505,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for job, off in jobs.items():
                     make_cursor(target, store, job, mode, off)
                 job0, job1 = list(jobs)
-                runs: dict[str, Any] = {"offset_of": jobs, "at_0": [], "at_offset": [], "replay": []}
+                runs: dict[str, Any] = {
+                    "offset_of": jobs,
+                    "at_0": [],
+                    "at_offset": [],
+                    "replay": [],
+                    "replay_direct": None,
+                }
                 for round_ in range(args.pairs + 1):
-                    a = resume_once(target, store, job0, mode, pid)
-                    b = resume_once(target, store, job1, mode, pid)
+                    # the warm-up round reads each job's row groups once (cold); then pairs of A
+                    # (offset 0) and B (--offset), in the order A B, B A, A B, ... (no order bias)
+                    for rep in range(1 if round_ == 0 else args.resume_reps):
+                        pair = [("at_0", job0), ("at_offset", job1)]
+                        for key, job in pair if rep % 2 == 0 else pair[::-1]:
+                            idle = wait_idle(pid)
+                            r = resume_once(target, store, job, mode, pid)
+                            runs[key].append({"round": round_, "rep": rep, "idle_wait_s": idle, **r})
+                    wait_idle(pid)
                     c = replay_once(target, mode, args.replay_offset, pid)
-                    for key, r in (("at_0", a), ("at_offset", b), ("replay", c)):
-                        runs[key].append({"round": round_, **r})
+                    runs["replay"].append({"round": round_, **c})
+                    a = [r["first_batch_s"] * 1e3 for r in runs["at_0"] if r["round"] == round_]
+                    b = [r["first_batch_s"] * 1e3 for r in runs["at_offset"] if r["round"] == round_]
                     label = "warm-up" if round_ == 0 else f"round {round_}"
                     _log(
-                        f"  {mode:<5} {label:<7} first batch @0 {a['first_batch_s'] * 1e3:7.1f} ms  "
-                        f"@{args.offset:.0e} {b['first_batch_s'] * 1e3:7.1f} ms  replay to "
+                        f"  {mode:<5} {label:<7} first batch ms @0 {' '.join(f'{x:.0f}' for x in a)}  "
+                        f"@{args.offset:.0e} {' '.join(f'{x:.0f}' for x in b)}  replay to "
                         f"{c['replayed']:,}: {c['wall_s']:.2f} s ({c['samples_per_s']:,.0f} samples/s)"
+                    )
+                if args.replay_direct and args.replay_offset != args.offset:
+                    wait_idle(pid)
+                    d = replay_once(target, mode, args.offset, pid)
+                    runs["replay_direct"] = d
+                    _log(
+                        f"  {mode:<5} replay to {d['replayed']:,} once: {d['wall_s']:.1f} s "
+                        f"({d['samples_per_s']:,.0f} samples/s)"
                     )
                 result["resume"][mode] = runs
             for round_ in range(args.pairs + 1):
                 for commit in (False, True):
                     job = f"commits-{'with' if commit else 'without'}-{round_}"
+                    wait_idle(pid)
                     r = commits_once(target, store, job, args.commit_batches, commit, pid)
                     r["committed_in_store"] = committed_steps(db, job)
                     result["commits"]["with" if commit else "without"].append({"round": round_, **r})
@@ -467,6 +553,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"  commits {label:<7} {'with' if commit else 'without':<7} "
                         f"{r['per_batch_s'] * 1e6:7.1f} us/batch  flush {r['flush_backlog_s'] * 1e3:.1f} ms"
                     )
+    result["git_at_end"] = _git_state()
     result["summary"] = summarize(result)
     return result
 
@@ -475,7 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.resume_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=DEFAULT_ROWS, help=f"dataset rows (default {DEFAULT_ROWS:,})")
     ap.add_argument(
-        "--pairs", type=int, default=DEFAULT_PAIRS, help=f"measured rounds after the warm-up (default {DEFAULT_PAIRS})"
+        "--pairs",
+        type=int,
+        default=DEFAULT_PAIRS,
+        help=f"measured rounds after the warm-up (default {DEFAULT_PAIRS})",
     )
     ap.add_argument(
         "--offset",
@@ -496,14 +586,26 @@ def main(argv: list[str] | None = None) -> int:
         help=f"batches per commit / no-commit run (default {DEFAULT_COMMIT_BATCHES:,})",
     )
     ap.add_argument(
+        "--resume-reps",
+        type=int,
+        default=DEFAULT_RESUME_REPS,
+        help=f"A/B resume pairs per round (default {DEFAULT_RESUME_REPS})",
+    )
+    ap.add_argument(
+        "--no-replay-direct",
+        dest="replay_direct",
+        action="store_false",
+        help="skip the one replay all the way to --offset per mode (~45-60 s each at 10^7)",
+    )
+    ap.add_argument(
         "--json",
         type=Path,
         default=DEFAULT_JSON,
         help="where to write the results (default loadtest/results/resume_bench.json)",
     )
     args = ap.parse_args(argv)
-    if args.rows < 100 * BATCH or args.pairs < 1 or args.commit_batches < 2:
-        ap.error(f"--rows must be >= {100 * BATCH}, --pairs >= 1, --commit-batches >= 2")
+    if args.rows < 100 * BATCH or args.pairs < 1 or args.resume_reps < 1 or args.commit_batches < 2:
+        ap.error(f"--rows must be >= {100 * BATCH}, --pairs and --resume-reps >= 1, --commit-batches >= 2")
     if args.offset is None:
         args.offset = DEFAULT_OFFSET if args.rows > DEFAULT_OFFSET else int(args.rows * 0.9)
     args.offset -= args.offset % BATCH
