@@ -1,6 +1,7 @@
 """Writes cursor records to the store off the training thread.
 
-`submit` returns at once; a daemon thread writes in order. Failures are counted, kept, and
+`submit` returns at once; a daemon thread writes in order (only the newest, when several are
+pending: the store never falls unboundedly behind). Failures are counted, kept, and
 reported to the caller on its next call (`take_failures`) and by `flush`; a store that is down
 never blocks or crashes training.
 """
@@ -40,6 +41,13 @@ class Committer:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            # When the store lags behind the training loop, write only the newest pending commit:
+            # resuming needs the latest step every rank committed, not each step on the way.
+            while item is not None and not self._queue.empty():
+                newer = self._queue.get_nowait()
+                self._queue.task_done()
+                metrics.COMMITS_SKIPPED.inc()
+                item = newer
             try:
                 if item is None:
                     return

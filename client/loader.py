@@ -318,17 +318,18 @@ class Loader:
             return
         assert self._store is not None and self.job is not None
         store, job = self._store, self.job
-        committed = store.committed(job)
         if self.resume == "latest":
-            if not committed:
+            latest = store.latest(job)
+            if latest is None:
                 raise NoCommittedStepError(
                     f"job {job!r} has no step committed by all its ranks in {store.url}"
                 )
-            step = committed[-1]
+            step = latest
         else:
             step = int(self.resume)
-            if step not in committed:
+            if not store.read(job, step):
                 written = store.steps(job).get(step, 0)
+                committed = store.committed(job)
                 raise NoCommittedStepError(
                     f"job {job!r}: step {step} is not committed (ranks written: {written}); "
                     f"committed steps: {committed[-5:] or 'none'} in {store.url}"

@@ -11,6 +11,7 @@ __all__ = [
     "BATCHES",
     "BYTES",
     "COMMITS",
+    "COMMITS_SKIPPED",
     "COMMIT_FAILURES",
     "COMMIT_SECONDS",
     "FAILOVERS",
@@ -29,6 +30,10 @@ BYTES = Counter("shardstream_client_bytes_total", "Bytes of Read messages receiv
 RETRIES = Counter("shardstream_client_stream_retries_total", "Read streams restarted after an error")
 FAILOVERS = Counter("shardstream_client_failovers_total", "Stream restarts that moved to another endpoint")
 COMMITS = Counter("shardstream_client_cursor_commits_total", "Cursor commits attempted")
+COMMITS_SKIPPED = Counter(
+    "shardstream_client_cursor_commits_skipped_total",
+    "Cursor commits superseded by a newer one before the store caught up",
+)
 COMMIT_FAILURES = Counter("shardstream_client_cursor_commit_failures_total", "Cursor commits that failed")
 COMMIT_SECONDS = Histogram(
     "shardstream_client_cursor_commit_seconds", "Time to write one cursor to the store"

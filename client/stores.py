@@ -39,6 +39,7 @@ class CursorStore(Protocol):
     def write(self, job: str, step: int, key: str, rank: int, world_size: int, record: bytes) -> bool: ...
     def read(self, job: str, step: int) -> dict[int, bytes]: ...  # the committed records of the step
     def committed(self, job: str) -> list[int]: ...
+    def latest(self, job: str) -> int | None: ...  # the newest committed step
     def steps(self, job: str) -> dict[int, int]: ...  # step -> most ranks written under one key
     def jobs(self) -> list[str]: ...
     def set_migration(self, job: str, record: bytes) -> None: ...  # the job's pending version move
@@ -82,6 +83,10 @@ class MemoryStore:
     def committed(self, job: str) -> list[int]:
         with self._lock:
             return sorted(self._committed.get(job, {}))
+
+    def latest(self, job: str) -> int | None:
+        with self._lock:
+            return max(self._committed.get(job, {}), default=None)
 
     def steps(self, job: str) -> dict[int, int]:
         with self._lock:
@@ -172,6 +177,10 @@ class SqliteStore:
     def committed(self, job: str) -> list[int]:
         rows = self._db().execute("SELECT step FROM committed WHERE job=? ORDER BY step", (job,)).fetchall()
         return [int(s) for (s,) in rows]
+
+    def latest(self, job: str) -> int | None:
+        (step,) = self._db().execute("SELECT max(step) FROM committed WHERE job=?", (job,)).fetchone()
+        return None if step is None else int(step)
 
     def steps(self, job: str) -> dict[int, int]:
         rows = (
@@ -271,6 +280,10 @@ class RedisStore:
 
     def committed(self, job: str) -> list[int]:
         return sorted(int(s) for s in self._call(self._client.zrange, self._key(job, "committed"), 0, -1))
+
+    def latest(self, job: str) -> int | None:
+        top = self._call(self._client.zrevrange, self._key(job, "committed"), 0, 0)
+        return int(top[0]) if top else None
 
     def steps(self, job: str) -> dict[int, int]:
         raw = self._call(self._client.hgetall, self._key(job, "ranks-written"))

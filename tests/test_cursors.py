@@ -116,6 +116,7 @@ def consume(
                 got.append(b["id"].tolist())
                 if (i + 1) % commit_every == 0:
                     ld.commit(i + 1 + (ld.resumed_from or 0))
+                    ld.flush_commits()  # each checkpoint lands before the next (no coalescing)
                 if steps is not None and i + 1 == steps:
                     break
             ld.flush_commits()
@@ -504,3 +505,34 @@ def test_client_metrics_count_batches_stall_bytes_and_commits(endpoints, tmp_pat
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "shardstream_client_wait_seconds_bucket" in text
+
+
+def test_commits_coalesce_when_the_store_lags() -> None:
+    """A store slower than the training loop gets the newest pending commit, not a growing backlog."""
+    import threading
+
+    from shardstream.client.committer import Committer
+
+    release = threading.Event()
+    written: list[int] = []
+
+    class SlowStore(MemoryStore):
+        def write(self, job, step, key, rank, world_size, record):  # type: ignore[no-untyped-def]
+            release.wait(timeout=30)
+            written.append(step)
+            return super().write(job, step, key, rank, world_size, record)
+
+    MemoryStore.clear()
+    c = Committer(SlowStore(), "lag", 0)
+    try:
+        c.submit(1, "k1", b"r1", 1)
+        while c._queue.unfinished_tasks and not c._queue.empty():  # the writer has taken step 1
+            threading.Event().wait(0.005)
+        for step in range(2, 11):
+            c.submit(step, f"k{step}", b"r", 1)
+        release.set()
+        c.flush(timeout_s=30)
+    finally:
+        c.close()
+    assert written == [1, 10]
+    assert MemoryStore().latest("lag") == 10
