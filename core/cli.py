@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from shardstream import __version__
 from shardstream._table import print_table
-from shardstream.errors import ShardstreamError
+from shardstream.errors import InvalidArgumentError, ShardstreamError
+from shardstream.lineage import CLAIMS
 from shardstream.registry_cli import add_registry_commands
 
 if TYPE_CHECKING:
@@ -68,8 +69,13 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     )
     from shardstream.registry import Registry
 
+    change = args.change
+    if args.append:
+        if change not in (None, "append"):
+            raise InvalidArgumentError(f"--append is --change append; it contradicts --change {change}")
+        change = "append"
     with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
-        m = ingest(args.src, args.name, reg, opts)
+        m = ingest(args.src, args.name, reg, opts, change=change)
     print(f"{m.ref}", flush=True)
     if not args.quiet:
         print(
@@ -157,6 +163,10 @@ def _cmd_datasets_show(args: argparse.Namespace) -> int:
     print(f"{m.ref}")
     print(f"  fingerprint  {m.fingerprint}")
     print(f"  parent       {m.parent if m.parent is not None else '-'} ({m.change})")
+    if m.renamed:
+        order = {n: i for i, n in enumerate(m.schema.names)}  # stored sorted; shown in field order
+        pairs = sorted(m.renamed.items(), key=lambda kv: order.get(kv[1], len(order)))
+        print(f"  renamed      {', '.join(f'{o} -> {n}' for o, n in pairs)}")
     print(f"  created      {m.created_at}")
     print(f"  rows         {m.num_rows}")
     print(f"  size         {_human_bytes(m.num_bytes)} in {len(m.shards)} shard(s)")
@@ -479,10 +489,28 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read JSON Lines (.jsonl/.ndjson/.json) or Parquet (.parquet) — a file or a "
         "directory of them — and write Parquet shards plus a new immutable version of NAME. "
         "Prints NAME@VERSION. Nothing is registered if any input is bad.",
+        epilog="Lineage: a new version of an existing NAME records its parent (the latest version) and its "
+        "change, which --change claims and the registry checks against the parent before writing "
+        "(a false claim registers nothing and names the fields or shards that contradict it); without "
+        "--change the most specific kind that holds is recorded. --append (= --change append) makes "
+        "the new version the parent's shards followed by this input's, written in the parent's schema.",
     )
     sp.add_argument("src", help="input file or directory")
     sp.add_argument("--name", required=True, help="dataset name (letters, digits, '.', '_', '-')")
     root_arg(sp)
+    sp.add_argument(
+        "--change",
+        choices=CLAIMS,
+        help="the change from the latest version, checked before writing: append (the parent's shards, "
+        "then new ones; same schema), add_columns (same rows per shard, only new fields), rename_columns "
+        "(same rows per shard and field types, other names), drop_columns (same rows per shard, fewer "
+        "fields), replace (anything). Default: inferred",
+    )
+    sp.add_argument(
+        "--append",
+        action="store_true",
+        help="add this input's rows after the latest version's: new version = its shards + the new ones",
+    )
     sp.add_argument(
         "--row-group-mib",
         type=_positive_int,

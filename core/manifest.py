@@ -1,8 +1,8 @@
 """The dataset-version manifest (DESIGN §3): a pure value object, JSON in and out, no I/O.
 
 A manifest names one immutable version of a dataset: its Arrow schema, its shards (relative
-URI, rows, bytes, row-group row counts, content hash), its lineage (parent version and change) and
-a fingerprint. The fingerprint is the sha256 of the canonical *content* — schema fields and the
+URI, rows, bytes, row-group row counts, content hash), its lineage (parent version, change
+and, for a rename, the old → new field names; see `lineage.py`) and a fingerprint. The fingerprint is the sha256 of the canonical *content* — schema fields and the
 shards' hashes and sizes — so two versions with identical content share it (and therefore share
 their read order), and any change of content changes it.
 """
@@ -23,9 +23,12 @@ import pyarrow as pa
 from shardstream.errors import InvalidArgumentError
 from shardstream.storage import check_key
 
-__all__ = ["FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
+__all__ = ["CHANGES", "FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
 
 FORMAT_VERSION = 1
+# How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
+# parent; `replace` is anything else; the others are claims the registry checks before writing.
+CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "replace")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -124,11 +127,16 @@ class Manifest:
     change: str = "create"
     created_at: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    renamed: Mapping[str, str] = field(default_factory=dict)  # rename_columns: parent's name -> new name
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         if self.version < 1:
             raise InvalidArgumentError(f"manifest {self.name}: version must be >= 1, got {self.version}")
+        if self.change not in CHANGES:
+            raise InvalidArgumentError(
+                f"manifest {self.name}@{self.version}: unknown change {self.change!r} (one of {', '.join(CHANGES)})"
+            )
 
     # --- derived -------------------------------------------------------------------------------
     @property
@@ -159,7 +167,7 @@ class Manifest:
 
     # --- JSON ----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "name": self.name,
             "version": self.version,
@@ -174,6 +182,9 @@ class Manifest:
             "metadata": dict(self.metadata),
             "fingerprint": self.fingerprint,
         }
+        if self.renamed:  # only renames carry it: every other manifest's JSON stays as it was
+            out["renamed"] = dict(self.renamed)
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
@@ -193,6 +204,7 @@ class Manifest:
                 change=str(d.get("change", "create")),
                 created_at=str(d.get("created_at", "")),
                 metadata=dict(d.get("metadata", {})),
+                renamed={str(k): str(v) for k, v in dict(d.get("renamed", {})).items()},
             )
         except (KeyError, TypeError, ValueError, pa.ArrowInvalid) as exc:
             if isinstance(exc, InvalidArgumentError):

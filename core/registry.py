@@ -9,15 +9,19 @@ Layout under the root (a local directory or `s3://bucket/prefix`):
 
 A version is never rewritten. Two writers racing for the same name both succeed, with distinct
 versions: each tries `latest + 1` with an exclusive create and moves on to the next on conflict.
+Before writing, the new version's change (claimed, or inferred when not) is checked against its
+parent (`lineage.check_change`): a false claim writes nothing.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from shardstream.errors import InvalidArgumentError, NotFoundError
+from shardstream.lineage import CLAIMS, check_change, infer_change, renamed_fields
 from shardstream.manifest import DatasetRef, Manifest, validate_name
 from shardstream.storage import ObjectRef, Storage, check_key, open_storage
 
@@ -147,22 +151,46 @@ class Registry:
         return m
 
     # --- writes --------------------------------------------------------------------------------
-    def create_version(self, name: str, build: Callable[[int, int | None], Manifest]) -> Manifest:
+    def create_version(
+        self, name: str, build: Callable[[int, int | None], Manifest], *, change: str | None = None
+    ) -> Manifest:
         """Write a new version of `name`; `build(version, parent)` makes its manifest.
 
+        The registry sets the manifest's lineage: `parent` is the latest version, and `change` is the
+        claimed one (one of `lineage.CLAIMS`), checked against the parent's manifest, or the most
+        specific one that holds when `change` is None; a first version is a `create`. A false claim
+        raises InvalidArgumentError naming what contradicts it, and nothing is written.
+
         The version number is taken by an exclusive create, so concurrent writers never overwrite
-        each other: the loser rebuilds its manifest for the next free number.
+        each other: the loser rebuilds (and rechecks) its manifest for the next free number.
         """
         validate_name(name)
+        if change is not None and change not in CLAIMS:
+            raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
         for _ in range(_MAX_CREATE_ATTEMPTS):
             parent = self.latest(name)
             version = (parent or 0) + 1
             manifest = build(version, parent)
             if manifest.name != name or manifest.version != version:
                 raise AssertionError("build() must return a manifest for the version it was given")
+            manifest = self._with_lineage(manifest, parent, change)
             if self.storage.put_if_absent(self._manifest_key(name, version), manifest.dumps().encode()):
                 return manifest
         raise RuntimeError(f"could not allocate a version of {name!r} after {_MAX_CREATE_ATTEMPTS} attempts")
+
+    def _with_lineage(self, m: Manifest, parent: int | None, change: str | None) -> Manifest:
+        if parent is None:
+            if change not in (None, "replace"):
+                raise InvalidArgumentError(
+                    f"{m.name} has no version yet: {m.ref} would be its first (a 'create'), not "
+                    f"{change!r}, which needs a parent version"
+                )
+            return replace(m, parent=None, change="create", renamed={})
+        before = self.resolve(DatasetRef(m.name, parent))
+        kind = change if change is not None else infer_change(before, m)
+        check_change(before, m, kind)
+        renamed = renamed_fields(before, m) if kind == "rename_columns" else {}
+        return replace(m, parent=parent, change=kind, renamed=renamed)
 
     def set_tag(self, ref: str | DatasetRef, tag: str) -> Manifest:
         """Point `tag` at the version `ref` names (replacing where it pointed); atomic."""

@@ -1,4 +1,4 @@
-"""`shardstream register` and `shardstream datasets verify|tag|history`: parsers and commands.
+"""`shardstream register` and `shardstream datasets verify|tag|history|diff`: parsers and commands.
 
 `cli.py` only calls `add_registry_commands`; the work that reads data (register, verify) lives in
 the server package (`shardstream.server.registry_ops`) and is imported when a command runs.
@@ -14,6 +14,7 @@ from typing import Any
 
 from shardstream._table import print_table
 from shardstream.errors import DataLossError, InvalidArgumentError
+from shardstream.lineage import CLAIMS, VersionDiff, diff
 from shardstream.manifest import DatasetRef
 
 __all__ = ["add_registry_commands"]
@@ -40,7 +41,12 @@ def _cmd_register(args: argparse.Namespace) -> int:
 
     with _registry(args) as reg:
         m = register(
-            reg, args.name, args.sources, threads=args.threads, progress=False if args.quiet else None
+            reg,
+            args.name,
+            args.sources,
+            threads=args.threads,
+            progress=False if args.quiet else None,
+            change=args.change,
         )
     print(m.ref, flush=True)
     if not args.quiet:
@@ -140,6 +146,46 @@ def _cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    refs = [DatasetRef.parse(text) for text in (args.old, args.new)]
+    for ref, text in zip(refs, (args.old, args.new), strict=True):
+        if ref.version is None and ref.tag is None:
+            raise InvalidArgumentError(f"diff needs NAME@VERSION or NAME@TAG, got {text!r}")
+    with _registry(args) as reg:
+        d = diff(reg.resolve(refs[0]), reg.resolve(refs[1]))
+    if args.json:
+        print(json.dumps(d.to_json(), indent=1))
+    else:
+        print_diff(d)
+    return 0
+
+
+def _delta(before: int, after: int) -> str:
+    return f"{before} -> {after} ({after - before:+d})"
+
+
+def print_diff(d: VersionDiff, limit: int = 10) -> None:
+    recorded = f" (recorded: {d.recorded})" if d.recorded is not None else ""
+    print(f"{d.old} -> {d.new}: {d.change}{recorded}")
+    print(f"  rows    {_delta(d.rows_before, d.rows_after)}")
+    print(
+        f"  shards  {_delta(d.shards_before, d.shards_after)}: {len(d.shards_added)} added, "
+        f"{len(d.shards_removed)} removed"
+    )
+    lines = [f"+ {n}: {t}" for n, t in d.fields_added]
+    lines += [f"- {n}: {t}" for n, t in d.fields_removed]
+    lines += [f"~ {o} -> {n} (renamed)" for o, n in d.fields_renamed]
+    lines += [f"~ {n}: {o} -> {t} (retyped)" for n, o, t in d.fields_retyped]
+    print(f"  fields  {'unchanged' if not lines else lines[0]}")
+    for line in lines[1:]:
+        print(f"          {line}")
+    for sign, uris in (("+", d.shards_added), ("-", d.shards_removed)):
+        for uri in uris[:limit]:
+            print(f"  {sign} shard {uri}")
+        if len(uris) > limit:
+            print(f"  {sign} … {len(uris) - limit} more (--json lists all)")
+
+
 def reg_not_found(reg: Any, name: str) -> Exception:
     from shardstream.errors import NotFoundError
 
@@ -147,7 +193,7 @@ def reg_not_found(reg: Any, name: str) -> Exception:
 
 
 def add_registry_commands(sub: Any, dsub: Any, root_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `register` to the top-level subparsers and `verify|tag|history` to `datasets`."""
+    """Add `register` to the top-level subparsers and `verify|tag|history|diff` to `datasets`."""
     sp = sub.add_parser(
         "register",
         help="register existing Parquet files as a new dataset version (no rewrite)",
@@ -158,8 +204,9 @@ def add_registry_commands(sub: Any, dsub: Any, root_arg: Callable[[argparse.Argu
         "Prints NAME@VERSION.",
         epilog="--from takes a path relative to ROOT/NAME (e.g. data/2024-06), or an absolute path / "
         "s3:// URI inside it; a directory or prefix means every *.parquet under it (files and folders "
-        "starting with '_' or '.' are skipped). Example: shardstream register web --from "
-        "s3://bucket/registry/web/data/2024-06/ --root s3://bucket/registry",
+        "starting with '_' or '.' are skipped). Files the latest version already holds come first, in its "
+        "order, then the new ones sorted: registering a grown prefix is an append. Example: shardstream "
+        "register web --from s3://bucket/registry/web/data/2024-06/ --root s3://bucket/registry",
     )
     sp.add_argument("name", help="dataset name (letters, digits, '.', '_', '-')")
     sp.add_argument(
@@ -171,6 +218,14 @@ def add_registry_commands(sub: Any, dsub: Any, root_arg: Callable[[argparse.Argu
         help="Parquet file(s) or directory/prefix(es) under ROOT/NAME",
     )
     root_arg(sp)
+    sp.add_argument(
+        "--change",
+        choices=CLAIMS,
+        help="the change from the latest version, checked before anything is written: append (the "
+        "parent's files first, unchanged, then new ones; same schema), add_columns (same rows per file, "
+        "only new fields), rename_columns (same rows per file and field types, other names), drop_columns "
+        "(same rows per file, fewer fields), replace (anything). Default: inferred",
+    )
     sp.add_argument("--threads", type=_threads, default=32, help="concurrent reads (default 32)")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     sp.set_defaults(fn=_cmd_register)
@@ -208,3 +263,17 @@ def add_registry_commands(sub: Any, dsub: Any, root_arg: Callable[[argparse.Argu
     root_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(fn=_cmd_history)
+
+    sp = dsub.add_parser(
+        "diff",
+        help="the change between two versions: fields, shards, rows, change kind",
+        description="Print what changed from OLD to NEW (NAME@VERSION or NAME@TAG): fields added, removed, "
+        "renamed or retyped, shards added and removed, rows before and after, and the most specific change "
+        "kind that holds (append, add_columns, rename_columns, drop_columns, else replace) — with the "
+        "recorded one when OLD is NEW's parent.",
+    )
+    sp.add_argument("old", help="NAME@VERSION or NAME@TAG")
+    sp.add_argument("new", help="NAME@VERSION or NAME@TAG")
+    root_arg(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=_cmd_diff)

@@ -5,6 +5,10 @@ memory up to a budget) and unifies them, naming the files and fields that disagr
 writes shards of about `shard_bytes` with row groups of about `row_group_bytes` (uncompressed), then
 hashes each shard and registers the version. Nothing is registered unless everything succeeded;
 shards of a failed ingest are removed.
+
+Lineage: the registry checks the claimed change against the parent (or infers it). `append` is
+special: the new version is the parent's shards followed by the input's, which is written in the
+parent's schema (missing fields become nulls; a field the parent lacks is refused).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from shardstream.errors import InvalidArgumentError, ShardstreamError
+from shardstream.errors import InvalidArgumentError, NotFoundError, ShardstreamError
+from shardstream.lineage import CLAIMS
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
 
@@ -233,23 +238,46 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: Path) -> pa.RecordB
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _append_schema(registry: Registry, name: str, schema: pa.Schema) -> tuple[Manifest, pa.Schema]:
+    """The version to append to and the schema the input is written in (the parent's)."""
+    try:
+        parent = registry.resolve(name)
+    except NotFoundError:
+        raise InvalidArgumentError(
+            f"ingest --append: no dataset named {name!r} under {registry.root} to append to"
+        ) from None
+    extra = [f.name for f in schema if f.name not in parent.schema.names]
+    if extra:
+        raise InvalidArgumentError(
+            f"ingest --append: input field(s) {extra} are not in {parent.ref}'s schema {parent.schema.names} "
+            "(an append keeps the schema; add fields with a new version, e.g. --change add_columns)"
+        )
+    return parent, parent.schema
+
+
 def ingest(
     src: str | os.PathLike[str],
     name: str,
     root: str | os.PathLike[str] | Registry,
     opts: IngestOptions | None = None,
+    *,
+    change: str | None = None,
 ) -> Manifest:
     """Ingest `src` (a local file or a directory of them) as the next version of dataset `name`.
 
     `root` is a registry, a local directory or `s3://bucket/prefix` (shards are then written to a
-    local staging directory and uploaded before the version is created).
+    local staging directory and uploaded before the version is created). `change` is the claimed
+    change from the latest version (`lineage.CLAIMS`; None: inferred); `append` makes the new version
+    the latest's shards followed by the input's.
     """
     opts = opts or IngestOptions()
     validate_name(name)
     if not isinstance(root, Registry):
         with Registry(root) as registry:
-            return ingest(src, name, registry, opts)
+            return ingest(src, name, registry, opts, change=change)
     registry = root
+    if change is not None and change not in CLAIMS:
+        raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
     files = _inputs(Path(src))
     total = sum(p.stat().st_size for p in files)
     bar = tqdm(
@@ -275,6 +303,9 @@ def ingest(
                 kept += table.nbytes
         bar.update(path.stat().st_size)
     schema = _unify(schemas)
+    base: Manifest | None = None
+    if change == "append":
+        base, schema = _append_schema(registry, name, schema)
 
     # Pass 2: shards, in a directory of this ingest's own (staged locally when the root is remote).
     ingest_id = uuid.uuid4().hex
@@ -310,18 +341,19 @@ def ingest(
         meta = {"modality": "table", "source": str(Path(src).resolve()), "files": len(files)}
 
         def build(version: int, parent: int | None) -> Manifest:
+            before: tuple[Shard, ...] = ()
+            if base is not None and parent is not None:  # a racing writer may have moved latest on
+                before = (base if parent == base.version else registry.resolve(f"{name}@{parent}")).shards
             return Manifest(
                 name=name,
                 version=version,
                 schema=schema,
-                shards=shards,
-                parent=parent,
-                change="create" if parent is None else "replace",
+                shards=before + shards,
                 created_at=created,
                 metadata=meta,
             )
 
-        manifest = registry.create_version(name, build)
+        manifest = registry.create_version(name, build, change=change)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         for key in uploaded:

@@ -6,6 +6,10 @@ concurrently (one ranged read each), checks that all files share one schema — 
 fields that differ when they do not — and only then hashes each file's bytes (concurrently) for the
 manifest's content hashes, which `verify` and the server's read-path check compare against.
 
+Lineage: the registry checks the claimed change against the latest version (or infers it). Files the
+latest version already holds keep its order and come first, then the new files in sorted order, so
+registering a grown prefix is an `append`.
+
 `verify NAME[@V]` recomputes every shard's size and sha256 and reports each one that differs.
 """
 
@@ -24,6 +28,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
+from shardstream.lineage import CLAIMS
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
 from shardstream.storage import LocalStorage, check_key
@@ -174,9 +179,16 @@ def register(
     *,
     threads: int = DEFAULT_THREADS,
     progress: bool | None = None,
+    change: str | None = None,
 ) -> Manifest:
-    """Register the Parquet files under `sources` (inside `<root>/<name>/`) as the next version of `name`."""
+    """Register the Parquet files under `sources` (inside `<root>/<name>/`) as the next version of `name`.
+
+    `change` is the claimed change from the latest version (`lineage.CLAIMS`; None: inferred), checked
+    by the registry before anything is written.
+    """
     validate_name(name)
+    if change is not None and change not in CLAIMS:
+        raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
     keys: list[str] = []
     for uri in sources:
         key = _source_key(registry, name, uri)
@@ -214,18 +226,20 @@ def register(
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def build(version: int, parent: int | None) -> Manifest:
+        ordered = shards
+        if parent is not None:  # the parent's files first, in its order
+            place = {s.uri: i for i, s in enumerate(registry.resolve(f"{name}@{parent}").shards)}
+            ordered = sorted(shards, key=lambda s: (0, place[s.uri]) if s.uri in place else (1, 0))
         return Manifest(
             name=name,
             version=version,
             schema=schema,
-            shards=tuple(shards),
-            parent=parent,
-            change="create" if parent is None else "replace",
+            shards=tuple(ordered),
             created_at=created,
             metadata={"modality": "table", "source": "register", "files": len(shards)},
         )
 
-    return registry.create_version(name, build)
+    return registry.create_version(name, build, change=change)
 
 
 # --- verify --------------------------------------------------------------------------------------
