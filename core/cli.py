@@ -75,7 +75,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"--append is --change append; it contradicts --change {change}")
         change = "append"
     with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
-        m = ingest(args.src, args.name, reg, opts, change=change)
+        m = ingest(args.src, args.name, reg, opts, change=change, format=args.format)
     print(f"{m.ref}", flush=True)
     if not args.quiet:
         print(
@@ -485,10 +485,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser(
         "ingest",
-        help="write JSON Lines or Parquet as a new dataset version",
+        help="write JSON Lines, Parquet, images, WebDataset tars or RL episodes as a new dataset version",
         description="Read JSON Lines (.jsonl/.ndjson/.json) or Parquet (.parquet) — a file or a "
-        "directory of them — and write Parquet shards plus a new immutable version of NAME. "
-        "Prints NAME@VERSION. Nothing is registered if any input is bad.",
+        "directory of them —, a folder of images with one sub-folder per class "
+        "(SRC/<class>/<file>.{jpg,jpeg,png,webp}; rows image (the file's bytes), label, class, path), "
+        "WebDataset-style tar shards (*.tar; one binary column per member extension, plus __key__) "
+        "or RL episodes (one .npz per episode with obs/action/reward/done arrays of one length; one row "
+        "per episode) and write Parquet shards plus a new immutable version of NAME; the modality is "
+        "recorded in the manifest metadata. Prints NAME@VERSION. Nothing is registered if any input is "
+        "bad: an image folder holding any file that is not an image (or a file outside a class folder, "
+        "or an empty class folder) is refused, not skipped; in the other formats, files of other types "
+        "are ignored. Hidden files are never read.",
         epilog="Lineage: a new version of an existing NAME records its parent (the latest version) and its "
         "change, which --change claims and the registry checks against the parent before writing "
         "(a false claim registers nothing and names the fields or shards that contradict it); without "
@@ -497,6 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("src", help="input file or directory")
     sp.add_argument("--name", required=True, help="dataset name (letters, digits, '.', '_', '-')")
+    sp.add_argument(
+        "--format",
+        choices=("jsonl", "parquet", "images", "webdataset", "episodes"),
+        help="how to read SRC (default: detected from its files: .jsonl/.json/.parquet tables, *.tar "
+        "WebDataset, *.npz episodes, image files in class folders; a mix is refused)",
+    )
     root_arg(sp)
     sp.add_argument(
         "--change",

@@ -1,10 +1,12 @@
-"""`shardstream ingest`: JSON Lines or Parquet in, Parquet shards + a new manifest version out.
+"""`shardstream ingest`: JSON Lines, Parquet, image folders, WebDataset tars or RL episodes in,
+Parquet shards + a new manifest version out.
 
 Two passes: the first reads every input's schema (Parquet: the footer; JSON Lines: a parse, kept in
 memory up to a budget) and unifies them, naming the files and fields that disagree; the second
 writes shards of about `shard_bytes` with row groups of about `row_group_bytes` (uncompressed), then
 hashes each shard and registers the version. Nothing is registered unless everything succeeded;
-shards of a failed ingest are removed.
+shards of a failed ingest are removed. Image folders, WebDataset tars and RL episodes
+(`ingest_sources`) have a schema known up front: one pass, through the same writer and registration.
 
 Lineage: the registry checks the claimed change against the parent (or infers it). `append` is
 special: the new version is the parent's shards followed by the input's, which is written in the
@@ -19,7 +21,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +36,7 @@ from shardstream.lineage import CLAIMS
 from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
 
+from .ingest_sources import FORMATS, JSONL_SUFFIXES, PARQUET_SUFFIXES, Source, detect_format, open_source
 from .reader import PROVENANCE_COLUMNS
 
 __all__ = ["IngestOptions", "ingest"]
@@ -41,8 +44,8 @@ __all__ = ["IngestOptions", "ingest"]
 DEFAULT_ROW_GROUP_BYTES = 4 << 20
 DEFAULT_SHARD_BYTES = 256 << 20
 _KEEP_PARSED_BYTES = 512 << 20  # JSON parsed in pass 1 is kept for pass 2 up to this much
-_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
-_PARQUET_SUFFIXES = (".parquet", ".pq")
+_JSONL_SUFFIXES = JSONL_SUFFIXES
+_PARQUET_SUFFIXES = PARQUET_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -60,19 +63,20 @@ class IngestOptions:
                 raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
 
 
-def _inputs(src: Path) -> list[Path]:
+def _inputs(src: Path, suffixes: tuple[str, ...] = _JSONL_SUFFIXES + _PARQUET_SUFFIXES) -> list[Path]:
     if not src.exists():
         raise InvalidArgumentError(f"{src}: no such file or directory")
     files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
-    files = [
-        p
-        for p in files
-        if p.suffix.lower() in _JSONL_SUFFIXES + _PARQUET_SUFFIXES and not p.name.startswith(".")
-    ]
+    files = [p for p in files if p.suffix.lower() in suffixes and not p.name.startswith(".")]
     if not files:
+        expected = []
+        if set(suffixes) & set(_JSONL_SUFFIXES):
+            expected.append(f"JSON Lines: {', '.join(_JSONL_SUFFIXES)}")
+        if set(suffixes) & set(_PARQUET_SUFFIXES):
+            expected.append(f"Parquet: {', '.join(_PARQUET_SUFFIXES)}")
         raise InvalidArgumentError(
-            f"{src}: no input files (expected JSON Lines: {', '.join(_JSONL_SUFFIXES)}; "
-            f"Parquet: {', '.join(_PARQUET_SUFFIXES)})"
+            f"{src}: no input files (expected {'; '.join(expected)}; "
+            "or an image folder, WebDataset *.tar or *.npz episodes: see --format)"
         )
     return files
 
@@ -255,40 +259,15 @@ def _append_schema(registry: Registry, name: str, schema: pa.Schema) -> tuple[Ma
     return parent, parent.schema
 
 
-def ingest(
-    src: str | os.PathLike[str],
-    name: str,
-    root: str | os.PathLike[str] | Registry,
-    opts: IngestOptions | None = None,
-    *,
-    change: str | None = None,
-) -> Manifest:
-    """Ingest `src` (a local file or a directory of them) as the next version of dataset `name`.
-
-    `root` is a registry, a local directory or `s3://bucket/prefix` (shards are then written to a
-    local staging directory and uploaded before the version is created). `change` is the claimed
-    change from the latest version (`lineage.CLAIMS`; None: inferred); `append` makes the new version
-    the latest's shards followed by the input's.
-    """
-    opts = opts or IngestOptions()
-    validate_name(name)
-    if not isinstance(root, Registry):
-        with Registry(root) as registry:
-            return ingest(src, name, registry, opts, change=change)
-    registry = root
-    if change is not None and change not in CLAIMS:
-        raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
-    files = _inputs(Path(src))
-    total = sum(p.stat().st_size for p in files)
-    bar = tqdm(
-        total=2 * total,  # both passes
-        unit="B",
-        unit_scale=True,
-        desc=f"ingest {name}",
-        disable=None if opts.progress is None else not opts.progress,  # None: only on a terminal
+def _table_source(src: Path, fmt: str, bar: tqdm) -> tuple[Source, pa.Schema]:
+    """JSON Lines / Parquet: pass 1 (schemas) here, on the first half of the progress bar."""
+    suffixes = {"jsonl": _JSONL_SUFFIXES, "parquet": _PARQUET_SUFFIXES}.get(
+        fmt, _JSONL_SUFFIXES + _PARQUET_SUFFIXES
     )
-
-    # Pass 1: schemas.
+    files = _inputs(src, suffixes)
+    total = sum(p.stat().st_size for p in files)
+    bar.total = 2 * total  # both passes
+    bar.refresh()
     parsed: dict[Path, pa.Table] = {}
     kept = 0
     schemas = []
@@ -303,11 +282,69 @@ def ingest(
                 kept += table.nbytes
         bar.update(path.stat().st_size)
     schema = _unify(schemas)
-    base: Manifest | None = None
-    if change == "append":
-        base, schema = _append_schema(registry, name, schema)
 
-    # Pass 2: shards, in a directory of this ingest's own (staged locally when the root is remote).
+    def batches(progress: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+        for path in files:
+            yield from _batches(path, schema, parsed)
+            progress(path.stat().st_size)
+
+    return Source(
+        schema=schema, total_bytes=total, files=len(files), metadata={"modality": "table"}, batches=batches
+    ), schema
+
+
+def ingest(
+    src: str | os.PathLike[str],
+    name: str,
+    root: str | os.PathLike[str] | Registry,
+    opts: IngestOptions | None = None,
+    *,
+    change: str | None = None,
+    format: str | None = None,
+) -> Manifest:
+    """Ingest `src` (a local file or a directory of them) as the next version of dataset `name`.
+
+    `root` is a registry, a local directory or `s3://bucket/prefix` (shards are then written to a
+    local staging directory and uploaded before the version is created). `change` is the claimed
+    change from the latest version (`lineage.CLAIMS`; None: inferred); `append` makes the new version
+    the latest's shards followed by the input's. `format` is one of `ingest_sources.FORMATS`
+    (None: detected from the files under `src`).
+    """
+    opts = opts or IngestOptions()
+    validate_name(name)
+    if not isinstance(root, Registry):
+        with Registry(root) as registry:
+            return ingest(src, name, registry, opts, change=change, format=format)
+    registry = root
+    if change is not None and change not in CLAIMS:
+        raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
+    if format is not None and format not in FORMATS:
+        raise InvalidArgumentError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
+    src_path = Path(src)
+    fmt = format or detect_format(src_path)
+    bar = tqdm(
+        total=0,
+        unit="B",
+        unit_scale=True,
+        desc=f"ingest {name}",
+        disable=None if opts.progress is None else not opts.progress,  # None: only on a terminal
+    )
+    try:
+        if fmt in ("table", "jsonl", "parquet"):
+            source, schema = _table_source(src_path, fmt, bar)
+        else:
+            source = open_source(fmt, src_path)
+            schema = source.schema
+            bar.total = source.total_bytes
+            bar.refresh()
+        base: Manifest | None = None
+        if change == "append":
+            base, schema = _append_schema(registry, name, schema)
+    except BaseException:
+        bar.close()
+        raise
+
+    # Shards, in a directory of this ingest's own (staged locally when the root is remote).
     ingest_id = uuid.uuid4().hex
     local_dataset_dir = registry.storage.local_path(name)
     staging = (
@@ -319,10 +356,8 @@ def ingest(
     uploaded: list[str] = []
     try:
         writer = _ShardWriter(out_dir, schema, opts)
-        for path in files:
-            for batch in _batches(path, schema, parsed):
-                writer.write(batch)
-            bar.update(path.stat().st_size)
+        for batch in source.batches(bar.update):
+            writer.write(batch if batch.schema.equals(schema) else _conform(batch, schema, src_path))
         shards = tuple(writer.finish())
         if staging is not None:
             with tqdm(
@@ -338,7 +373,7 @@ def ingest(
                     uploaded.append(key)
                     up.update(shard.bytes)
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        meta = {"modality": "table", "source": str(Path(src).resolve()), "files": len(files)}
+        meta = {**source.metadata, "source": str(src_path.resolve()), "files": source.files}
 
         def build(version: int, parent: int | None) -> Manifest:
             before: tuple[Shard, ...] = ()
