@@ -40,17 +40,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import grpc
-import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
+from loadtest.common import log, versions, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
@@ -93,30 +91,11 @@ class Layout:
         return cls(batch_rows, group, group * groups_per_shard, group * groups)
 
 
-def write_source(path: Path, num_rows: int) -> None:
-    """Random float32 vectors (incompressible, like embeddings) and sequential ids."""
-    rng = np.random.default_rng(0)
-    schema = pa.schema([("id", pa.int64()), ("vec", pa.list_(pa.float32(), DIM))])
-    with pq.ParquetWriter(path, schema) as writer:
-        for start in range(0, num_rows, GEN_ROWS):
-            n = min(GEN_ROWS, num_rows - start)
-            values = pa.array(rng.random(n * DIM, dtype=np.float32))
-            writer.write_table(
-                pa.table(
-                    {
-                        "id": np.arange(start, start + n, dtype=np.int64),
-                        "vec": pa.FixedSizeListArray.from_arrays(values, DIM),
-                    },
-                    schema=schema,
-                )
-            )
-
-
 def build_dataset(workdir: Path, layout: Layout) -> tuple[Path, list[Path]]:
     """(registry root, shard paths in dataset order)."""
     src = workdir / "src" / "bench.parquet"
     src.parent.mkdir()
-    write_source(src, layout.num_rows)
+    write_vectors(src, layout.num_rows, DIM, GEN_ROWS)
     root = workdir / "root"
     manifest = ingest(
         src,
@@ -396,36 +375,17 @@ def _git_commit() -> str | None:
         return None
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {
-        "python": platform.python_version(),
-        "pyarrow": pa.__version__,
-        "grpcio": grpc.__version__,
-        "numpy": np.__version__,
-    }
-    for dist in ("shardstream", "protobuf", "torch", "uvloop"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = Layout.plan(args.mib, args.batch_mib)
     passes: list[Pass] = []
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-") as tmp:
         workdir = Path(tmp)
         t0 = time.perf_counter()
-        _log(f"building {layout.num_rows * ROW_BYTES / MIB:.0f} MiB ({layout.num_rows} rows) in {workdir}")
+        log(f"building {layout.num_rows * ROW_BYTES / MIB:.0f} MiB ({layout.num_rows} rows) in {workdir}")
         # In a child process, so the heap the ingest leaves behind does not count in our RSS.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             root, shards = pool.submit(build_dataset, workdir, layout).result()
-        _log(f"  {len(shards)} shards, {time.perf_counter() - t0:.1f} s")
+        log(f"  {len(shards)} shards, {time.perf_counter() - t0:.1f} s")
         flight_proc = FlightProcess(workdir, shards, layout.batch_rows, args.flight_from_memory)
         with LocalServer(root) as server, flight_proc as fl:
             assert server.proc is not None and fl.proc is not None
@@ -443,7 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     p = measure(name, round_, batches, pid)
                     passes.append(p)
                     label = "warm-up" if round_ == 0 else f"round {round_}"
-                    _log(
+                    log(
                         f"  {label} {name:<12} {p.mb_per_s:7.0f} MB/s  "
                         f"first batch {p.first_batch_s * 1e3:6.1f} ms  {p.batches} batches"
                     )
@@ -468,7 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
             "processes": "client: this process; shardstream and flight servers: one subprocess each",
         },
-        "versions": _versions(),
+        "versions": versions("shardstream", "grpcio", "protobuf", "torch", "uvloop"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "git_commit": _git_commit()},
         "passes": [p.to_json() for p in passes],
         "summary": summarize(passes),

