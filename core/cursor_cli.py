@@ -1,0 +1,192 @@
+"""`shardstream cursor list|show|migrate`: what jobs committed, and moving a job to a new version.
+
+`cli.py` only calls `add_cursor_commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from shardstream._table import print_table
+
+__all__ = ["add_cursor_commands"]
+
+
+def _cmd_cursor_list(args: argparse.Namespace) -> int:
+    from shardstream.client.stores import open_store
+
+    store = open_store(args.store)
+    try:
+        rows = []
+        for job in store.jobs():
+            committed = store.committed(job)
+            rows.append(
+                {
+                    "job": job,
+                    "committed_steps": len(committed),
+                    "latest": committed[-1] if committed else None,
+                    "steps_written": len(store.steps(job)),
+                }
+            )
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif not rows:
+        print(f"no jobs in {store.url}", file=sys.stderr)
+    else:
+        table = [("JOB", "LATEST", "COMMITTED", "WRITTEN")] + [
+            (
+                r["job"],
+                str(r["latest"] if r["latest"] is not None else "-"),
+                str(r["committed_steps"]),
+                str(r["steps_written"]),
+            )
+            for r in rows
+        ]
+        print_table(table)
+    return 0
+
+
+def _cmd_cursor_show(args: argparse.Namespace) -> int:
+    from shardstream.client.cursor import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.stores import open_store
+
+    validate_job(args.job)
+    store = open_store(args.store)
+    try:
+        steps = store.steps(args.job)
+        committed = store.committed(args.job)
+        if not steps:
+            raise NoCommittedStepError(f"job {args.job!r} has no cursors in {store.url}")
+        step = args.step if args.step is not None else (committed[-1] if committed else max(steps))
+        records = [
+            CursorRecord.from_bytes(b, where=f"job {args.job!r} step {step} rank {r}").describe()
+            for r, b in sorted(store.read(args.job, step).items())
+        ]
+    finally:
+        store.close()
+    out = {
+        "job": args.job,
+        "store": store.url,
+        "committed": committed,
+        "written": steps,
+        "step": step,
+        "step_committed": step in committed,
+        "ranks": records,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"job {args.job} in {store.url}")
+    print(
+        f"  committed steps  {', '.join(map(str, committed[-10:])) or 'none'}{' …' if len(committed) > 10 else ''}"
+    )
+    partial = {s: n for s, n in steps.items() if s not in committed}
+    if partial:
+        print(f"  partial steps    {', '.join(f'{s} ({n} ranks)' for s, n in list(partial.items())[-5:])}")
+    print(f"  step {step} ({'committed' if step in committed else 'NOT committed'}):")
+    for r in records:
+        print(
+            f"    rank {r['rank']}/{r['world_size']}  {r['dataset']}  epoch {r['epoch']}  offset {r['offset']}  "
+            f"batch {r['batch_size']}"
+        )
+    return 0
+
+
+def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
+    from shardstream.client.cursor import CursorRecord, Migration, NoCommittedStepError, validate_job
+    from shardstream.client.stores import open_store
+    from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+    from shardstream.manifest import DatasetRef
+    from shardstream.mixture import is_mixture
+    from shardstream.registry import Registry
+
+    validate_job(args.job)
+    store = open_store(args.store)
+    try:
+        committed = store.committed(args.job)
+        if not committed:
+            raise NoCommittedStepError(
+                f"job {args.job!r} has no committed step in {store.url}: nothing to migrate"
+            )
+        step = committed[-1]
+        records = store.read(args.job, step)
+        rec = CursorRecord.from_bytes(next(iter(records.values())), where=f"job {args.job!r} step {step}")
+        state = rec.state
+        if is_mixture(state.dataset):
+            raise InvalidArgumentError("moving a mixture job to new versions is not supported yet")
+        old = DatasetRef.parse(state.dataset)
+        with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+            new = reg.resolve(args.to)
+            if new.name != old.name:
+                raise InvalidArgumentError(
+                    f"job {args.job!r} reads {old.name}; --to {args.to} is another dataset"
+                )
+            lineage = [new.version]
+            m = new
+            while m.parent is not None and m.version != old.version:
+                m = reg.resolve(f"{m.name}@{m.parent}")
+                lineage.append(m.version)
+        if old.version not in lineage:
+            raise FailedPreconditionError(
+                f"{new.ref} does not descend from {state.dataset} (its lineage: "
+                f"{' <- '.join(f'v{v}' for v in lineage)}): refusing to move job {args.job!r}"
+            )
+        if new.fingerprint == state.fingerprint:
+            print(
+                f"{new.ref} has the same content as {state.dataset}: job {args.job!r} can resume on it as is"
+            )
+            return 0
+        at_epoch = state.epoch + 1 if state.offset > 0 else state.epoch
+        store.set_migration(
+            args.job,
+            Migration(
+                args.job, state.dataset, state.fingerprint, new.ref, new.fingerprint, at_epoch
+            ).to_bytes(),
+        )
+    finally:
+        store.close()
+    print(
+        f"job {args.job}: moves from {state.dataset} to {new.ref} (lineage {' <- '.join(f'v{v}' for v in lineage)}) "
+        f"at epoch {at_epoch}; resume it with Loader(..., {new.ref!r}, job={args.job!r}, resume='latest')"
+    )
+    return 0
+
+
+def add_cursor_commands(sub: Any, root_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    cur = sub.add_parser(
+        "cursor",
+        help="job cursors: list jobs, show a job's committed steps",
+        description="Inspect the cursors jobs commit per checkpoint step (Loader(job=..., "
+        "cursor_store=...)). --store defaults to $SHARDSTREAM_CURSOR_STORE or "
+        "sqlite:///.shardstream/cursors.db.",
+    )
+    csub = cur.add_subparsers(dest="cursor_command", metavar="SUBCOMMAND", required=True)
+    sp = csub.add_parser("list", help="every job with its latest committed step")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=_cmd_cursor_list)
+    sp = csub.add_parser("show", help="one job: committed steps and every rank's cursor at a step")
+    sp.add_argument("job", help="job name")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    sp.add_argument("--step", type=int, help="which step (default: the latest committed)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(fn=_cmd_cursor_show)
+    sp = csub.add_parser(
+        "migrate",
+        help="move a job to a newer version of its dataset, at its next epoch boundary",
+        description="Record that JOB moves from the dataset version of its latest committed cursor to --to, "
+        "which must descend from it (its parent chain in the registry). The move takes effect at the job's next "
+        "epoch boundary; a Loader on the new version then resumes the job. Without it, resuming on another "
+        "version is refused.",
+    )
+    sp.add_argument("job", help="job name")
+    sp.add_argument("--to", required=True, help="NAME@VERSION to move to")
+    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    root_arg(sp)
+    sp.set_defaults(fn=_cmd_cursor_migrate)
