@@ -1,7 +1,8 @@
 """Arrow record batches -> numpy arrays or torch tensors, without copies where Arrow allows.
 
-Zero-copy: numeric columns without nulls, and fixed-size lists of them (any nesting), which become
-arrays of shape (rows, d1, d2, ...). Variable-length lists whose rows in the batch all have the same
+Zero-copy: numeric columns without nulls, fixed-size lists of them (any nesting) and fixed-shape
+tensors (what server-side transforms send: decoded images, audio, video frames, RL windows), which
+become arrays of shape (rows, d1, d2, ...). Variable-length lists whose rows in the batch all have the same
 length (e.g. JSON arrays of features) are reshaped the same way, also without a copy. These share memory with the received message: treat them as
 read-only (numpy marks them so) or `.clone()` a tensor before writing into it in place.
 
@@ -36,7 +37,16 @@ def _uniform_list_size(arr: pa.Array) -> int | None:
 
 
 def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
-    """(flat primitive values, per-row shape) when `arr` is a null-free nest of equal-length lists."""
+    """(flat primitive values, per-row shape) when `arr` is a null-free nest of equal-length lists
+    or a fixed-shape tensor (Arrow's canonical extension type, row-major)."""
+    if isinstance(arr.type, pa.ExtensionType):
+        t = arr.type
+        if not isinstance(t, pa.FixedShapeTensorType) or arr.null_count:
+            return None
+        if t.permutation is not None and list(t.permutation) != list(range(len(t.shape))):
+            return None
+        inner = _fixed_shape(arr.storage)
+        return None if inner is None else (inner[0], tuple(t.shape))
     shape: list[int] = []
     while (
         pa.types.is_fixed_size_list(arr.type)

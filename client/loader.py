@@ -28,6 +28,7 @@ from shardstream.errors import (
     UnavailableError,
 )
 from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
@@ -76,6 +77,8 @@ class Loader:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_message_bytes: int = 0,
+        transforms: Sequence[Mapping[str, Any]] | None = None,
+        on_error: str = "fail",
         stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S,
         mixture_block: int = 0,
         mixture_epoch_samples: int = 0,
@@ -150,6 +153,9 @@ class Loader:
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.max_retries = max_retries
         self.max_message_bytes = max_message_bytes
+        # Server-side transforms (decode, tokenize, pack, windows): names and parameters only.
+        self.transforms = to_wire(transforms, on_error)
+        self.on_error = on_error
         self.mixture_block = mixture_block
         self.mixture_epoch_samples = mixture_epoch_samples
         self.job = job

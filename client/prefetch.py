@@ -32,7 +32,7 @@ from .convert import to_numpy, to_torch
 if TYPE_CHECKING:
     from .loader import Loader
 
-__all__ = ["BatchInfo"]
+__all__ = ["BatchInfo", "SkippedSample"]
 
 log = logging.getLogger("shardstream.client")
 
@@ -62,6 +62,19 @@ class BatchInfo:
     shards: np.ndarray  # int32 index into the manifest's shard list, per row
     rows: np.ndarray  # int64 row within the shard, per row
     sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
+    # Samples of this step a server-side transform could not process (on_error="skip"): left out.
+    skipped: tuple[SkippedSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A sample left out of a batch because a transform could not process it (on_error="skip")."""
+
+    position: int  # global position in the epoch's order
+    shard: int
+    row: int
+    source: int | None  # mixture source index (mixtures only)
+    reason: str
 
 
 @dataclass
@@ -188,6 +201,8 @@ class _Producer:
                 drop_last=ld.drop_last,
                 columns=ld.columns or [],
                 max_message_bytes=ld.max_message_bytes,
+                transforms=ld.transforms,
+                on_error=ld.on_error if ld.transforms else "",
             )
             target.fill(request)
             ended = False
@@ -250,7 +265,7 @@ class _Producer:
                 raise DataLossError(
                     f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
                 )
-            n = st.position_end - st.position_start
+            n = st.rows
             part = batch.slice(row, n)
             row += n
             info = BatchInfo(
@@ -263,6 +278,16 @@ class _Producer:
                 shards=part.column("_shard").to_numpy(),
                 rows=part.column("_row").to_numpy(),
                 sources=part.column("_source").to_numpy() if "_source" in part.schema.names else None,
+                skipped=tuple(
+                    SkippedSample(
+                        s.position,
+                        s.shard,
+                        s.row,
+                        s.source if "_source" in part.schema.names else None,
+                        s.reason,
+                    )
+                    for s in st.skipped
+                ),
             )
             if not ld.provenance:
                 part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])

@@ -100,6 +100,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             ready_file=args.ready_file,
             s3_endpoint=args.s3_endpoint,
+            transform_threads=args.transform_threads or len(os.sched_getaffinity(0)),
         )
     )
     return 0
@@ -421,6 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)"
     )
     sp.add_argument("--ready-file", help="write {port, metrics_port, pid} as JSON here once serving")
+    sp.add_argument(
+        "--transform-threads",
+        type=_positive_int,
+        default=None,
+        help="threads for server-side transforms (image/audio/video decode, tokenizing; they run "
+        "without the GIL): default = the cores this process may use",
+    )
     sp.set_defaults(fn=_cmd_serve)
 
     ds = sub.add_parser(

@@ -55,6 +55,7 @@ class ServerConfig:
     grace_s: float = DEFAULT_GRACE_S
     ready_file: str | None = None
     s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
+    transform_threads: int = 1  # per-sample transform work (server/transforms/)
 
 
 async def serve(cfg: ServerConfig) -> None:
@@ -68,7 +69,7 @@ async def serve(cfg: ServerConfig) -> None:
 
 
 async def _serve(cfg: ServerConfig, registry: Registry) -> None:
-    service = ShardStreamService(registry, new_row_group_cache(cfg.cache_bytes))
+    service = ShardStreamService(registry, new_row_group_cache(cfg.cache_bytes), cfg.transform_threads)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()

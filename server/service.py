@@ -14,11 +14,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+import pyarrow as pa
 from prometheus_client import Counter, Gauge, Histogram
 
 from shardstream.errors import FailedPreconditionError, InternalError, InvalidArgumentError, ShardstreamError
@@ -31,6 +33,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .reader import DatasetReader, RowGroupCache
 from .selection import check_mixture_columns, take_selection
+from .transforms import Pipeline, build_pipeline
 
 __all__ = ["SERVICE_NAME", "ShardStreamService"]
 
@@ -84,12 +87,22 @@ class _ReadPlan:
     end_step: int
     stride: int
     max_message_bytes: int
+    seed: int = 0
+    pipeline: Pipeline | None = None
 
 
 class ShardStreamService:
-    def __init__(self, registry: Registry, cache: RowGroupCache) -> None:
+    def __init__(self, registry: Registry, cache: RowGroupCache, transform_threads: int = 1) -> None:
         self.registry = registry
         self._cache = cache
+        # Per-sample transform work (Pillow, FFmpeg, the tokenizer release the GIL) runs here, apart
+        # from the threads that build messages, so a message's samples decode on every core.
+        self.transform_threads = max(1, transform_threads)
+        self._transform_pool = (
+            ThreadPoolExecutor(self.transform_threads, thread_name_prefix="transform")
+            if self.transform_threads > 1
+            else None
+        )
         self._readers: dict[tuple[str, int], DatasetReader] = {}
         self._readers_lock = threading.Lock()
         # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).
@@ -218,6 +231,16 @@ class ShardStreamService:
             readers = [self._reader(manifest)]
             selector = self._order(readers[0], req.seed, spec)
             columns = readers[0].check_columns(list(req.columns))
+        pipeline = None
+        if req.transforms or req.on_error:
+            first = readers[0]
+            schema = pa.schema([first.manifest.schema.field(c) for c in columns])
+
+            def describe(source: int, shard: int, row: int) -> str:
+                m = readers[source].manifest
+                return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
+
+            pipeline = build_pipeline(list(req.transforms), req.on_error, schema, describe)
         layout = StepLayout(
             selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
         )
@@ -240,17 +263,20 @@ class ShardStreamService:
             end_step=end,
             stride=max(1, req.step_stride),
             max_message_bytes=req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES,
+            seed=req.seed,
+            pipeline=pipeline,
         )
 
-    @staticmethod
-    def _build(plan: _ReadPlan, steps: range) -> tuple[bytes, int]:
+    def _build(self, plan: _ReadPlan, steps: range) -> tuple[bytes, int]:
         t0 = time.perf_counter()
         header = pb.ReadHeader(epoch=plan.epoch)
         ranges = []
         for step in steps:
             gs, ge = plan.layout.global_range(step)
             ps, pe = plan.layout.rank_range(step, plan.rank)
-            header.steps.add(step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge)
+            header.steps.add(
+                step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=pe - ps
+            )
             ranges.append(np.arange(ps, pe, dtype=np.int64))
         if steps and plan.end_step == plan.layout.num_steps and steps[-1] + plan.stride >= plan.end_step:
             header.end_of_epoch = True
@@ -258,9 +284,33 @@ class ShardStreamService:
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
         src, rows = plan.selector.select(plan.epoch, positions)
         batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
+        if plan.pipeline:
+            batch = self._transform(plan, header, batch, positions)
         data = encode_read_response(header, ipc_bytes(batch))
         BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
         return data, batch.num_rows
+
+    def _transform(
+        self, plan: _ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray
+    ) -> pa.RecordBatch:
+        """Run the request's transforms over a message's rows; set each step's rows and skips."""
+        assert plan.pipeline is not None
+        step_ids = [st.step for st in header.steps]
+        steps = np.repeat(np.array(step_ids, np.int64), [st.rows for st in header.steps])
+        out, per_step = plan.pipeline.apply(
+            batch,
+            seed=plan.seed,
+            epoch=plan.epoch,
+            positions=positions,
+            steps=steps,
+            step_ids=step_ids,
+            pool=self._transform_pool,
+            threads=self.transform_threads,
+        )
+        for st, res in zip(header.steps, per_step, strict=True):
+            st.rows = res.rows
+            st.skipped.extend(res.skipped)
+        return out
 
     async def read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         RPCS.labels("Read").inc()
@@ -273,6 +323,8 @@ class ShardStreamService:
                 header = pb.ReadHeader(epoch=plan.epoch, end_of_epoch=True, dropped=plan.layout.dropped)
                 none = np.empty(0, np.int64)
                 empty = take_selection(plan.readers, none, none, plan.columns, mixture=plan.mixture)
+                if plan.pipeline:
+                    empty = self._transform(plan, header, empty, none)
                 yield encode_read_response(header, ipc_bytes(empty))
                 return
             step, per_message = plan.first_step, 1  # one step first, for a quick first batch

@@ -1,0 +1,21 @@
+"""Server-side transforms: named, parameterised operations applied to the rows of a Read stream.
+
+A client names them in its ReadRequest (`Loader(..., transforms=[{"op": "image.decode", "column":
+"image", "size": [224, 224]}])`); the server validates them against the catalogue (registry.py)
+before reading anything, and applies them in order to each message's rows (pipeline.py) on a
+thread pool whose heavy work (Pillow, FFmpeg, the tokenizer) runs without the GIL.
+
+| op             | module    | in -> out                                                        |
+|----------------|-----------|------------------------------------------------------------------|
+| text.tokenize  | text.py   | strings -> token ids (tiktoken cl100k_base offline, or bytes)    |
+| text.pack      | text.py   | token ids -> rows of seq_len: input_ids, labels, position_ids... |
+| image.decode   | image.py  | JPEG/PNG/WebP -> uint8 [H, W, C] (resize, crop, flip, normalize) |
+| audio.decode   | media.py  | WAV/FLAC/MP3 -> float32 mono [length] at a sample rate          |
+| video.frames   | media.py  | MP4/WebM -> uint8 [N, H, W, 3] frames at a stride                |
+| rl.windows     | rl.py     | episodes -> windows with n-step returns, done and valid masks    |
+"""
+
+from .pipeline import ON_ERROR, Pipeline, StepRows, build_pipeline
+from .registry import OPS
+
+__all__ = ["ON_ERROR", "OPS", "Pipeline", "StepRows", "build_pipeline"]

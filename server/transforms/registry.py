@@ -1,0 +1,15 @@
+"""The catalogue: op name -> transform class. Clients name these; they never ship code."""
+
+from __future__ import annotations
+
+from .base import Transform
+from .image import ImageDecode
+from .media import AudioDecode, VideoFrames
+from .rl import RLWindows
+from .text import Pack, Tokenize
+
+__all__ = ["OPS"]
+
+OPS: dict[str, type[Transform]] = {
+    cls.op: cls for cls in (Tokenize, Pack, ImageDecode, AudioDecode, VideoFrames, RLWindows)
+}

