@@ -39,7 +39,7 @@ def _uniform_list_size(arr: pa.Array) -> int | None:
 def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
     """(flat primitive values, per-row shape) when `arr` is a null-free nest of equal-length lists
     or a fixed-shape tensor (Arrow's canonical extension type, row-major)."""
-    if isinstance(arr.type, pa.ExtensionType):
+    if isinstance(arr.type, pa.BaseExtensionType):
         t = arr.type
         if not isinstance(t, pa.FixedShapeTensorType) or arr.null_count:
             return None

@@ -5,7 +5,7 @@
  "layout": "HWC" | "CHW", "output": column}
 
 Steps, in this order (a direct Pillow decode with the same parameters gives the same pixels):
-  1. `Image.open(bytes).convert(mode)`;
+  1. `Image.open(bytes).convert(mode)` (palette images through RGBA first, as Pillow advises);
   2. crop "none": `resize((W, H))`; "center"/"random": resize so the image covers H x W keeping its
      aspect ratio (sides `max(W, round(w*s))`, `max(H, round(h*s))` with `s = max(H/h, W/w)`), then
      crop H x W at the center or at a random offset;
@@ -78,7 +78,7 @@ def decode_image(
         w0, h0 = src.size
         if w0 * h0 > MAX_PIXELS:
             raise ValueError(f"{w0}x{h0} pixels is over the limit of {MAX_PIXELS}")
-        img = src.convert(mode)
+        img = (src.convert("RGBA") if src.mode == "P" else src).convert(mode)
     h, w = size
     if crop == "none":
         img = img.resize((w, h), method)

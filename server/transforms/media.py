@@ -5,6 +5,7 @@ audio.decode {"column": "audio", "sample_rate": 16000, "length": 16000 | "second
     WAV / FLAC / MP3 / OGG / ... -> float32 mono at `sample_rate` (FFmpeg's resampler, channels
     averaged), exactly `length` samples: longer clips are cropped (at the start, the center or a
     random offset drawn from the sample's position-seeded generator), shorter ones padded with zeros.
+    Mono is the mean of the channels (as soundfile/torchaudio users compute it).
     Outputs `output` (fixed-size list of float32) and `<output>_length` (int32: samples before padding).
 
 video.frames {"column": "video", "num_frames": 8, "stride": 4, "start": 0, "size": [112, 112],
@@ -64,20 +65,22 @@ def decode_audio(data: bytes, sample_rate: int) -> np.ndarray:
         if not container.streams.audio:
             raise ValueError("no audio stream")
         stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+        # Planar float at the target rate in the stream's own channel layout; channels are averaged
+        # here (FFmpeg's own downmix scales stereo by 1/sqrt(2) instead).
+        resampler = av.AudioResampler(format="fltp", rate=sample_rate)
         chunks: list[np.ndarray] = []
         total = 0
         for frame in container.decode(stream):
             for out in resampler.resample(frame):
-                chunks.append(out.to_ndarray().reshape(-1))
+                chunks.append(out.to_ndarray().mean(axis=0, dtype=np.float32))
                 total += out.samples
             if total > MAX_AUDIO_SAMPLES:
                 raise ValueError(f"more than {MAX_AUDIO_SAMPLES} samples decoded")
         for out in resampler.resample(None):
-            chunks.append(out.to_ndarray().reshape(-1))
+            chunks.append(out.to_ndarray().mean(axis=0, dtype=np.float32))
     if not chunks:
         raise ValueError("no audio decoded")
-    return np.concatenate(chunks).astype(np.float32, copy=False)
+    return np.concatenate(chunks)
 
 
 def decode_video(data: bytes, num_frames: int, stride: int, start: int, size: tuple[int, int]) -> np.ndarray:

@@ -195,6 +195,6 @@ class RLWindows(Transform):
 def _tensor(a: np.ndarray, t: pa.DataType) -> pa.Array:
     size = int(np.prod(a.shape[1:])) if a.ndim > 1 else 1
     storage = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).reshape(-1)), size)
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return pa.ExtensionArray.from_storage(t, storage)
     return storage.cast(t) if storage.type != t else storage
