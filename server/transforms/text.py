@@ -180,69 +180,75 @@ class Pack(Transform):
             for i in np.nonzero(col.is_null().to_numpy(zero_copy_only=False))[0].tolist()
         ]
         good = keep_rows(n, errors)
-        outs: list[tuple[np.ndarray, ...]] = []
-        index: list[np.ndarray] = []
-        # Steps are contiguous runs of rows: pack each on its own.
-        steps = ctx.steps[good]
-        if len(good):
-            cut = np.nonzero(np.diff(steps))[0] + 1
-            for docs in np.split(good, cut):
-                packed = self._pack_step(col, docs, ctx.positions)
-                outs.append(packed[:4])
-                index.append(packed[4])
         L = self.seq_len
-        rows = sum(len(o[0]) for o in outs) // L
-        cat = [
-            np.concatenate([o[k] for o in outs]) if outs else np.empty(0, t)
-            for k, t in enumerate((np.int32, np.int32, np.int32, np.int64))
+        if pa.types.is_fixed_size_list(col.type):
+            lengths = np.full(n, col.type.list_size, np.int64)
+        else:
+            lengths = np.diff(col.offsets.to_numpy()).astype(np.int64)
+        # Steps are contiguous runs of rows: each is packed on its own, into its slice of the output.
+        groups = np.split(good, np.nonzero(np.diff(ctx.steps[good]))[0] + 1) if len(good) else []
+        step_rows = [-(-int(lengths[g].sum() + len(g)) // L) for g in groups]
+        total = sum(step_rows) * L
+        out_ids = np.empty(total, np.int32)
+        out_labels = np.empty(total, np.int32)
+        out_pos = np.empty(total, np.int32)
+        out_doc = np.empty(total, np.int64)
+        index: list[np.ndarray] = []
+        at = 0
+        for docs, rows in zip(groups, step_rows, strict=True):
+            end = at + rows * L
+            index.append(
+                self._pack_step(
+                    col,
+                    docs,
+                    lengths[docs],
+                    ctx.positions,
+                    (out_ids[at:end], out_labels[at:end], out_pos[at:end], out_doc[at:end]),
+                )
+            )
+            at = end
+        arrays = [
+            pa.FixedSizeListArray.from_arrays(pa.array(a), L) for a in (out_ids, out_labels, out_pos, out_doc)
         ]
-        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(a), L) for a in cat]
         out = pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
-        assert out.num_rows == rows
         idx = np.concatenate(index) if index else np.empty(0, np.int64)
         return Result(out, idx, errors)
 
     def _pack_step(
-        self, col: pa.Array, docs: np.ndarray, positions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Flat (input_ids, labels, position_ids, document_ids) of whole rows, and each row's first
-        document (as an input row index)."""
+        self,
+        col: pa.Array,
+        docs: np.ndarray,
+        lengths: np.ndarray,
+        positions: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ) -> np.ndarray:
+        """Pack one step's documents (input rows `docs`) into `out` (input_ids, labels, position_ids,
+        document_ids: flat, whole rows); return each row's first document as an input row index."""
         L = self.seq_len
-        part = col.take(pa.array(docs))
-        values = part.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        lengths = (
-            np.diff(part.offsets.to_numpy())
-            if not pa.types.is_fixed_size_list(part.type)
-            else np.full(len(part), part.type.list_size)
-        )
-        lengths = lengths.astype(np.int64) + 1  # + EOS
-        total = int(lengths.sum())
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        tokens = np.empty(total, np.int32)
+        ids, labels, pos, doc_ids = out
+        sizes = lengths + 1  # + EOS
+        total = int(sizes.sum())
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
         eos_at = ends - 1
+        if len(docs) and docs[-1] - docs[0] + 1 == len(docs):  # contiguous rows: a slice, no take
+            part = col.slice(int(docs[0]), len(docs))
+        else:
+            part = col.take(pa.array(docs))
+        values = part.flatten().to_numpy(zero_copy_only=False)
         mask = np.ones(total, bool)
         mask[eos_at] = False
-        tokens[mask] = values
-        tokens[eos_at] = self.eos_id
-        doc = np.repeat(np.arange(len(docs)), lengths)
-        pos = (np.arange(total) - np.repeat(starts, lengths)).astype(np.int32)
-        labels = np.full(total, IGNORE_INDEX, np.int32)
+        ids[:total][mask] = values
+        ids[eos_at] = self.eos_id
+        ids[total:] = self.pad_id
+        doc = np.repeat(np.arange(len(docs)), sizes)
+        pos[:total] = np.arange(total) - np.repeat(starts, sizes)
+        pos[total:] = 0
+        labels[:total] = IGNORE_INDEX
+        labels[total:] = IGNORE_INDEX
         same = doc[1:] == doc[:-1]
-        labels[:-1][same] = tokens[1:][same]
-        nrows = -(-total // L)
-        padded = nrows * L
-        pad = padded - total
-
-        def fill(a: np.ndarray, v: int, dtype: Any) -> np.ndarray:
-            return np.concatenate([a.astype(dtype, copy=False), np.full(pad, v, dtype)])
-
-        doc_pos = positions[docs][doc]
-        first_doc = doc[np.arange(nrows) * L]
-        return (
-            fill(tokens, self.pad_id, np.int32),
-            fill(labels, IGNORE_INDEX, np.int32),
-            fill(pos, 0, np.int32),
-            fill(doc_pos, -1, np.int64),
-            docs[first_doc].astype(np.int64),
-        )
+        labels[: total - 1][same] = ids[1:total][same]
+        doc_ids[:total] = positions[docs][doc]
+        doc_ids[total:] = -1
+        nrows = len(ids) // L
+        return docs[doc[np.arange(nrows) * L]].astype(np.int64)
