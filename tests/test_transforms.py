@@ -61,6 +61,10 @@ def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root, "video", media.blob_table("video", media.real_videos()), row_group_rows=2, shard_rows=4
     )
     media.write_table(root, "episodes", media.episodes_table(45))
+    videos = media.real_videos()
+    mp4 = videos[0][1]
+    broken = [("truncated.mp4", mp4[: len(mp4) // 2]), ("headless.webm", videos[1][1][200:]), *videos[2:4]]
+    media.write_table(root, "badvideo", media.blob_table("video", broken), row_group_rows=2, shard_rows=4)
     return root
 
 
@@ -393,6 +397,33 @@ def test_skipped_samples_are_counted_in_metrics(server: LocalServer) -> None:
     before = skipped_total()
     read_all(server, "badimages", batch_size=5, columns=["image"], transforms=DECODE, on_error="skip")
     assert skipped_total() - before == 3
+
+
+def test_truncated_video_under_both_policies(server: LocalServer, media_root: Path) -> None:
+    frames = [{"op": "video.frames", "num_frames": 40, "size": [8, 8]}]  # more frames than a half file has
+    names = source_table(media_root, "badvideo").column("name").to_pylist()
+    with pytest.raises(DataLossError, match=r"video.frames failed on badvideo@1 shard \d+ \(.*\) row \d+"):
+        read_all(server, "badvideo", batch_size=2, columns=["name", "video"], transforms=frames)
+    out = read_all(
+        server, "badvideo", batch_size=2, columns=["name", "video"], transforms=frames, on_error="skip"
+    )
+    kept = [n for b in out for n in b["name"]]
+    assert set(kept) < set(names) and "pan-" in kept[0]  # the broken ones left out, the server alive
+
+
+def test_skip_in_a_mixture_names_the_source(server: LocalServer, media_root: Path) -> None:
+    with Loader(
+        [server.target],
+        {"images": 1.0, "badimages": 1.0},
+        batch_size=8,
+        seed=4,
+        columns=["name", "image"],
+        transforms=DECODE,
+        on_error="skip",
+        provenance=True,
+    ) as loader:
+        skipped = [s for _ in loader for s in loader.last_batch.skipped]  # type: ignore[union-attr]
+    assert skipped and all(s.source == 1 for s in skipped)
 
 
 # --- audio and video ----------------------------------------------------------------------------
