@@ -4,6 +4,17 @@
 the same key at the same time: the others wait for the first fetch's result (or its exception).
 Values are charged at `sizeof(value)` bytes; the least recently used are evicted past `capacity`.
 A value larger than the whole capacity is returned but not kept.
+
+`prefetch(key, fetch)` is the read-ahead side: it reads a value nobody asked for yet (or refreshes
+one already held, so it is not evicted before it is used); a `get` arriving while it reads waits for
+that read instead of starting another.
+
+Accounting, for hit ratio and read amplification from Prometheus:
+- a `get` is a **hit** when served from memory or by a read already in flight (coalesced, including
+  a read-ahead), a **miss** when it had to read storage itself; `_hit_bytes_total` and
+  `_miss_bytes_total` weigh them by the value's size;
+- `_prefetches_total` counts reads started by read-ahead (not lookups: neither hit nor miss).
+Gauges are summed over live processes when several workers share a port (multiprocess mode).
 """
 
 from __future__ import annotations
@@ -22,8 +33,20 @@ V = TypeVar("V")
 
 CACHE_HITS = Counter("shardstream_cache_hits_total", "Row-group cache lookups served from memory")
 CACHE_MISSES = Counter("shardstream_cache_misses_total", "Row-group cache lookups that read storage")
+CACHE_HIT_BYTES = Counter("shardstream_cache_hit_bytes_total", "Bytes of row groups served by the cache")
+CACHE_MISS_BYTES = Counter(
+    "shardstream_cache_miss_bytes_total", "Bytes of row groups a lookup had to read from storage"
+)
+CACHE_PREFETCHES = Counter(
+    "shardstream_cache_prefetches_total", "Row groups read ahead of need (read-ahead of the plan)"
+)
 CACHE_EVICTIONS = Counter("shardstream_cache_evictions_total", "Row groups evicted from the cache")
-CACHE_BYTES = Gauge("shardstream_cache_bytes", "Bytes held by the row-group cache")
+CACHE_BYTES = Gauge(
+    "shardstream_cache_bytes", "Bytes held by the row-group cache", multiprocess_mode="livesum"
+)
+CACHE_CAPACITY_BYTES = Gauge(
+    "shardstream_cache_capacity_bytes", "Capacity of the row-group cache", multiprocess_mode="livesum"
+)
 
 
 class LRUCache(Generic[V]):
@@ -36,9 +59,15 @@ class LRUCache(Generic[V]):
         self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._inflight: dict[Hashable, Future[V]] = {}
         self.bytes = 0
+        CACHE_CAPACITY_BYTES.set(capacity_bytes)
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Held or being read."""
+        with self._lock:
+            return key in self._items or key in self._inflight
 
     def get(self, key: Hashable, fetch: Callable[[], V]) -> V:
         with self._lock:
@@ -46,17 +75,40 @@ class LRUCache(Generic[V]):
             if hit is not None:
                 self._items.move_to_end(key)
                 CACHE_HITS.inc()
+                CACHE_HIT_BYTES.inc(hit[1])
                 return hit[0]
             pending = self._inflight.get(key)
             owner = pending is None
             if owner:
                 pending = self._inflight[key] = Future()
                 CACHE_MISSES.inc()
-            else:
-                CACHE_HITS.inc()  # coalesced: served by another caller's read
         assert pending is not None
         if not owner:
-            return pending.result()
+            value = pending.result()  # coalesced: served by another caller's read
+            CACHE_HITS.inc()
+            CACHE_HIT_BYTES.inc(self._sizeof(value))
+            return value
+        value = self._fill(key, pending, fetch)
+        CACHE_MISS_BYTES.inc(self._sizeof(value))
+        return value
+
+    def prefetch(self, key: Hashable, fetch: Callable[[], V]) -> bool:
+        """Read `key` ahead of need unless held or being read (then only refresh it); True if it read.
+
+        Exceptions of `fetch` go to the `get` calls waiting on this read, and are raised here too.
+        """
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return False
+            if key in self._inflight:
+                return False
+            pending = self._inflight[key] = Future()
+            CACHE_PREFETCHES.inc()
+        self._fill(key, pending, fetch)
+        return True
+
+    def _fill(self, key: Hashable, pending: Future[V], fetch: Callable[[], V]) -> V:
         try:
             value = fetch()
         except BaseException as exc:
