@@ -89,6 +89,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from shardstream.server.app import ServerConfig, run
+    from shardstream.server.workers import usable_cpus
 
     run(
         ServerConfig(
@@ -100,6 +101,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             grace_s=args.grace,
             ready_file=args.ready_file,
             s3_endpoint=args.s3_endpoint,
+            workers=args.workers or usable_cpus(),
+            read_ahead=args.read_ahead,
         )
     )
     return 0
@@ -406,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a shard-reader server",
         description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, "
         "reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
-        "streams get --grace seconds to finish.",
+        "streams get --grace seconds to finish. With --workers N > 1, N worker processes share the "
+        "port (SO_REUSEPORT among themselves; the port must be free) under a supervisor that restarts "
+        "a worker that dies, drains them all on SIGTERM and serves their summed /metrics.",
     )
     root_arg(sp)
     sp.add_argument("--port", type=_port, default=7070, help="gRPC port (default 7070; 0 picks a free one)")
@@ -415,12 +420,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--metrics-port", type=_port, help="serve Prometheus /metrics on this port (0 picks one)")
     sp.add_argument(
-        "--cache-mib", type=_positive_int, default=1024, help="row-group cache size (default 1024)"
+        "--workers",
+        type=_positive_int,
+        help="server processes sharing the port (default: the usable CPUs, affinity and cgroup "
+        "quota; 1 = a single process)",
+    )
+    sp.add_argument(
+        "--cache-mib",
+        type=_positive_int,
+        default=1024,
+        help="row-group cache size of the server, split evenly between its workers (default 1024)",
+    )
+    sp.add_argument(
+        "--read-ahead",
+        type=int,
+        choices=range(0, 9),
+        metavar="{0..8}",
+        default=1,
+        help="messages of each stream whose row groups are fetched before they are built "
+        "(default 1; 0 = off)",
     )
     sp.add_argument(
         "--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)"
     )
-    sp.add_argument("--ready-file", help="write {port, metrics_port, pid} as JSON here once serving")
+    sp.add_argument(
+        "--ready-file", help="write {port, metrics_port, pid, workers} as JSON here once every worker serves"
+    )
     sp.set_defaults(fn=_cmd_serve)
 
     ds = sub.add_parser(
