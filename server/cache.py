@@ -13,7 +13,9 @@ Accounting, for hit ratio and read amplification from Prometheus:
 - a `get` is a **hit** when served from memory or by a read already in flight (coalesced, including
   a read-ahead), a **miss** when it had to read storage itself; `_hit_bytes_total` and
   `_miss_bytes_total` weigh them by the value's size;
-- `_prefetches_total` counts reads started by read-ahead (not lookups: neither hit nor miss).
+- `_prefetches_total` counts reads started by read-ahead (not lookups: neither hit nor miss), and
+  `_prefetches_wasted_total` those evicted before any lookup used them. `unused_prefetch_bytes` (the
+  bytes read ahead and not used yet) is what read-ahead budgets against.
 Gauges are summed over live processes when several workers share a port (multiprocess mode).
 """
 
@@ -40,6 +42,9 @@ CACHE_MISS_BYTES = Counter(
 CACHE_PREFETCHES = Counter(
     "shardstream_cache_prefetches_total", "Row groups read ahead of need (read-ahead of the plan)"
 )
+CACHE_PREFETCHES_WASTED = Counter(
+    "shardstream_cache_prefetches_wasted_total", "Row groups read ahead and evicted before any use"
+)
 CACHE_EVICTIONS = Counter("shardstream_cache_evictions_total", "Row groups evicted from the cache")
 CACHE_BYTES = Gauge(
     "shardstream_cache_bytes", "Bytes held by the row-group cache", multiprocess_mode="livesum"
@@ -58,7 +63,9 @@ class LRUCache(Generic[V]):
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._inflight: dict[Hashable, Future[V]] = {}
+        self._unused: set[Hashable] = set()  # read ahead, not looked up since
         self.bytes = 0
+        self.unused_prefetch_bytes = 0
         CACHE_CAPACITY_BYTES.set(capacity_bytes)
 
     def __len__(self) -> int:
@@ -74,6 +81,7 @@ class LRUCache(Generic[V]):
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
+                self._used(key, hit[1])
                 CACHE_HITS.inc()
                 CACHE_HIT_BYTES.inc(hit[1])
                 return hit[0]
@@ -85,8 +93,11 @@ class LRUCache(Generic[V]):
         assert pending is not None
         if not owner:
             value = pending.result()  # coalesced: served by another caller's read
+            size = self._sizeof(value)
+            with self._lock:
+                self._used(key, size)
             CACHE_HITS.inc()
-            CACHE_HIT_BYTES.inc(self._sizeof(value))
+            CACHE_HIT_BYTES.inc(size)
             return value
         value = self._fill(key, pending, fetch)
         CACHE_MISS_BYTES.inc(self._sizeof(value))
@@ -105,10 +116,17 @@ class LRUCache(Generic[V]):
                 return False
             pending = self._inflight[key] = Future()
             CACHE_PREFETCHES.inc()
-        self._fill(key, pending, fetch)
+        self._fill(key, pending, fetch, prefetched=True)
         return True
 
-    def _fill(self, key: Hashable, pending: Future[V], fetch: Callable[[], V]) -> V:
+    def _used(self, key: Hashable, size: int) -> None:
+        if key in self._unused:  # (under the lock)
+            self._unused.discard(key)
+            self.unused_prefetch_bytes -= size
+
+    def _fill(
+        self, key: Hashable, pending: Future[V], fetch: Callable[[], V], *, prefetched: bool = False
+    ) -> V:
         try:
             value = fetch()
         except BaseException as exc:
@@ -116,11 +134,11 @@ class LRUCache(Generic[V]):
                 del self._inflight[key]
             pending.set_exception(exc)
             raise
-        self._put(key, value)
+        self._put(key, value, prefetched)
         pending.set_result(value)
         return value
 
-    def _put(self, key: Hashable, value: V) -> None:
+    def _put(self, key: Hashable, value: V, prefetched: bool) -> None:
         size = self._sizeof(value)
         with self._lock:
             del self._inflight[key]
@@ -128,8 +146,14 @@ class LRUCache(Generic[V]):
                 return
             self._items[key] = (value, size)
             self.bytes += size
+            if prefetched:
+                self._unused.add(key)
+                self.unused_prefetch_bytes += size
             while self.bytes > self.capacity_bytes:
-                _, (_, evicted) = self._items.popitem(last=False)
+                old, (_, evicted) = self._items.popitem(last=False)
                 self.bytes -= evicted
                 CACHE_EVICTIONS.inc()
+                if old in self._unused:
+                    self._used(old, evicted)
+                    CACHE_PREFETCHES_WASTED.inc()
             CACHE_BYTES.set(self.bytes)

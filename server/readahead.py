@@ -7,9 +7,10 @@ with the steps the next message(s) will likely cover: in a background pool it se
 the build finds them held or in flight (a coalesced wait, never a second read). It changes no byte:
 it only warms the cache, and a guess that misses (the next message covers other steps) costs reads.
 
-Bounded so a cache smaller than a stream's working set does not thrash: one schedule reads at most
-`capacity / 4` (estimated) bytes, all streams together keep at most `capacity / 2` bytes in flight
-and `2 × threads` jobs queued; beyond that read-ahead is skipped (counted), never queued.
+Bounded so that read-ahead never evicts what the streams are using: all streams together hold at
+most `capacity / 4` bytes read ahead and not used yet (in flight, estimated, plus in the cache), and
+at most `2 × threads` jobs queued; beyond that read-ahead is skipped (counted), never queued. A
+prefetched row group evicted before use is counted as wasted (cache.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from prometheus_client import Counter
 
-from .reader import DatasetReader
+from .reader import DatasetReader, RowGroupCache
 
 __all__ = ["DEFAULT_READ_AHEAD_MESSAGES", "ReadAhead"]
 
@@ -50,12 +51,12 @@ class _Plan(Protocol):
 
 
 class ReadAhead:
-    def __init__(self, messages: int, capacity_bytes: int, threads: int = READ_AHEAD_THREADS) -> None:
+    def __init__(self, messages: int, cache: RowGroupCache, threads: int = READ_AHEAD_THREADS) -> None:
         if messages < 0:
             raise ValueError(f"read-ahead must be >= 0 messages, got {messages}")
         self.messages = messages
-        self._per_schedule_bytes = capacity_bytes // 4
-        self._max_inflight_bytes = capacity_bytes // 2
+        self._cache = cache
+        self._max_unused_bytes = cache.capacity_bytes // 4
         self._max_jobs = 2 * threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shardstream-readahead")
         self._lock = threading.Lock()
@@ -64,7 +65,7 @@ class ReadAhead:
 
     def schedule(self, plan: _Plan, steps: Sequence[int]) -> None:
         """Start reading the row groups of `steps` of `plan` in the background (returns at once)."""
-        if not self.messages or not steps or not self._per_schedule_bytes:
+        if not self.messages or not steps or not self._max_unused_bytes:
             return
         with self._lock:
             if self._jobs >= self._max_jobs:
@@ -81,7 +82,7 @@ class ReadAhead:
         try:
             ranges = [np.arange(*plan.layout.rank_range(s, plan.rank), dtype=np.int64) for s in steps]
             src, rows = plan.selector.select(plan.epoch, np.concatenate(ranges))
-            budget = self._per_schedule_bytes
+            budget = self._budget()
             for i, reader in enumerate(plan.readers):
                 mine = rows[src == i] if len(plan.readers) > 1 else rows
                 for estimate, task in reader.read_ahead(mine, plan.columns, budget):
@@ -96,9 +97,13 @@ class ReadAhead:
             with self._lock:
                 self._jobs -= 1
 
+    def _budget(self) -> int:
+        with self._lock:
+            return self._max_unused_bytes - self._inflight_bytes - self._cache.unused_prefetch_bytes
+
     def _reserve(self, nbytes: int) -> bool:
         with self._lock:
-            if self._inflight_bytes + nbytes > self._max_inflight_bytes:
+            if self._inflight_bytes + self._cache.unused_prefetch_bytes + nbytes > self._max_unused_bytes:
                 return False
             self._inflight_bytes += nbytes
             return True

@@ -93,7 +93,7 @@ class ShardStreamService:
     ) -> None:
         self.registry = registry
         self._cache = cache
-        self._read_ahead = ReadAhead(read_ahead, cache.capacity_bytes)
+        self._read_ahead = ReadAhead(read_ahead, cache)
         self._readers: dict[tuple[str, int], DatasetReader] = {}
         self._readers_lock = threading.Lock()
         # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).

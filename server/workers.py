@@ -86,7 +86,8 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
     """
     where = f"{host}:{port}"
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        name = host.strip("[]") or None  # "[::]" as grpc takes it
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise InvalidArgumentError(f"cannot listen on {where}: {exc.strerror}") from exc
     held: list[socket.socket] = []
