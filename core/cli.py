@@ -103,6 +103,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             s3_endpoint=args.s3_endpoint,
             workers=args.workers or usable_cpus(),
             read_ahead=args.read_ahead,
+            cache_dir=args.cache_dir,
+            cache_dir_bytes=args.cache_dir_mib << 20,
         )
     )
     return 0
@@ -430,6 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1024,
         help="row-group cache size of the server, split evenly between its workers (default 1024)",
+    )
+    sp.add_argument(
+        "--cache-dir",
+        help="local-disk tier under the memory cache, shared by the workers (and later runs): row groups "
+        "read from storage are kept here as Arrow files named by shard content hash (default: none)",
+    )
+    sp.add_argument(
+        "--cache-dir-mib", type=_positive_int, default=8192, help="size bound of --cache-dir (default 8192)"
     )
     sp.add_argument(
         "--read-ahead",

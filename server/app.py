@@ -30,6 +30,7 @@ from shardstream.registry import Registry
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES
 from .reader import new_row_group_cache
 from .service import SERVICE_NAME, ShardStreamService
+from .spill import DEFAULT_SPILL_BYTES, SpillTier
 
 __all__ = ["SERVER_OPTIONS", "ServerConfig", "run", "serve"]
 
@@ -66,6 +67,8 @@ class ServerConfig:
     workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (workers.py)
     read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
     reuse_port: bool = False  # set by the supervisor for its workers only
+    cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
+    cache_dir_bytes: int = DEFAULT_SPILL_BYTES
 
 
 async def serve(cfg: ServerConfig) -> None:
@@ -79,7 +82,9 @@ async def serve(cfg: ServerConfig) -> None:
 
 
 async def _serve(cfg: ServerConfig, registry: Registry) -> None:
-    service = ShardStreamService(registry, new_row_group_cache(cfg.cache_bytes), read_ahead=cfg.read_ahead)
+    spill = SpillTier(cfg.cache_dir, cfg.cache_dir_bytes) if cfg.cache_dir else None
+    cache = new_row_group_cache(cfg.cache_bytes, spill)
+    service = ShardStreamService(registry, cache, read_ahead=cfg.read_ahead)
     server = grpc.aio.server(options=WORKER_OPTIONS if cfg.reuse_port else SERVER_OPTIONS)
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()

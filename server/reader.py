@@ -37,6 +37,7 @@ from shardstream.plan import RowLocator
 from shardstream.storage import ObjectRef
 
 from .cache import LRUCache
+from .spill import SpillTier
 
 __all__ = [
     "DEFAULT_HASH_CHECK_MAX_BYTES",
@@ -61,14 +62,21 @@ STORAGE_FETCHED_BYTES = Counter(
 STORAGE_READ_SECONDS = Histogram("shardstream_storage_read_seconds", "Time to read and decode one row group")
 SHARD_CHECKS = Counter("shardstream_shard_checks_total", "Shards checked against their manifest", ["result"])
 
-RowGroupCache = LRUCache[pa.Table]
 _FETCH_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-fetch")
 # Byte ranges of one row group: a pool of their own, so row-group tasks never wait on their own pool.
 _RANGE_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-range")
 
 
-def new_row_group_cache(capacity_bytes: int) -> RowGroupCache:
-    return LRUCache(capacity_bytes, sizeof=lambda t: t.nbytes)
+class RowGroupCache(LRUCache[pa.Table]):
+    """The process's in-memory LRU of decoded row groups, over an optional local-disk tier (spill.py)."""
+
+    def __init__(self, capacity_bytes: int, spill: SpillTier | None = None) -> None:
+        super().__init__(capacity_bytes, sizeof=lambda t: t.nbytes)
+        self.spill = spill
+
+
+def new_row_group_cache(capacity_bytes: int, spill: SpillTier | None = None) -> RowGroupCache:
+    return RowGroupCache(capacity_bytes, spill)
 
 
 class _Shard(Protocol):
@@ -318,7 +326,14 @@ class DatasetReader:
         return DataLossError(f"{self.manifest.ref}: shard {self.manifest.shards[shard].uri}: {what}")
 
     def _fetcher(self, shard: int, group: int, columns: tuple[str, ...]) -> Callable[[], pa.Table]:
+        spill = self._cache.spill
+        info = self.manifest.shards[shard]
+
         def fetch() -> pa.Table:
+            if spill is not None:  # a whole file of the same content, or None
+                held = spill.load(info.sha256, group, columns, info.row_groups[group])
+                if held is not None:
+                    return held
             t0 = time.perf_counter()
             STORAGE_READS.inc()
             try:
@@ -336,6 +351,8 @@ class DatasetReader:
             STORAGE_READ_BYTES.inc(table.nbytes)
             if table.num_rows:
                 self._row_bytes[columns] = table.nbytes / table.num_rows
+            if spill is not None:
+                spill.store(info.sha256, group, columns, table)
             return table
 
         return fetch

@@ -53,6 +53,8 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from shardstream.errors import InvalidArgumentError, UnavailableError
 from shardstream.registry import Registry
 
+from .spill import SpillTier
+
 if TYPE_CHECKING:
     from .app import ServerConfig
 
@@ -160,6 +162,8 @@ class Supervisor:
         cfg = self.cfg
         with Registry(cfg.root, s3_endpoint=cfg.s3_endpoint) as registry:
             registry.storage.check_root()  # one clear line here rather than one per worker
+        if cfg.cache_dir:
+            SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned
         self.port, held = reserve_port(cfg.host, cfg.port)
         httpd = None
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream.client import Loader
+from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
@@ -92,30 +93,43 @@ def _established(pid: int, port: int) -> int:
     return sum(1 for c in conns if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
 
 
+def connections_on_every_worker(server: LocalServer) -> list[grpc.Channel]:
+    """Channels (one connection each) opened until every worker holds at least one (at most 64).
+
+    A new connection lands on a worker the kernel picks (a hash of the addresses); 64 tries all on
+    one of 2 workers has a probability of 2^-63.
+    """
+    server.info()
+    base = {p: _established(p, server.port) for p in server.worker_pids}
+
+    def held() -> list[int]:
+        return [_established(p, server.port) - base[p] for p in server.worker_pids]
+
+    channels: list[grpc.Channel] = []
+    while len(channels) < 64 and not all(held()):
+        # its own connection (channels with equal arguments would share one)
+        ch = grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        channels.append(ch)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        wait_for(lambda: sum(held()) == len(channels), "the worker to accept the new connection")
+    assert all(held()), held()
+    return channels
+
+
+def raw_read(ch: grpc.Channel, **kw: object) -> list[bytes]:
+    req = pb.ReadRequest(world_size=1, **kw)  # type: ignore[arg-type]
+    return list(ch.unary_stream("/shardstream.v1.ShardStream/Read")(req.SerializeToString(), timeout=60))
+
+
 def test_streams_land_on_every_worker_and_metrics_are_summed(pair: tuple[LocalServer, LocalServer]) -> None:
     _, two = pair
     two.info()
     assert len(two.worker_pids) == 2 and two.pid not in two.worker_pids
     before = scrape(two)
-    base = {p: _established(p, two.port) for p in two.worker_pids}
-
-    def held() -> list[int]:
-        return [_established(p, two.port) - base[p] for p in two.worker_pids]
-
-    channels: list[grpc.Channel] = []
+    channels = connections_on_every_worker(two)
     try:
-        # A new connection lands on a worker the kernel picks (a hash); open them until both hold one.
-        while len(channels) < 64 and not all(held()):
-            # its own connection (channels with equal arguments would share one)
-            ch = grpc.insecure_channel(two.target, options=[("grpc.use_local_subchannel_pool", 1)])
-            channels.append(ch)
-            grpc.channel_ready_future(ch).result(timeout=30)
-            wait_for(lambda: sum(held()) == len(channels), "the worker to accept the new connection")
-        assert all(held()), held()
-        for ch in channels:  # one Read on each connection; raw bytes, counting is enough
-            call = ch.unary_stream("/shardstream.v1.ShardStream/Read")
-            req = pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=100)
-            assert sum(1 for _ in call(req.SerializeToString(), timeout=30)) > 0
+        for ch in channels:  # one Read on each connection
+            assert raw_read(ch, dataset="toy@1", batch_size=100)
     finally:
         for ch in channels:
             ch.close()
@@ -281,3 +295,89 @@ def test_usable_cpus_is_the_affinity_at_most() -> None:
     from shardstream.server.workers import usable_cpus
 
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_disk_cache_is_shared_by_workers_and_runs(
+    server_factory: Factory, pair: tuple[LocalServer, LocalServer], data_root: Path, tmp_path: Path
+) -> None:
+    """--cache-dir: a first server reads each row group from storage once and keeps it on disk; a
+    second one, of 2 workers, serves every stream (on both workers) from those files."""
+    one, _ = pair
+    cache_dir = tmp_path / "spill"
+    kw = dict(dataset="toy@1", batch_size=64, seed=3, shuffle=pb.Shuffle(mode="block"), max_message_bytes=1)
+    reference = raw_read(grpc.insecure_channel(one.target), **kw)
+    with Registry(data_root) as reg:
+        groups = sum(len(s.row_groups) for s in reg.resolve("toy@1").shards)
+
+    first = server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(first.target) as ch:
+        assert raw_read(ch, **kw) == reference
+    m = scrape(first)
+    assert m["shardstream_storage_reads_total"] == groups == m["shardstream_disk_cache_writes_total"]
+    assert len(list(cache_dir.glob("*.arrow"))) == groups
+    first.stop()
+
+    second = server_factory(metrics=True, workers=2, extra_args=("--cache-dir", str(cache_dir)))
+    channels = connections_on_every_worker(second)
+    try:
+        for ch in channels:
+            assert raw_read(ch, **kw) == reference
+    finally:
+        for ch in channels:
+            ch.close()
+    m = scrape(second)
+    assert m["shardstream_storage_reads_total"] == 0
+    assert m["shardstream_disk_cache_hits_total"] == 2 * groups  # each worker loads each group once
+    assert m["shardstream_disk_cache_bytes"] > 0
+
+
+def test_a_damaged_disk_cache_file_is_replaced_from_storage(
+    server_factory: Factory, data_root: Path, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "spill"
+    kw = dict(dataset="toy@1", batch_size=1009)
+    first = server_factory(extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(first.target) as ch:
+        reference = raw_read(ch, **kw)
+    first.stop()
+    victim = sorted(cache_dir.glob("*.arrow"))[3]
+    victim.write_bytes(victim.read_bytes()[:100])  # a truncated file (a rename is atomic, a disk is not)
+    second = server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(second.target) as ch:
+        assert raw_read(ch, **kw) == reference
+    m = scrape(second)
+    assert m["shardstream_disk_cache_errors_total"] == 1 and m["shardstream_storage_reads_total"] == 1
+    assert victim.stat().st_size > 100  # read again and rewritten
+
+
+def test_an_unusable_cache_dir_is_one_clear_line(data_root: Path, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    for workers in ("1", "2"):
+        r = subprocess.run(
+            [sys.executable, "-m", "shardstream", "serve", "--root", str(data_root), "--port", "0"]
+            + ["--workers", workers, "--cache-dir", str(not_a_dir / "sub")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stderr
+        assert "cannot use --cache-dir" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_disk_cache_evicts_least_recently_used_files_past_its_capacity(tmp_path: Path) -> None:
+    from shardstream.server.spill import SpillTier
+
+    table = pa.table({"x": np.arange(1000, dtype=np.int64)})  # ~8 KB as an Arrow file
+    tier = SpillTier(tmp_path / "d", capacity_bytes=30_000)
+    for g in range(3):
+        tier.store("ab" * 32, g, ["x"], table)
+        os.utime(tier._path("ab" * 32, g, ["x"]), (g, g))  # distinct, increasing use times
+    assert tier.load("ab" * 32, 0, ["x"], 1000) is not None  # touched: now the most recent
+    tier.store("ab" * 32, 3, ["x"], table)  # 4 files of ~8.5 KB > 30 KB: the oldest goes (<= 27 KB)
+    held = [g for g in range(4) if tier._path("ab" * 32, g, ["x"]).exists()]
+    assert held == [0, 2, 3]  # 1 was the least recently used (0 was just read)
+    assert tier.load("ab" * 32, 1, ["x"], 1000) is None
+    assert tier.load("ab" * 32, 0, ["x"], 999) is None  # other rows than the manifest's: dropped
+    assert not tier._path("ab" * 32, 0, ["x"]).exists()
