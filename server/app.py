@@ -97,8 +97,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     if cfg.port and not cfg.reuse_port:  # one clear line, before grpc logs its own about the bind
         from .workers import reserve_port
 
-        for held in reserve_port(cfg.host, cfg.port)[1]:
-            held.close()
+        reserve_port(cfg.host, cfg.port, hold=False)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:

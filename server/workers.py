@@ -30,6 +30,7 @@ supervisor serves `/metrics` on `--metrics-port`, summing counters and histogram
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -81,8 +82,8 @@ def usable_cpus() -> int:
     return max(1, n)
 
 
-def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
-    """Check that `host:port` is free and hold it for workers that bind it with SO_REUSEPORT.
+def reserve_port(host: str, port: int, *, hold: bool = True) -> tuple[int, list[socket.socket]]:
+    """Check that `host:port` is free and (`hold`) hold it for workers that bind it with SO_REUSEPORT.
 
     Returns the port (chosen here when 0) and the held sockets (close them to release it).
     """
@@ -110,22 +111,34 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
                         f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
                     ) from exc
                 port = probe.getsockname()[1]
-            # 2. The hold: bound, never listening (gets no connections); only SO_REUSEPORT sockets
-            # of this user may bind beside it, and another server's probe (1.) fails on it.
-            res = socket.socket(family, socket.SOCK_STREAM)
-            held.append(res)
-            res.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                res.bind((sockaddr[0], port, *sockaddr[2:]))
-            except OSError as exc:
-                raise InvalidArgumentError(
-                    f"cannot listen on {host}:{port}: {exc.strerror} (is the port in use?)"
-                ) from exc
+            if hold:
+                held.append(_hold(family, (sockaddr[0], port, *sockaddr[2:]), f"{host}:{port}"))
     except BaseException:
         for s in held:
             s.close()
         raise
     return port, held
+
+
+def _hold(family: int, addr: tuple[object, ...], where: str) -> socket.socket:
+    """A socket bound to `addr`, never listening (it gets no connections), beside which only
+    SO_REUSEPORT sockets of this user may bind. Without SO_REUSEADDR, another server's probe fails on
+    it too; but connections in TIME_WAIT left by a server without SO_REUSEPORT (a killed single
+    process) refuse such a bind, so then it takes SO_REUSEADDR (the probe above still saw no listener).
+    """
+    for reuse_addr in (False, True):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+            return s
+        except OSError as exc:
+            s.close()
+            if reuse_addr or exc.errno != errno.EADDRINUSE:
+                raise InvalidArgumentError(f"cannot listen on {where}: {exc.strerror} (is the port in use?)") from exc
+    raise AssertionError("unreachable")
 
 
 @dataclass

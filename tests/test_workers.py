@@ -381,3 +381,18 @@ def test_disk_cache_evicts_least_recently_used_files_past_its_capacity(tmp_path:
     assert tier.load("ab" * 32, 1, ["x"], 1000) is None
     assert tier.load("ab" * 32, 0, ["x"], 999) is None  # other rows than the manifest's: dropped
     assert not tier._path("ab" * 32, 0, ["x"]).exists()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 1), (1, 2), (2, 2), (2, 1)])
+def test_a_server_killed_mid_stream_restarts_on_its_port(server_factory: Factory, before: int, after: int) -> None:
+    """The killed server's connections linger (TIME_WAIT and the like): the port is free all the same."""
+    server = server_factory(workers=before)
+    port = server.port
+    with Loader([server.target], "toy@1", batch_size=1, prefetch=1, max_message_bytes=1, epochs=None) as ld:
+        next(iter(ld))  # a stream in flight, its client not reading: the server's send buffer is full
+        server.kill()
+        server.workers = after
+        server.start()
+    assert server.port == port
+    with Loader([server.target], "toy@1", batch_size=100) as ld:
+        assert sum(len(b["id"]) for b in ld) == N_ROWS
