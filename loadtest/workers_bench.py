@@ -178,7 +178,9 @@ def part_read_ahead(root: Path, decoded: int, args: argparse.Namespace, cache_mi
     name = "readahead"
     out: dict[str, Any] = {"passes": [], "cache_mib": cache_mib}
     small = ("--cache-mib", str(cache_mib))
-    req_args = argparse.Namespace(**{**vars(args), "streams": 1, "rows": args.ra_rows, "chunk_steps": 1 << 30})
+    req_args = argparse.Namespace(
+        **{**vars(args), "streams": 1, "rows": args.ra_rows, "chunk_steps": 1 << 30}
+    )
     for i in range(args.pairs):
         for label, ahead in (("C (--read-ahead 0)", "0"), ("D (--read-ahead 1)", "1")):
             with LocalServer(root, metrics=True, extra_args=(*small, "--read-ahead", ahead)) as s:
@@ -188,7 +190,10 @@ def part_read_ahead(root: Path, decoded: int, args: argparse.Namespace, cache_mi
                 def metric(key: str, after: dict[str, float] = after) -> float:
                     return after.get(key, 0.0)
 
-                hits, misses = metric("shardstream_cache_hits_total"), metric("shardstream_cache_misses_total")
+                hits, misses = (
+                    metric("shardstream_cache_hits_total"),
+                    metric("shardstream_cache_misses_total"),
+                )
                 r.update(
                     misses=misses,
                     prefetches=metric("shardstream_cache_prefetches_total"),
@@ -235,14 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": "python -m loadtest.workers_bench " + " ".join(argv or []),
         "args": vars(args),
-        "versions": versions("grpcio", "uvloop", "prometheus-client", cpus=str(len(psutil.Process().cpu_affinity()))),
+        "versions": versions(
+            "grpcio", "uvloop", "prometheus-client", cpus=str(len(psutil.Process().cpu_affinity()))
+        ),
         "workers": workers,
         "read_ahead": read_ahead,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
 
-    print(f"\nworkers: {args.rows:,} rows x {ROW_BYTES} B, {args.streams} streams, batch {args.batch_rows} rows")
+    print(
+        f"\nworkers: {args.rows:,} rows x {ROW_BYTES} B, {args.streams} streams, batch {args.batch_rows} rows"
+    )
     print(f"  B (--workers 2) / A (--workers 1) throughput: {median_ratio(workers['ratio_b_over_a'])}")
     for label in ("A (--workers 1)", "B (--workers 2)"):
         ps = [p for p in workers["passes"] if p["server"] == label]
@@ -251,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             f"server CPU {statistics.median(p['server_cpu_s'] for p in ps):.2f} s, "
             f"client CPU {statistics.median(p['client_cpu_s'] for p in ps):.2f} s per pass"
         )
-    print(f"read-ahead: {args.ra_rows:,} rows ({ra_decoded / 2**20:.1f} MiB decoded), batch {args.batch_rows} rows")
-    for part, label in ((part, label) for part in read_ahead for label in ("C (--read-ahead 0)", "D (--read-ahead 1)")):
+    print(
+        f"read-ahead: {args.ra_rows:,} rows ({ra_decoded / 2**20:.1f} MiB decoded), batch {args.batch_rows} rows"
+    )
+    for part, label in (
+        (part, label) for part in read_ahead for label in ("C (--read-ahead 0)", "D (--read-ahead 1)")
+    ):
         ps = [p for p in part["passes"] if p["server"] == label]
         print(
             f"  cache {part['cache_mib']} MiB, {label}: misses {statistics.median(p['misses'] for p in ps):.0f}, "

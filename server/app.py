@@ -32,7 +32,7 @@ from .reader import new_row_group_cache
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import DEFAULT_SPILL_BYTES, SpillTier
 
-__all__ = ["SERVER_OPTIONS", "ServerConfig", "run", "serve"]
+__all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "ServerConfig", "run", "serve", "write_ready_file"]
 
 log = logging.getLogger("shardstream.server")
 
@@ -120,7 +120,9 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     log.info("serving %s on %s:%d (metrics on %s)", registry.root, cfg.host, port, metrics_port or "-")
     if cfg.ready_file:
         pid = os.getpid()
-        write_ready_file(cfg.ready_file, {"port": port, "metrics_port": metrics_port, "pid": pid, "workers": [pid]})
+        write_ready_file(
+            cfg.ready_file, {"port": port, "metrics_port": metrics_port, "pid": pid, "workers": [pid]}
+        )
     try:
         await stop.wait()
         log.info("draining: health NOT_SERVING, %.1f s grace for in-flight streams", cfg.grace_s)

@@ -45,7 +45,9 @@ SPILL_ERRORS = Counter(
     "shardstream_disk_cache_errors_total", "Local-disk cache files unreadable, wrong or unwritable"
 )
 SPILL_BYTES = Gauge(
-    "shardstream_disk_cache_bytes", "Bytes in the local-disk cache (shared by workers)", multiprocess_mode="max"
+    "shardstream_disk_cache_bytes",
+    "Bytes in the local-disk cache (shared by workers)",
+    multiprocess_mode="max",
 )
 
 

@@ -137,7 +137,9 @@ def _hold(family: int, addr: tuple[object, ...], where: str) -> socket.socket:
         except OSError as exc:
             s.close()
             if reuse_addr or exc.errno != errno.EADDRINUSE:
-                raise InvalidArgumentError(f"cannot listen on {where}: {exc.strerror} (is the port in use?)") from exc
+                raise InvalidArgumentError(
+                    f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
+                ) from exc
     raise AssertionError("unreachable")
 
 
@@ -161,7 +163,9 @@ class Supervisor:
         MultiProcessCollector(self.registry, path=str(self.metrics_dir))
         self._live = Gauge("shardstream_workers", "Worker processes serving", registry=self.registry)
         self._restarts = Counter(
-            "shardstream_worker_restarts_total", "Worker processes restarted after dying", registry=self.registry
+            "shardstream_worker_restarts_total",
+            "Worker processes restarted after dying",
+            registry=self.registry,
         )
         self._workers: list[_Worker] = []
         self._restart_times: deque[float] = deque()

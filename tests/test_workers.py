@@ -135,7 +135,9 @@ def test_streams_land_on_every_worker_and_metrics_are_summed(pair: tuple[LocalSe
             ch.close()
     after = scrape(two)
     n = len(channels)
-    assert after['shardstream_rpcs_total{method="Read"}'] - before['shardstream_rpcs_total{method="Read"}'] == n
+    assert (
+        after['shardstream_rpcs_total{method="Read"}'] - before['shardstream_rpcs_total{method="Read"}'] == n
+    )
     assert after["shardstream_rows_sent_total"] - before["shardstream_rows_sent_total"] == n * N_ROWS
     assert after["shardstream_streams_active"] == 0
     assert after["shardstream_workers"] == 2
@@ -384,7 +386,9 @@ def test_disk_cache_evicts_least_recently_used_files_past_its_capacity(tmp_path:
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 1), (1, 2), (2, 2), (2, 1)])
-def test_a_server_killed_mid_stream_restarts_on_its_port(server_factory: Factory, before: int, after: int) -> None:
+def test_a_server_killed_mid_stream_restarts_on_its_port(
+    server_factory: Factory, before: int, after: int
+) -> None:
     """The killed server's connections linger (TIME_WAIT and the like): the port is free all the same."""
     server = server_factory(workers=before)
     port = server.port
