@@ -32,7 +32,7 @@ from .reader import new_row_group_cache
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import DEFAULT_SPILL_BYTES, SpillTier
 
-__all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "ServerConfig", "run", "serve", "write_ready_file"]
+__all__ = ["SERVER_OPTIONS", "ServerConfig", "WORKER_OPTIONS", "run", "serve", "write_ready_file"]
 
 log = logging.getLogger("shardstream.server")
 
