@@ -102,7 +102,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             ready_file=args.ready_file,
             s3_endpoint=args.s3_endpoint,
             workers=args.workers or usable_cpus(),
-            read_ahead=args.read_ahead,
+            # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
+            read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
             cache_dir=args.cache_dir,
             cache_dir_bytes=args.cache_dir_mib << 20,
         )
@@ -446,9 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=range(0, 9),
         metavar="{0..8}",
-        default=1,
-        help="messages of each stream whose row groups are fetched before they are built "
-        "(default 1; 0 = off)",
+        help="messages of each stream whose row groups are fetched before they are built (0 = off; "
+        "default 1 for s3:// roots, 0 for local ones, where reads cost CPU and hide no latency)",
     )
     sp.add_argument(
         "--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)"

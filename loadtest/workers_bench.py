@@ -1,6 +1,6 @@
 """`serve --workers 2` against `--workers 1` on a CPU-bound load, and read-ahead's effect on the cache.
 
-    python -m loadtest.workers_bench [--rows 1000000] [--streams 4] [--pairs 3] [--json PATH]
+    python -m loadtest.workers_bench [--rows 1000000] [--streams 4] [--pairs 3] [--ra-s3] [--json PATH]
 
 Part 1, workers: one dataset of small rows (`id` int64 + `vec` fixed_size_list<float32>[16], 72 B/row,
 row groups of ~4 MiB) is served by two servers at once, `--workers 1` (A) and `--workers 2` (B); only
@@ -19,7 +19,8 @@ the data: the default 24 MiB is less than the two 16-row-group windows a batch s
 stream of one epoch (window 16, batch --batch-rows), C and D alternating for --pairs pairs, a fresh
 seed per pair. Reported from the server's /metrics: cache misses, prefetches (and those wasted:
 evicted unused), hit ratio, and read amplification = row-group bytes read from storage / decoded
-bytes of the dataset (1.0 = every row group read once in the epoch).
+bytes of the dataset (1.0 = every row group read once in the epoch). With --ra-s3 the same is run
+again from an S3 root: a SeaweedFS (`weed mini`, started as the tests start it) on loopback.
 
 Figures only: it asserts nothing about speed and exits 0 unless something crashed.
 """
@@ -28,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,9 @@ from loadtest.common import log, versions, write_vectors
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.seaweed, from the repo root
+from tests.seaweed import BUCKET, start_seaweed  # noqa: E402
 
 __all__ = ["main"]
 
@@ -174,16 +181,22 @@ def part_workers(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def part_read_ahead(root: Path, decoded: int, args: argparse.Namespace, cache_mib: int) -> dict[str, Any]:
+def part_read_ahead(
+    root: Path | str,
+    decoded: int,
+    args: argparse.Namespace,
+    cache_mib: int,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     name = "readahead"
-    out: dict[str, Any] = {"passes": [], "cache_mib": cache_mib}
+    out: dict[str, Any] = {"passes": [], "cache_mib": cache_mib, "root": "s3" if env else "local"}
     small = ("--cache-mib", str(cache_mib))
     req_args = argparse.Namespace(
         **{**vars(args), "streams": 1, "rows": args.ra_rows, "chunk_steps": 1 << 30}
     )
     for i in range(args.pairs):
         for label, ahead in (("C (--read-ahead 0)", "0"), ("D (--read-ahead 1)", "1")):
-            with LocalServer(root, metrics=True, extra_args=(*small, "--read-ahead", ahead)) as s:
+            with LocalServer(root, metrics=True, env=env, extra_args=(*small, "--read-ahead", ahead)) as s:
                 r = timed(s, lambda s=s, i=i: epoch_pass(s.target, name, req_args, seed=100 + i))
                 after = scrape(s)
 
@@ -204,11 +217,30 @@ def part_read_ahead(root: Path, decoded: int, args: argparse.Namespace, cache_mi
                 )
                 out["passes"].append({"pair": i, "server": label, **r})
                 log(
-                    f"cache {cache_mib} MiB, pair {i} {label}: {r['seconds']:.2f} s, misses {misses:.0f}, "
+                    f"{out['root']}, cache {cache_mib} MiB, pair {i} {label}: {r['seconds']:.2f} s, misses {misses:.0f}, "
                     f"prefetches {r['prefetches']:.0f} (wasted {r['wasted']:.0f}), hit ratio {r['hit_ratio']:.3f}, "
                     f"read amplification {r['read_amplification']:.2f}"
                 )
     return out
+
+
+def part_read_ahead_s3(work: Path, decoded: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    seaweed = start_seaweed(work / "seaweed")
+    env = seaweed.env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # for ingest, in this process
+    try:
+        root = f"s3://{BUCKET}/workers-bench-{uuid.uuid4().hex[:8]}"
+        opts = IngestOptions(row_group_bytes=1 << 20, progress=False)
+        ingest(work / "readahead.parquet", "readahead", root, opts)
+        return [part_read_ahead(root, decoded, args, mib, env) for mib in args.ra_cache_mib]
+    finally:
+        seaweed.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[24, 48],
         help="cache sizes of the read-ahead servers, comma-separated (default 24,48)",
     )
+    ap.add_argument("--ra-s3", action="store_true", help="read-ahead part also from an S3 root (SeaweedFS)")
     ap.add_argument("--json", default="loadtest/results/workers_bench.json", help="where to write the passes")
     args = ap.parse_args(argv)
 
@@ -236,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"datasets built in {time.perf_counter() - t0:.1f} s")
         workers = part_workers(root, args)
         read_ahead = [part_read_ahead(root, ra_decoded, args, mib) for mib in args.ra_cache_mib]
+        if args.ra_s3:
+            read_ahead += part_read_ahead_s3(work, ra_decoded, args)
 
     result = {
         "command": "python -m loadtest.workers_bench " + " ".join(argv or []),
@@ -268,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         ps = [p for p in part["passes"] if p["server"] == label]
         print(
-            f"  cache {part['cache_mib']} MiB, {label}: misses {statistics.median(p['misses'] for p in ps):.0f}, "
+            f"  {part['root']}, cache {part['cache_mib']} MiB, {label}: misses {statistics.median(p['misses'] for p in ps):.0f}, "
             f"prefetches {statistics.median(p['prefetches'] for p in ps):.0f} "
             f"(wasted {statistics.median(p['wasted'] for p in ps):.0f}), "
             f"hit ratio {statistics.median(p['hit_ratio'] for p in ps):.3f}, "

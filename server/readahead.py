@@ -6,6 +6,9 @@ with the steps the next message(s) will likely cover: in a background pool it se
 (the same pure plan functions `_build` uses) and reads their row groups into the shared cache, where
 the build finds them held or in flight (a coalesced wait, never a second read). It changes no byte:
 it only warms the cache, and a guess that misses (the next message covers other steps) costs reads.
+It looks up at most SAMPLE_POSITIONS evenly spaced positions of those steps (a block-shuffled lookup
+costs ~0.25 µs a position: 7 ms for the ~28k rows of a 2 MiB message, 0.7 ms for 1,024), enough to
+find the row groups of a shuffle window; a row group it misses is read by the build as usual.
 
 Bounded so that read-ahead never evicts what the streams are using: all streams together hold at
 most `capacity / 4` bytes read ahead and not used yet (in flight, estimated, plus in the cache), and
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_READ_AHEAD_MESSAGES = 1
 READ_AHEAD_THREADS = 8
+SAMPLE_POSITIONS = 1024
 
 READ_AHEAD_SKIPPED = Counter(
     "shardstream_read_ahead_skipped_total",
@@ -81,7 +85,10 @@ class ReadAhead:
     def _job(self, plan: _Plan, steps: Sequence[int]) -> None:
         try:
             ranges = [np.arange(*plan.layout.rank_range(s, plan.rank), dtype=np.int64) for s in steps]
-            src, rows = plan.selector.select(plan.epoch, np.concatenate(ranges))
+            positions = np.concatenate(ranges)
+            if len(positions) > SAMPLE_POSITIONS:
+                positions = positions[np.linspace(0, len(positions) - 1, SAMPLE_POSITIONS).astype(np.int64)]
+            src, rows = plan.selector.select(plan.epoch, positions)
             budget = self._budget()
             for i, reader in enumerate(plan.readers):
                 mine = rows[src == i] if len(plan.readers) > 1 else rows

@@ -400,3 +400,15 @@ def test_a_server_killed_mid_stream_restarts_on_its_port(
     assert server.port == port
     with Loader([server.target], "toy@1", batch_size=100) as ld:
         assert sum(len(b["id"]) for b in ld) == N_ROWS
+
+
+def test_read_ahead_of_a_mixture_changes_no_byte(server_factory: Factory, endpoints: list[str]) -> None:
+    ahead = server_factory(metrics=True, extra_args=("--cache-mib", "1", "--read-ahead", "2"))
+    mix = {"toy@1": 0.75, "toy@2": 0.25}
+    kw = dict(batch_size=16, world_size=3, rank=1, seed=9, max_message_bytes=1, epochs=2, output="arrow")
+    with Loader([endpoints[0]], mix, provenance=True, **kw) as ld:  # type: ignore[arg-type]
+        plain = list(ld)
+    with Loader([ahead.target], mix, provenance=True, **kw) as ld:  # type: ignore[arg-type]
+        read_ahead = list(ld)
+    assert len(plain) == len(read_ahead) and all(x.equals(y) for x, y in zip(plain, read_ahead, strict=True))
+    assert scrape(ahead)["shardstream_cache_prefetches_total"] > 0
