@@ -292,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         ps = [p for p in workers["passes"] if p["server"] == label]
         print(
             f"  {label}: {statistics.median(p['mb_per_s'] for p in ps):.0f} MB/s median, "
-            f"server CPU {statistics.median(p['server_cpu_s'] for p in ps):.2f} s, "
+            f"server CPU {statistics.median(p['server_cpu_s'] for p in ps):.2f} s "
+            f"({statistics.median(p['server_cpu_s'] / p['seconds'] for p in ps):.2f} cores, "
+            f"{statistics.median(p['bytes'] / 1e6 / p['server_cpu_s'] for p in ps):.0f} MB per CPU-s), "
             f"client CPU {statistics.median(p['client_cpu_s'] for p in ps):.2f} s per pass"
         )
     print(
