@@ -68,6 +68,7 @@ RESTART_WINDOW_S = 60.0
 WORKER_START_TIMEOUT_S = 120.0  # from spawn to its ready file
 STOP_MARGIN_S = 10.0  # beyond the grace period, before a draining worker is killed
 TICK_S = 0.05  # supervisor loop period
+TMP_PREFIX = "shardstream-workers-"  # + supervisor pid: ready files and metrics of its workers
 
 
 def usable_cpus() -> int:
@@ -80,6 +81,20 @@ def usable_cpus() -> int:
     except (OSError, ValueError):
         pass
     return max(1, n)
+
+
+def _remove_dead_supervisors_dirs() -> None:
+    """Remove the temporary directories of this user's supervisors that were killed (SIGKILL leaves them)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
+        try:
+            pid = int(d.name[len(TMP_PREFIX) :].split("-", 1)[0])
+            if d.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)  # alive (or another process reused its pid): keep
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):
+            continue
 
 
 def reserve_port(host: str, port: int, *, hold: bool = True) -> tuple[int, list[socket.socket]]:
@@ -156,7 +171,8 @@ class Supervisor:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self._stop = threading.Event()
-        self._tmp = Path(tempfile.mkdtemp(prefix="shardstream-workers-"))
+        _remove_dead_supervisors_dirs()
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
         self.metrics_dir = self._tmp / "metrics"
         self.metrics_dir.mkdir()
         self.registry = CollectorRegistry()

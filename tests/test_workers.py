@@ -416,3 +416,19 @@ def test_read_ahead_of_a_mixture_changes_no_byte(server_factory: Factory, endpoi
         read_ahead = list(ld)
     assert len(plain) == len(read_ahead) and all(x.equals(y) for x, y in zip(plain, read_ahead, strict=True))
     assert scrape(ahead)["shardstream_cache_prefetches_total"] > 0
+
+
+def test_a_killed_supervisors_temporary_directory_is_removed_by_the_next_one() -> None:
+    import tempfile
+
+    from shardstream.server.workers import TMP_PREFIX, _remove_dead_supervisors_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process (until reused)
+    gone = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dead.pid}-"))
+    kept = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
+    try:
+        _remove_dead_supervisors_dirs()
+        assert not gone.exists() and kept.exists()
+    finally:
+        kept.rmdir()
