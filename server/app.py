@@ -2,6 +2,9 @@
 
 Drain: health goes NOT_SERVING (load balancers and probes stop sending new streams), the server
 stops accepting RPCs, in-flight streams get `grace_s` seconds to finish, then the process exits 0.
+
+With `workers > 1`, `run` becomes a supervisor (workers.py) of that many processes, each running
+`serve` on the same port (SO_REUSEPORT among themselves only); `workers == 1` is one process, as here.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from shardstream._alloc import tune_malloc
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
+from .readahead import DEFAULT_READ_AHEAD_MESSAGES
 from .reader import new_row_group_cache
 from .service import SERVICE_NAME, ShardStreamService
+from .spill import DEFAULT_SPILL_BYTES, SpillTier
 
-__all__ = ["ServerConfig", "run", "serve"]
+__all__ = ["SERVER_OPTIONS", "ServerConfig", "WORKER_OPTIONS", "run", "serve", "write_ready_file"]
 
 log = logging.getLogger("shardstream.server")
 
@@ -43,6 +49,9 @@ SERVER_OPTIONS = [
     # Requests are small; batches go the other way and are not limited on send.
     ("grpc.max_receive_message_length", 4 << 20),
 ]
+# The workers of one supervisor share its port; the supervisor checked it was free and holds it
+# (workers.py), so another server still fails loudly on it.
+WORKER_OPTIONS = [("grpc.so_reuseport", 1), *(o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport")]
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,11 @@ class ServerConfig:
     grace_s: float = DEFAULT_GRACE_S
     ready_file: str | None = None
     s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
+    workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (workers.py)
+    read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
+    reuse_port: bool = False  # set by the supervisor for its workers only
+    cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
+    cache_dir_bytes: int = DEFAULT_SPILL_BYTES
     transform_threads: int = 1  # per-sample transform work (server/transforms/)
 
 
@@ -69,8 +83,12 @@ async def serve(cfg: ServerConfig) -> None:
 
 
 async def _serve(cfg: ServerConfig, registry: Registry) -> None:
-    service = ShardStreamService(registry, new_row_group_cache(cfg.cache_bytes), cfg.transform_threads)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    spill = SpillTier(cfg.cache_dir, cfg.cache_dir_bytes) if cfg.cache_dir else None
+    cache = new_row_group_cache(cfg.cache_bytes, spill)
+    service = ShardStreamService(
+        registry, cache, read_ahead=cfg.read_ahead, transform_threads=cfg.transform_threads
+    )
+    server = grpc.aio.server(options=WORKER_OPTIONS if cfg.reuse_port else SERVER_OPTIONS)
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -79,6 +97,10 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         server,
     )
     address = f"{cfg.host}:{cfg.port}"
+    if cfg.port and not cfg.reuse_port:  # one clear line, before grpc logs its own about the bind
+        from .workers import reserve_port
+
+        reserve_port(cfg.host, cfg.port, hold=False)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
@@ -100,7 +122,10 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s:%d (metrics on %s)", registry.root, cfg.host, port, metrics_port or "-")
     if cfg.ready_file:
-        _write_ready_file(cfg.ready_file, {"port": port, "metrics_port": metrics_port, "pid": os.getpid()})
+        pid = os.getpid()
+        write_ready_file(
+            cfg.ready_file, {"port": port, "metrics_port": metrics_port, "pid": pid, "workers": [pid]}
+        )
     try:
         await stop.wait()
         log.info("draining: health NOT_SERVING, %.1f s grace for in-flight streams", cfg.grace_s)
@@ -110,19 +135,25 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     log.info("stopped")
 
 
-def _write_ready_file(path: str, info: dict[str, object]) -> None:
+def write_ready_file(path: str, info: dict[str, object]) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(path)  # atomic: a watcher sees all of it or nothing
 
 
 def run(cfg: ServerConfig) -> None:
-    """Run the server until SIGTERM/SIGINT, on uvloop where available."""
+    """Run the server until SIGTERM/SIGINT, on uvloop where available (a supervisor if workers > 1)."""
     logging.basicConfig(
         level=os.environ.get("SHARDSTREAM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
         stream=sys.stderr,
     )
+    if cfg.workers > 1:
+        from .workers import supervise
+
+        supervise(cfg)
+        return
+    tune_malloc()  # fewer fresh-page faults per message (see shardstream._alloc)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is in the server extra

@@ -2,7 +2,9 @@
 
 Each server runs in its own process group on a port it picks itself (`--port 0`); `start()` returns
 once the server has written its ready file and answers a health check as SERVING, and `stop()`
-sends SIGTERM, waits for the drain, and kills the whole group if it lingers.
+sends SIGTERM, waits for the drain, and kills the whole group if it lingers. `workers` is passed as
+`--workers` (1 by default here, a single process; None = the server's default, one per CPU); the
+group holds the supervisor and all its workers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -55,15 +58,19 @@ class LocalServer:
         extra_args: tuple[str, ...] = (),
         log_path: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
+        workers: int | None = 1,
     ) -> None:
         self.root = str(root)
         self.metrics = metrics
         self.extra_args = extra_args
         self.log_path = log_path
         self.env = env
+        self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        self.pid = 0  # the server's main process (the supervisor when workers > 1)
+        self.worker_pids: list[int] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -100,6 +107,8 @@ class LocalServer:
         ]
         if self.metrics:
             cmd += ["--metrics-port", "0"]
+        if self.workers is not None:
+            cmd += ["--workers", str(self.workers)]
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
@@ -118,10 +127,17 @@ class LocalServer:
                 self.kill()
                 raise TimeoutError(f"server did not become ready in {timeout_s:g} s")
             time.sleep(0.02)
-        info = json.loads(ready.read_text())
+        info = self.info()
         self.port, self.metrics_port = info["port"], info["metrics_port"]
         wait_healthy(self.target, max(1.0, deadline - time.monotonic()))
         return self
+
+    def info(self) -> dict[str, Any]:
+        """The server's ready file now: port, metrics_port, pid, workers (pids; rewritten on a restart)."""
+        assert self._tmp is not None, "not started"
+        info: dict[str, Any] = json.loads((Path(self._tmp.name) / "ready.json").read_text())
+        self.pid, self.worker_pids = info["pid"], info.get("workers", [info["pid"]])
+        return info
 
     def terminate(self) -> None:
         """SIGTERM: start the graceful drain (returns at once)."""

@@ -37,6 +37,7 @@ from shardstream.plan import RowLocator
 from shardstream.storage import ObjectRef
 
 from .cache import LRUCache
+from .spill import SpillTier
 
 __all__ = [
     "DEFAULT_HASH_CHECK_MAX_BYTES",
@@ -61,14 +62,21 @@ STORAGE_FETCHED_BYTES = Counter(
 STORAGE_READ_SECONDS = Histogram("shardstream_storage_read_seconds", "Time to read and decode one row group")
 SHARD_CHECKS = Counter("shardstream_shard_checks_total", "Shards checked against their manifest", ["result"])
 
-RowGroupCache = LRUCache[pa.Table]
 _FETCH_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-fetch")
 # Byte ranges of one row group: a pool of their own, so row-group tasks never wait on their own pool.
 _RANGE_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-range")
 
 
-def new_row_group_cache(capacity_bytes: int) -> RowGroupCache:
-    return LRUCache(capacity_bytes, sizeof=lambda t: t.nbytes)
+class RowGroupCache(LRUCache[pa.Table]):
+    """The process's in-memory LRU of decoded row groups, over an optional local-disk tier (spill.py)."""
+
+    def __init__(self, capacity_bytes: int, spill: SpillTier | None = None) -> None:
+        super().__init__(capacity_bytes, sizeof=lambda t: t.nbytes)
+        self.spill = spill
+
+
+def new_row_group_cache(capacity_bytes: int, spill: SpillTier | None = None) -> RowGroupCache:
+    return RowGroupCache(capacity_bytes, spill)
 
 
 class _Shard(Protocol):
@@ -240,6 +248,7 @@ class DatasetReader:
         self._hash_max = hash_check_max_bytes
         self.locator = RowLocator([s.row_groups for s in manifest.shards])
         self._files: dict[int, _Shard] = {}
+        self._row_bytes: dict[tuple[str, ...], float] = {}  # decoded bytes per row, for read-ahead
         self._open_locks = [threading.Lock() for _ in manifest.shards]
 
     def check_columns(self, columns: Sequence[str]) -> list[str]:
@@ -316,8 +325,15 @@ class DatasetReader:
         STORAGE_READ_ERRORS.inc()
         return DataLossError(f"{self.manifest.ref}: shard {self.manifest.shards[shard].uri}: {what}")
 
-    def _row_group(self, shard: int, group: int, columns: tuple[str, ...]) -> pa.Table:
+    def _fetcher(self, shard: int, group: int, columns: tuple[str, ...]) -> Callable[[], pa.Table]:
+        spill = self._cache.spill
+        info = self.manifest.shards[shard]
+
         def fetch() -> pa.Table:
+            if spill is not None:  # a whole file of the same content, or None
+                held = spill.load(info.sha256, group, columns, info.row_groups[group])
+                if held is not None:
+                    return held
             t0 = time.perf_counter()
             STORAGE_READS.inc()
             try:
@@ -333,10 +349,49 @@ class DatasetReader:
                 raise self._loss(shard, f"row group {group} unreadable ({exc})") from exc
             STORAGE_READ_SECONDS.observe(time.perf_counter() - t0)
             STORAGE_READ_BYTES.inc(table.nbytes)
+            if table.num_rows:
+                self._row_bytes[columns] = table.nbytes / table.num_rows
+            if spill is not None:
+                spill.store(info.sha256, group, columns, table)
             return table
 
+        return fetch
+
+    def _row_group(self, shard: int, group: int, columns: tuple[str, ...]) -> pa.Table:
         key = (self.manifest.fingerprint, shard, group, columns)
-        return self._cache.get(key, fetch)
+        return self._cache.get(key, self._fetcher(shard, group, columns))
+
+    def read_ahead(
+        self, rows: np.ndarray, columns: Sequence[str], budget_bytes: int
+    ) -> list[tuple[int, Callable[[], bool]]]:
+        """(estimated bytes, task) reading ahead each row group holding `rows` that the cache neither
+        holds nor is reading, in order of first use, while the estimates stay within `budget_bytes`.
+
+        Estimates use the decoded bytes per row of the last row group read with these columns (the
+        shard's stored bytes per row before any). A task returns True if it read storage.
+        """
+        cols = tuple(columns)
+        if not len(rows):
+            return []
+        shard, _, group, _ = self.locator.locate(rows)
+        keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
+        unique, first = np.unique(keys, return_index=True)
+        tasks: list[tuple[int, Callable[[], bool]]] = []
+        spent = 0
+        for k in unique[np.argsort(first)]:
+            s, g = int(k >> 32), int(k & 0xFFFFFFFF)
+            key = (self.manifest.fingerprint, s, g, cols)
+            if key in self._cache:
+                continue
+            info = self.manifest.shards[s]
+            per_row = self._row_bytes.get(cols) or info.bytes / max(1, info.rows)
+            estimate = int(per_row * info.row_groups[g])
+            if spent + estimate > budget_bytes:
+                break
+            spent += estimate
+            fetch = self._fetcher(s, g, cols)
+            tasks.append((estimate, lambda key=key, fetch=fetch: self._cache.prefetch(key, fetch)))
+        return tasks
 
     def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
         """The dataset rows `rows` (in that order) with `columns` and provenance, as one batch."""

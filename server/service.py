@@ -31,6 +31,7 @@ from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from .reader import DatasetReader, RowGroupCache
 from .selection import check_mixture_columns, take_selection
 from .transforms import Pipeline, build_pipeline
@@ -49,7 +50,7 @@ RPCS = Counter("shardstream_rpcs_total", "RPCs received", ["method"])
 RPC_ERRORS = Counter(
     "shardstream_rpc_errors_total", "RPCs that ended with an error, by status code", ["method", "code"]
 )
-STREAMS_ACTIVE = Gauge("shardstream_streams_active", "Read streams in progress")
+STREAMS_ACTIVE = Gauge("shardstream_streams_active", "Read streams in progress", multiprocess_mode="livesum")
 BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batches) sent")
 MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent")
 ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent")
@@ -92,9 +93,17 @@ class _ReadPlan:
 
 
 class ShardStreamService:
-    def __init__(self, registry: Registry, cache: RowGroupCache, transform_threads: int = 1) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        cache: RowGroupCache,
+        *,
+        read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES,
+        transform_threads: int = 1,
+    ) -> None:
         self.registry = registry
         self._cache = cache
+        self._read_ahead = ReadAhead(read_ahead, cache)
         # Per-sample transform work (Pillow, FFmpeg, the tokenizer release the GIL) runs here, apart
         # from the threads that build messages, so a message's samples decode on every core.
         self.transform_threads = max(1, transform_threads)
@@ -333,6 +342,9 @@ class ShardStreamService:
                 nonlocal step
                 chunk = range(step, min(plan.end_step, step + per_message * plan.stride), plan.stride)
                 step = chunk[-1] + plan.stride
+                # Fetch the row groups of the next message(s) while this one is built (a guess: same size).
+                ahead = per_message * self._read_ahead.messages * plan.stride
+                self._read_ahead.schedule(plan, range(step, min(plan.end_step, step + ahead), plan.stride))
                 return asyncio.ensure_future(asyncio.to_thread(self._build, plan, chunk)), len(chunk)
 
             pending = submit()

@@ -426,6 +426,33 @@ def test_skip_in_a_mixture_names_the_source(server: LocalServer, media_root: Pat
     assert skipped and all(s.source == 1 for s in skipped)
 
 
+def test_transforms_on_two_workers_same_output_and_summed_skips(
+    media_root: Path, server: LocalServer
+) -> None:
+    kwargs: dict[str, Any] = dict(
+        batch_size=4, seed=5, columns=["name", "image"], transforms=DECODE, on_error="skip"
+    )
+    one = read_all(server, "badimages", **kwargs)
+    two = LocalServer(media_root, metrics=True, workers=2, extra_args=("--transform-threads", "1")).start()
+    try:
+        for _ in range(3):  # several connections, so both workers serve some
+            got = read_all(two, "badimages", **kwargs)
+            assert [list(b["name"]) for b in got] == [list(b["name"]) for b in one]
+            for a, b in zip(one, got, strict=True):
+                np.testing.assert_array_equal(a["image"], b["image"])
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{two.metrics_port}/metrics", timeout=5).read().decode()
+        )
+        line = next(
+            x
+            for x in text.splitlines()
+            if x.startswith('shardstream_samples_skipped_total{op="image.decode"}')
+        )
+        assert float(line.split()[-1]) == 9  # 3 bad samples x 3 reads, summed over the workers
+    finally:
+        two.stop()
+
+
 # --- audio and video ----------------------------------------------------------------------------
 def pyav_audio(data: bytes, rate: int) -> np.ndarray:
     """PyAV called directly: planar float at `rate`, channels averaged."""

@@ -1,0 +1,155 @@
+"""A local-disk tier under the in-memory row-group cache, shared by the workers of a server.
+
+`serve --cache-dir DIR` keeps every row group a worker reads from storage as an Arrow IPC file in DIR,
+named by what makes it immutable — the shard's content hash (sha256, from the manifest), the row group
+and the columns read — so any worker of the server (or a later run, or another server on the same
+disk) can use it, whatever dataset version or name points at that shard. A memory miss looks here
+before storage; the file is memory-mapped, so a hit costs no decode and no copy.
+
+- Writes are atomic: a temporary file in DIR, then `os.replace`; a reader sees a whole file or none.
+  Two workers missing the same row group at once may both read storage (coalescing is per process);
+  the last rename wins, with identical content.
+- A file that does not hold the rows the manifest says is deleted and read again from storage.
+- Bounded by bytes: when the tier grows past its capacity, the least recently used files (by mtime,
+  touched on every hit) are deleted down to 90%. Workers delete concurrently; a file deleted while
+  mapped stays readable until unmapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+from prometheus_client import Counter, Gauge
+
+from shardstream.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_SPILL_BYTES", "SpillTier"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPILL_BYTES = 8 << 30
+SUFFIX = ".arrow"
+STALE_TMP_S = 3600.0  # temporary files older than this are leftovers of a crash
+
+SPILL_HITS = Counter("shardstream_disk_cache_hits_total", "Row groups read from the local-disk cache")
+SPILL_WRITES = Counter("shardstream_disk_cache_writes_total", "Row groups written to the local-disk cache")
+SPILL_EVICTIONS = Counter("shardstream_disk_cache_evictions_total", "Files deleted from the local-disk cache")
+SPILL_ERRORS = Counter(
+    "shardstream_disk_cache_errors_total", "Local-disk cache files unreadable, wrong or unwritable"
+)
+SPILL_BYTES = Gauge(
+    "shardstream_disk_cache_bytes",
+    "Bytes in the local-disk cache (shared by workers)",
+    multiprocess_mode="max",
+)
+
+
+class SpillTier:
+    def __init__(self, directory: str | os.PathLike[str], capacity_bytes: int = DEFAULT_SPILL_BYTES) -> None:
+        self.dir = Path(directory)
+        self.capacity_bytes = capacity_bytes
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".probe.{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot use --cache-dir {self.dir}: {exc.strerror or exc}") from exc
+        self._lock = threading.Lock()
+        self._bytes = self._scan(clean=True)
+
+    def _path(self, sha256: str, group: int, columns: Sequence[str]) -> Path:
+        cols = hashlib.sha256("\0".join(columns).encode()).hexdigest()[:16]
+        return self.dir / f"{sha256}-{group}-{cols}{SUFFIX}"
+
+    def load(self, sha256: str, group: int, columns: Sequence[str], rows: int) -> pa.Table | None:
+        """The row group if a whole, matching file holds it, else None."""
+        path = self._path(sha256, group, columns)
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except FileNotFoundError:
+            return None
+        except (OSError, pa.ArrowException) as exc:
+            log.warning("disk cache file %s unreadable (%s): deleted", path.name, exc)
+            return self._drop(path)
+        if table.num_rows != rows or table.column_names != list(columns):
+            log.warning("disk cache file %s holds other rows or columns: deleted", path.name)
+            return self._drop(path)
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        SPILL_HITS.inc()
+        return table
+
+    def store(self, sha256: str, group: int, columns: Sequence[str], table: pa.Table) -> None:
+        path = self._path(sha256, group, columns)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            size = tmp.stat().st_size
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk costs the tier, never the stream
+            SPILL_ERRORS.inc()
+            log.warning("disk cache write of %s failed: %s", path.name, exc)
+            tmp.unlink(missing_ok=True)
+            return
+        SPILL_WRITES.inc()
+        with self._lock:
+            self._bytes += size
+            over = self._bytes > self.capacity_bytes
+        if over:
+            self._evict()
+        SPILL_BYTES.set(self._bytes)
+
+    def _drop(self, path: Path) -> None:
+        SPILL_ERRORS.inc()
+        path.unlink(missing_ok=True)
+        return None
+
+    def _scan(self, clean: bool = False) -> int:
+        total = 0
+        now = time.time()
+        for entry in os.scandir(self.dir):
+            try:
+                st = entry.stat()
+                if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
+                    total += st.st_size
+                elif clean and entry.name.endswith(".tmp") and now - st.st_mtime > STALE_TMP_S:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+        SPILL_BYTES.set(total)
+        return total
+
+    def _evict(self) -> None:
+        """Delete the least recently used files down to 90% of capacity (all workers' files count)."""
+        with self._lock:
+            files = []
+            for entry in os.scandir(self.dir):
+                if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:
+                        continue
+                    files.append((st.st_mtime, st.st_size, entry.path))
+            total = sum(size for _, size, _ in files)
+            target = int(self.capacity_bytes * 0.9)
+            for _, size, path in sorted(files):
+                if total <= target:
+                    break
+                try:
+                    os.unlink(path)
+                    SPILL_EVICTIONS.inc()
+                except FileNotFoundError:
+                    pass  # another worker deleted it
+                total -= size
+            self._bytes = total

@@ -1,0 +1,434 @@
+"""`serve --workers N`: one port, N processes — same bytes, summed metrics, drain, restart, port checks.
+Read-ahead and the cache's accounting. Real server processes on loopback; no sleeps, no timings."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardstream.client import Loader
+from shardstream.registry import Registry
+from shardstream.server.fleet import LocalServer
+from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .conftest import N_ROWS
+
+Factory = Callable[..., LocalServer]
+
+
+def scrape(server: LocalServer) -> dict[str, float]:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    out = {}
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll a readiness condition (never a fixed sleep); fail naming it after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def delivered(target: str, **kw: object) -> list[pa.RecordBatch]:
+    with Loader([target], "toy@1", output="arrow", provenance=True, **kw) as ld:  # type: ignore[arg-type]
+        return list(ld)
+
+
+@pytest.fixture(scope="module")
+def pair(data_root: Path) -> Iterator[tuple[LocalServer, LocalServer]]:
+    """One single-process server and one of 2 workers, over the same root."""
+    one = LocalServer(data_root, metrics=True, workers=1)
+    two = LocalServer(data_root, metrics=True, workers=2)
+    try:
+        one.start()
+        two.start()
+        yield one, two
+    finally:
+        one.stop()
+        two.stop()
+
+
+@pytest.mark.parametrize(
+    ("seed", "world", "batch", "shuffle"),
+    [(0, 1, 64, "block"), (1, 3, 17, "block"), (2, 4, 5, "full"), (3, 2, 100, "none"), (4, 5, 9, "block")],
+)
+def test_two_workers_deliver_the_same_bytes_in_the_same_order(
+    pair: tuple[LocalServer, LocalServer], seed: int, world: int, batch: int, shuffle: str
+) -> None:
+    one, two = pair
+    mode = {"none": False, "block": True, "full": "full"}[shuffle]
+    for rank in range(world):
+        kw = dict(batch_size=batch, rank=rank, world_size=world, seed=seed, shuffle=mode, epochs=2)
+        # one step per message: many messages, each built by whichever worker holds the stream
+        a = delivered(one.target, **kw, max_message_bytes=1)
+        b = delivered(two.target, **kw, max_message_bytes=1)
+        c = delivered(two.target, **kw)  # coalesced messages
+        assert len(a) == len(b) == len(c) > 0
+        for x, y, z in zip(a, b, c, strict=True):
+            assert x.equals(y) and x.equals(z)  # rows, columns and provenance (_shard, _row)
+
+
+def _established(pid: int, port: int) -> int:
+    conns = psutil.Process(pid).net_connections(kind="tcp")
+    return sum(1 for c in conns if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def connections_on_every_worker(server: LocalServer) -> list[grpc.Channel]:
+    """Channels (one connection each) opened until every worker holds at least one (at most 64).
+
+    A new connection lands on a worker the kernel picks (a hash of the addresses); 64 tries all on
+    one of 2 workers has a probability of 2^-63.
+    """
+    server.info()
+    base = {p: _established(p, server.port) for p in server.worker_pids}
+
+    def held() -> list[int]:
+        return [_established(p, server.port) - base[p] for p in server.worker_pids]
+
+    channels: list[grpc.Channel] = []
+    while len(channels) < 64 and not all(held()):
+        # its own connection (channels with equal arguments would share one)
+        ch = grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        channels.append(ch)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        wait_for(lambda: sum(held()) == len(channels), "the worker to accept the new connection")
+    assert all(held()), held()
+    return channels
+
+
+def raw_read(ch: grpc.Channel, **kw: object) -> list[bytes]:
+    req = pb.ReadRequest(world_size=1, **kw)  # type: ignore[arg-type]
+    return list(ch.unary_stream("/shardstream.v1.ShardStream/Read")(req.SerializeToString(), timeout=60))
+
+
+def test_streams_land_on_every_worker_and_metrics_are_summed(pair: tuple[LocalServer, LocalServer]) -> None:
+    _, two = pair
+    two.info()
+    assert len(two.worker_pids) == 2 and two.pid not in two.worker_pids
+    before = scrape(two)
+    channels = connections_on_every_worker(two)
+    try:
+        for ch in channels:  # one Read on each connection
+            assert raw_read(ch, dataset="toy@1", batch_size=100)
+    finally:
+        for ch in channels:
+            ch.close()
+    after = scrape(two)
+    n = len(channels)
+    assert (
+        after['shardstream_rpcs_total{method="Read"}'] - before['shardstream_rpcs_total{method="Read"}'] == n
+    )
+    assert after["shardstream_rows_sent_total"] - before["shardstream_rows_sent_total"] == n * N_ROWS
+    assert after["shardstream_streams_active"] == 0
+    assert after["shardstream_workers"] == 2
+    assert after["shardstream_cache_capacity_bytes"] == 2 * (512 << 20)  # 1 GiB split between 2
+
+
+def test_sigterm_to_the_supervisor_drains_every_worker_and_exits_zero(server_factory: Factory) -> None:
+    server = server_factory(workers=2)
+    workers = [psutil.Process(p) for p in server.info()["workers"]]
+    with Loader([server.target], "toy@1", batch_size=7, prefetch=1, max_retries=1) as ld:
+        it = iter(ld)
+        got = [next(it)["id"]]
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGTERM)  # the supervisor alone: it must reach the workers
+        got += [b["id"] for b in it]
+    assert server.proc.wait(timeout=60) == 0
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    assert sorted(np.concatenate(got).tolist()) == list(range(N_ROWS))
+
+
+def test_a_killed_worker_is_replaced_and_no_stream_loses_a_row(server_factory: Factory) -> None:
+    server = server_factory(workers=2, metrics=True)
+    victim = server.info()["workers"][0]
+    kw = dict(batch_size=5, seed=6, prefetch=2, max_message_bytes=1, max_retries=20)
+    with Loader([server.target], "toy@1", **kw) as ld:  # type: ignore[arg-type]
+        it = iter(ld)
+        got = [next(it)["id"] for _ in range(20)]
+        os.kill(victim, signal.SIGKILL)  # whichever worker carries the stream, the other serves on
+        got += [b["id"] for b in it]
+    ids = np.concatenate(got).tolist()
+    with Loader([server.target], "toy@1", batch_size=5, seed=6) as ref:
+        assert ids == np.concatenate([b["id"] for b in ref]).tolist()
+    wait_for(lambda: server.info()["restarts"] == 1, "the supervisor to replace the worker")
+    assert len(server.worker_pids) == 2 and victim not in server.worker_pids
+    m = scrape(server)
+    assert m["shardstream_worker_restarts_total"] == 1 and m["shardstream_workers"] == 2
+    assert server.proc is not None and server.proc.poll() is None
+
+
+def test_a_crash_looping_worker_stops_the_supervisor_with_one_line(server_factory: Factory) -> None:
+    server = server_factory(workers=2)
+    assert server.proc is not None
+    killed: set[int] = set()
+    while server.proc.poll() is None:  # kill every worker as soon as it serves, until it gives up
+        live = set(server.info()["workers"]) - killed
+        for pid in live:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        wait_for(
+            lambda: server.proc.poll() is not None or bool(set(server.info()["workers"]) - killed),
+            "a replacement worker or the supervisor's exit",
+        )
+    assert server.proc.returncode == 1 and len(killed) > 5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_taken_port_is_one_clear_line(
+    workers: int, pair: tuple[LocalServer, LocalServer], data_root: Path
+) -> None:
+    for holder in pair:  # a single process (no SO_REUSEPORT) and a supervisor of 2
+        r = subprocess.run(
+            [sys.executable, "-m", "shardstream", "serve", "--root", str(data_root)]
+            + ["--port", str(holder.port), "--workers", str(workers)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stderr
+        assert "cannot listen" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def wide_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2,000 rows of 1 KiB random bytes in row groups of 40 rows (~40 KiB): 50 row groups."""
+    base = tmp_path_factory.mktemp("wide")
+    rng = np.random.default_rng(0)
+    n = 2000
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "blob": pa.array([rng.bytes(1024) for _ in range(n)], type=pa.binary()),
+        }
+    )
+    pq.write_table(table, base / "wide.parquet")
+    ingest(base / "wide.parquet", "wide", base / "root", IngestOptions(row_group_rows=40, progress=False))
+    return base / "root"
+
+
+def test_read_ahead_changes_no_byte_and_turns_misses_into_prefetches(
+    server_factory: Factory, wide_root: Path
+) -> None:
+    """A block-shuffled stream (windows of 4 row groups) through a 1 MiB cache, smaller than the data."""
+    runs = {}
+    for ahead in (0, 1):
+        server = server_factory(
+            wide_root, metrics=True, extra_args=("--cache-mib", "1", "--read-ahead", str(ahead))
+        )
+        kw = dict(batch_size=32, seed=5, shuffle=True, shuffle_window=4, max_message_bytes=1, epochs=2)
+        with Loader([server.target], "wide", output="arrow", provenance=True, **kw) as ld:  # type: ignore[arg-type]
+            batches = list(ld)
+        runs[ahead] = (batches, scrape(server))
+        server.stop()
+    (plain, m0), (ahead, m1) = runs[0], runs[1]
+    assert len(plain) == len(ahead) and all(x.equals(y) for x, y in zip(plain, ahead, strict=True))
+    assert m0["shardstream_cache_prefetches_total"] == 0
+    assert m1["shardstream_cache_prefetches_total"] > 0
+    assert m0["shardstream_cache_evictions_total"] > 0  # the cache is smaller than the data
+    assert m0["shardstream_cache_misses_total"] >= 50  # every row group once per epoch, at least
+    assert m1["shardstream_cache_misses_total"] < m0["shardstream_cache_misses_total"] / 4
+    for m in (m0, m1):  # lookups weighed in bytes too; storage reads cover the misses and prefetches
+        assert m["shardstream_cache_hit_bytes_total"] > 0
+        assert (m["shardstream_cache_miss_bytes_total"] > 0) == (m["shardstream_cache_misses_total"] > 0)
+        assert m["shardstream_storage_reads_total"] == (
+            m["shardstream_cache_misses_total"] + m["shardstream_cache_prefetches_total"]
+        )
+        assert m["shardstream_storage_read_bytes_total"] >= m["shardstream_cache_miss_bytes_total"]
+
+
+def test_cache_prefetch_then_get_is_one_read_and_a_hit() -> None:
+    from shardstream.server.cache import LRUCache
+
+    reads: list[str] = []
+
+    def fetch(key: str) -> Callable[[], bytes]:
+        return lambda: reads.append(key) or key.encode() * 10
+
+    cache: LRUCache[bytes] = LRUCache(25, sizeof=len)
+    assert cache.prefetch("a", fetch("a")) is True
+    assert cache.prefetch("a", fetch("a")) is False  # held: refreshed, not read again
+    assert cache.get("a", fetch("a")) == b"a" * 10 and reads == ["a"]
+    assert "a" in cache and "b" not in cache
+    cache.get("b", fetch("b"))
+    cache.prefetch("a", fetch("a"))  # refresh: "b" is now the least recently used
+    cache.get("c", fetch("c"))  # 30 bytes > 25: evicts "b", keeps "a"
+    assert "a" in cache and "b" not in cache and reads == ["a", "b", "c"]
+    with pytest.raises(ZeroDivisionError):
+        cache.prefetch("z", lambda: 1 // 0)  # type: ignore[arg-type, return-value]
+    assert "z" not in cache
+
+
+def test_tune_malloc_applies_glibc_settings_unless_the_environment_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardstream._alloc import tune_malloc
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
+    applied = tune_malloc()
+    if os.confstr("CS_GNU_LIBC_VERSION") is None:  # pragma: no cover - not glibc
+        assert applied == {}
+    else:
+        assert applied == {"MALLOC_MMAP_THRESHOLD_": 32 << 20}
+
+
+def test_usable_cpus_is_the_affinity_at_most() -> None:
+    from shardstream.server.workers import usable_cpus
+
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_disk_cache_is_shared_by_workers_and_runs(
+    server_factory: Factory, pair: tuple[LocalServer, LocalServer], data_root: Path, tmp_path: Path
+) -> None:
+    """--cache-dir: a first server reads each row group from storage once and keeps it on disk; a
+    second one, of 2 workers, serves every stream (on both workers) from those files."""
+    one, _ = pair
+    cache_dir = tmp_path / "spill"
+    kw = dict(dataset="toy@1", batch_size=64, seed=3, shuffle=pb.Shuffle(mode="block"), max_message_bytes=1)
+    reference = raw_read(grpc.insecure_channel(one.target), **kw)
+    with Registry(data_root) as reg:
+        groups = sum(len(s.row_groups) for s in reg.resolve("toy@1").shards)
+
+    first = server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(first.target) as ch:
+        assert raw_read(ch, **kw) == reference
+    m = scrape(first)
+    assert m["shardstream_storage_reads_total"] == groups == m["shardstream_disk_cache_writes_total"]
+    assert len(list(cache_dir.glob("*.arrow"))) == groups
+    first.stop()
+
+    second = server_factory(metrics=True, workers=2, extra_args=("--cache-dir", str(cache_dir)))
+    channels = connections_on_every_worker(second)
+    try:
+        for ch in channels:
+            assert raw_read(ch, **kw) == reference
+    finally:
+        for ch in channels:
+            ch.close()
+    m = scrape(second)
+    assert m["shardstream_storage_reads_total"] == 0
+    assert m["shardstream_disk_cache_hits_total"] == 2 * groups  # each worker loads each group once
+    assert m["shardstream_disk_cache_bytes"] > 0
+
+
+def test_a_damaged_disk_cache_file_is_replaced_from_storage(
+    server_factory: Factory, data_root: Path, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "spill"
+    kw = dict(dataset="toy@1", batch_size=1009)
+    first = server_factory(extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(first.target) as ch:
+        reference = raw_read(ch, **kw)
+    first.stop()
+    victim = sorted(cache_dir.glob("*.arrow"))[3]
+    victim.write_bytes(victim.read_bytes()[:100])  # a truncated file (a rename is atomic, a disk is not)
+    second = server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir)))
+    with grpc.insecure_channel(second.target) as ch:
+        assert raw_read(ch, **kw) == reference
+    m = scrape(second)
+    assert m["shardstream_disk_cache_errors_total"] == 1 and m["shardstream_storage_reads_total"] == 1
+    assert victim.stat().st_size > 100  # read again and rewritten
+
+
+def test_an_unusable_cache_dir_is_one_clear_line(data_root: Path, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    for workers in ("1", "2"):
+        r = subprocess.run(
+            [sys.executable, "-m", "shardstream", "serve", "--root", str(data_root), "--port", "0"]
+            + ["--workers", workers, "--cache-dir", str(not_a_dir / "sub")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stderr
+        assert "cannot use --cache-dir" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_disk_cache_evicts_least_recently_used_files_past_its_capacity(tmp_path: Path) -> None:
+    from shardstream.server.spill import SpillTier
+
+    table = pa.table({"x": np.arange(1000, dtype=np.int64)})  # ~8 KB as an Arrow file
+    tier = SpillTier(tmp_path / "d", capacity_bytes=30_000)
+    for g in range(3):
+        tier.store("ab" * 32, g, ["x"], table)
+        os.utime(tier._path("ab" * 32, g, ["x"]), (g, g))  # distinct, increasing use times
+    assert tier.load("ab" * 32, 0, ["x"], 1000) is not None  # touched: now the most recent
+    tier.store("ab" * 32, 3, ["x"], table)  # 4 files of ~8.5 KB > 30 KB: the oldest goes (<= 27 KB)
+    held = [g for g in range(4) if tier._path("ab" * 32, g, ["x"]).exists()]
+    assert held == [0, 2, 3]  # 1 was the least recently used (0 was just read)
+    assert tier.load("ab" * 32, 1, ["x"], 1000) is None
+    assert tier.load("ab" * 32, 0, ["x"], 999) is None  # other rows than the manifest's: dropped
+    assert not tier._path("ab" * 32, 0, ["x"]).exists()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 1), (1, 2), (2, 2), (2, 1)])
+def test_a_server_killed_mid_stream_restarts_on_its_port(
+    server_factory: Factory, endpoints: list[str], before: int, after: int
+) -> None:
+    """The killed server's connections linger (TIME_WAIT and the like): the port is free all the same."""
+    server = server_factory(workers=before)
+    port = server.port
+    with Loader([server.target], "toy@1", batch_size=1, prefetch=1, max_message_bytes=1, epochs=None) as ld:
+        next(iter(ld))  # a stream in flight, its client not reading: the server's send buffer is full
+        server.kill()
+        server.workers = after
+        server.start()
+    assert server.port == port
+    # A connection of its own: this process's shared subchannel to the port may still be in the
+    # reconnect backoff it entered while the server was down (the first Loader's retries).
+    with grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        got = raw_read(ch, dataset="toy@1", batch_size=100)
+    with grpc.insecure_channel(endpoints[0]) as ch:
+        assert got == raw_read(ch, dataset="toy@1", batch_size=100)
+
+
+def test_read_ahead_of_a_mixture_changes_no_byte(server_factory: Factory, endpoints: list[str]) -> None:
+    ahead = server_factory(metrics=True, extra_args=("--cache-mib", "1", "--read-ahead", "2"))
+    mix = {"toy@1": 0.75, "toy@2": 0.25}
+    kw = dict(batch_size=16, world_size=3, rank=1, seed=9, max_message_bytes=1, epochs=2, output="arrow")
+    with Loader([endpoints[0]], mix, provenance=True, **kw) as ld:  # type: ignore[arg-type]
+        plain = list(ld)
+    with Loader([ahead.target], mix, provenance=True, **kw) as ld:  # type: ignore[arg-type]
+        read_ahead = list(ld)
+    assert len(plain) == len(read_ahead) and all(x.equals(y) for x, y in zip(plain, read_ahead, strict=True))
+    assert scrape(ahead)["shardstream_cache_prefetches_total"] > 0
+
+
+def test_a_killed_supervisors_temporary_directory_is_removed_by_the_next_one() -> None:
+    import tempfile
+
+    from shardstream.server.workers import TMP_PREFIX, _remove_dead_supervisors_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process (until reused)
+    gone = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dead.pid}-"))
+    kept = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
+    try:
+        _remove_dead_supervisors_dirs()
+        assert not gone.exists() and kept.exists()
+    finally:
+        kept.rmdir()
