@@ -51,6 +51,10 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.enable_retries", 1),
     ("grpc.service_config", _SERVICE_CONFIG),
+    # A channel of its own connections: gRPC shares subchannels between channels of one process with
+    # the same target and options, so a new Loader would inherit another's reconnect backoff to a
+    # server that just restarted and fail UNAVAILABLE at once instead of connecting.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
