@@ -1,0 +1,508 @@
+"""`python -m loadtest`: M shard-reader servers, N simulated training ranks, one measured window.
+
+    python -m loadtest [--servers 2] [--ranks 2] [--step-ms 10] [--duration 10] [--batch-size 256]
+                       [--root PATH|s3://BUCKET/PREFIX] [--s3-endpoint URL] [--dataset NAME]
+                       [--rows 200000] [--dim 64] [--shuffle block] [--epochs 0] [--prefetch 8]
+                       [--cache-mib 1024] [--json OUT] [--png OUT]
+
+It builds a dataset (or reuses --dataset under --root: `id` int64 + `vec` fixed_size_list<float32>
+[--dim], random values), starts M `shardstream serve` processes over the root (each with Prometheus
+/metrics) and N rank processes (loadtest/rank.py): rank r of world N is a `Loader` over all M
+endpoints that sleeps --step-ms per batch to simulate compute. Every rank starts at the same moment
+(ready files, then one go file) and runs for --duration seconds or until its --epochs are done.
+
+Reported per rank and in total: samples/s, MB/s (10^6 B/s of delivered Arrow payload), p50/p99 batch
+wait (time the loop spent in `next()`, the first batch apart), data-stall fraction (wait / loop
+time), CPU seconds and peak RSS of every process (servers and ranks); storage read amplification =
+bytes of row groups the servers read from storage (`shardstream_storage_read_bytes_total`, decoded;
+for S3 also the fetched bytes) / bytes delivered to the ranks. When the ranks ran whole epochs it
+also checks that every global position was delivered exactly once and, for a generated dataset,
+that the `id`s add up. JSON (--json) and a PNG plot (--png). Figures only: exits 0 unless something
+broke; the checks are reported, and failed checks make the exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtest.common import log, versions, write_vectors
+from shardstream.manifest import Manifest
+from shardstream.registry import Registry
+from shardstream.server.fleet import LocalServer
+from shardstream.server.ingest import IngestOptions, ingest
+
+from .fleet import RankProcess, Sampler, scrape, tree_cpu_s, tree_peak_rss_mib, tree_reset_peak
+
+__all__ = ["LoadConfig", "main", "run_load"]
+
+READY_TIMEOUT_S = 180.0  # 8 ranks importing pyarrow/grpc on 2 busy cores take a while
+EXIT_MARGIN_S = 120.0
+MIB = 1 << 20
+TIMELINE_BIN_S = 0.25
+SHUFFLES = ("none", "block", "full")
+OUTPUTS = ("numpy", "torch", "arrow")
+
+
+@dataclass
+class LoadConfig:
+    servers: int = 2
+    ranks: int = 2
+    step_ms: float = 10.0
+    duration_s: float = 10.0
+    batch_size: int = 256
+    root: str | None = None  # None: a temporary directory, removed at the end
+    s3_endpoint: str | None = None
+    dataset: str | None = None  # None: a generated dataset named after --rows/--dim
+    rows: int = 200_000
+    dim: int = 64
+    row_group_rows: int | None = None  # None: ingest's default (~4 MiB row groups)
+    shuffle: str = "block"
+    seed: int = 0
+    epochs: int = 0  # 0: endless (the duration ends the run)
+    prefetch: int = 8
+    output: str = "numpy"
+    cache_mib: int = 1024
+    max_message_bytes: int = 0  # 0: the server's default (~2 MiB)
+    server_env: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        for name in ("servers", "ranks", "batch_size", "rows", "dim", "prefetch", "cache_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.step_ms < 0 or self.duration_s <= 0 or self.epochs < 0:
+            raise ValueError("--step-ms must be >= 0, --duration > 0 and --epochs >= 0")
+        if self.shuffle not in SHUFFLES:
+            raise ValueError(f"--shuffle must be one of {', '.join(SHUFFLES)}, got {self.shuffle!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"--output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
+
+
+# --- dataset -----------------------------------------------------------------------------------
+def dataset_name(cfg: LoadConfig) -> str:
+    rg = f"-g{cfg.row_group_rows}" if cfg.row_group_rows else ""
+    return cfg.dataset or f"lt-r{cfg.rows}-d{cfg.dim}{rg}"
+
+
+def ensure_dataset(cfg: LoadConfig, root: str, workdir: Path) -> tuple[Manifest, bool]:
+    """(manifest, built now): reuse `name` under `root` when it exists, else generate and ingest it."""
+    name = dataset_name(cfg)
+    with Registry(root, s3_endpoint=cfg.s3_endpoint) as registry:
+        if registry.latest(name) is not None:
+            return registry.resolve(name), False
+        if cfg.dataset is not None and not cfg.dataset.startswith("lt-"):
+            raise ValueError(
+                f"dataset {cfg.dataset!r} is not under {root} (generated names start with 'lt-')"
+            )
+        src = workdir / f"{name}.parquet"
+        write_vectors(src, cfg.rows, cfg.dim)
+        try:
+            opts = IngestOptions(row_group_rows=cfg.row_group_rows, progress=False)
+            return ingest(src, name, registry, opts), True
+        finally:
+            src.unlink(missing_ok=True)
+
+
+def _row_groups(m: Manifest) -> int:
+    return sum(len(s.row_groups) for s in m.shards)
+
+
+# --- statistics --------------------------------------------------------------------------------
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def rank_stats(summary: dict[str, Any], rec: dict[str, np.ndarray]) -> dict[str, Any]:
+    waits = rec["wait_s"]
+    steady = waits[1:]
+    wall = summary["wall_s"]
+    loop_after_first = wall - (waits[0] if len(waits) else 0.0)
+    return {
+        **summary,
+        "samples_per_s": summary["rows"] / wall if wall > 0 else 0.0,
+        "mb_per_s": summary["bytes"] / wall / 1e6 if wall > 0 else 0.0,
+        "first_batch_ms": _ms(float(waits[0])) if len(waits) else None,
+        "wait_p50_ms": _ms(_pct(steady, 50)),
+        "wait_p99_ms": _ms(_pct(steady, 99)),
+        "wait_s": float(waits.sum()),
+        # Share of the loop's time spent waiting for data, after the first batch (start-up apart).
+        "stall_fraction": float(steady.sum()) / loop_after_first if loop_after_first > 0 else None,
+        "stall_fraction_with_first": float(waits.sum()) / wall if wall > 0 else None,
+    }
+
+
+def check_delivery(
+    recs: list[dict[str, np.ndarray]], summaries: list[dict[str, Any]], manifest: Manifest, generated: bool
+) -> dict[str, Any]:
+    """Exactly-once over global positions (whole epochs only), rows vs positions, `id` sums."""
+    n = manifest.num_rows
+    out: dict[str, Any] = {
+        "rows_equal_positions": all(s["id_count"] == s["rows"] for s in summaries) if generated else None,
+        "whole_epochs": all(s["finished_epochs"] for s in summaries),
+        "positions_exactly_once": None,
+        "ids_add_up": None,
+    }
+    if not out["whole_epochs"]:
+        return out
+    pos = np.concatenate([r["positions"] for r in recs]) if recs else np.empty((0, 3), np.int64)
+    pos = pos[pos[:, 2] > pos[:, 1]]  # ranks with no rows in a short last step
+    epochs = sorted(set(pos[:, 0].tolist()))
+    ok = bool(epochs)
+    for e in epochs:
+        p = pos[pos[:, 0] == e]
+        p = p[np.argsort(p[:, 1])]
+        ok = ok and p[0, 1] == 0 and p[-1, 2] == n and bool((p[1:, 1] == p[:-1, 2]).all())
+    out["positions_exactly_once"] = ok
+    out["epochs_checked"] = len(epochs)
+    if generated:
+        out["ids_add_up"] = sum(s["id_sum"] for s in summaries) == len(epochs) * n * (n - 1) // 2
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------
+def _wait_ready(ranks: list[RankProcess]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all(r.ready for r in ranks):
+        for r in ranks:
+            r.check_alive("ready")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ranks not ready after {READY_TIMEOUT_S:g} s")
+        time.sleep(0.02)
+
+
+def _wait_exit(ranks: list[RankProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for r in ranks:
+        assert r.proc is not None
+        try:
+            code = r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception as exc:
+            raise TimeoutError(f"rank {r.rank} still running after {timeout_s:g} s:\n{r.log_tail()}") from exc
+        if code != 0:
+            raise RuntimeError(f"rank {r.rank} exited with code {code}:\n{r.log_tail()}")
+
+
+def run_load(cfg: LoadConfig, workdir: Path | None = None) -> dict[str, Any]:
+    """One load test; the result as a JSON-able dict (see the module docstring)."""
+    cfg.check()
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardstream-loadtest-")))
+        root = cfg.root or str(workdir / "root")
+        t0 = time.perf_counter()
+        manifest, built = ensure_dataset(cfg, root, workdir)
+        generated = dataset_name(cfg).startswith("lt-")
+        log(
+            f"dataset {manifest.ref}: {manifest.num_rows} rows, {manifest.num_bytes / MIB:.1f} MiB in "
+            f"{len(manifest.shards)} shards / {_row_groups(manifest)} row groups "
+            f"({'built' if built else 'reused'} in {time.perf_counter() - t0:.1f} s)"
+        )
+        env = dict(cfg.server_env)
+        args: tuple[str, ...] = ("--cache-mib", str(cfg.cache_mib))
+        if cfg.s3_endpoint:
+            args += ("--s3-endpoint", cfg.s3_endpoint)
+        servers = [LocalServer(root, metrics=True, extra_args=args, env=env) for _ in range(cfg.servers)]
+        for s in servers:
+            stack.callback(s.stop)
+            s.start()
+        endpoints = [s.target for s in servers]
+        ranks = []
+        for r in range(cfg.ranks):
+            rp = RankProcess(
+                workdir,
+                {
+                    "endpoints": endpoints,
+                    "dataset": str(manifest.ref),
+                    "rank": r,
+                    "world_size": cfg.ranks,
+                    "batch_size": cfg.batch_size,
+                    "seed": cfg.seed,
+                    "shuffle": cfg.shuffle,
+                    "epochs": cfg.epochs or None,
+                    "output": cfg.output,
+                    "prefetch": cfg.prefetch,
+                    "max_message_bytes": cfg.max_message_bytes,
+                    "step_ms": cfg.step_ms,
+                    "duration_s": cfg.duration_s,
+                    "go_path": str(workdir / "go"),
+                },
+            )
+            stack.callback(rp.kill)
+            rp.start()
+            ranks.append(rp)
+        _wait_ready(ranks)
+        before = [scrape(s) for s in servers]
+        for s in servers:
+            assert s.proc is not None
+            tree_reset_peak(s.proc.pid)
+        cpu0 = [tree_cpu_s(s.proc.pid) for s in servers if s.proc is not None]
+        pids = {f"server {i}": s.proc.pid for i, s in enumerate(servers) if s.proc is not None}
+        pids.update({f"rank {r.rank}": r.proc.pid for r in ranks if r.proc is not None})
+        log(f"{cfg.servers} servers, {cfg.ranks} ranks ready; go for {cfg.duration_s:g} s")
+        t_go = time.perf_counter()
+        with Sampler(pids) as sampler:
+            (workdir / "go").write_text("go")
+            _wait_exit(ranks, cfg.duration_s + EXIT_MARGIN_S)
+        window_s = time.perf_counter() - t_go
+        after = [scrape(s) for s in servers]
+        server_rows = []
+        for i, s in enumerate(servers):
+            assert s.proc is not None
+            delta = {k: after[i][k] - before[i][k] for k in before[i]}
+            server_rows.append(
+                {
+                    "index": i,
+                    "target": s.target,
+                    "pid": s.proc.pid,
+                    "cpu_s": tree_cpu_s(s.proc.pid) - cpu0[i],
+                    "peak_rss_mib": tree_peak_rss_mib(s.proc.pid),
+                    "metrics": delta,
+                }
+            )
+        summaries = [r.result() for r in ranks]
+        recs = [dict(np.load(r.cfg["record_path"])) for r in ranks]
+    per_rank = [rank_stats(s, rec) for s, rec in zip(summaries, recs, strict=True)]
+    return {
+        "command": " ".join([Path(sys.executable).name, "-m", "loadtest", *sys.argv[1:]]),
+        "config": asdict(cfg),
+        "versions": versions("shardstream", "grpcio", "protobuf", "uvloop", "psutil"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "dataset": {
+            "ref": str(manifest.ref),
+            "root": cfg.root or "(temporary directory)",
+            "rows": manifest.num_rows,
+            "bytes_on_storage": manifest.num_bytes,
+            "shards": len(manifest.shards),
+            "row_groups": _row_groups(manifest),
+            "built": built,
+            "row_bytes": 8 + 4 * cfg.dim if generated else None,
+        },
+        "window_s": window_s,
+        "ranks": per_rank,
+        "servers": server_rows,
+        "total": totals(per_rank, server_rows, recs),
+        "check": check_delivery(recs, summaries, manifest, generated),
+        "timeline": {
+            "samples": sampler.samples,
+            "bin_s": TIMELINE_BIN_S,
+            "samples_per_s": {
+                f"rank {r['rank']}": _binned(rec) for r, rec in zip(per_rank, recs, strict=True)
+            },
+            "wait_ms_sorted": {
+                f"rank {r['rank']}": _quantiles(rec["wait_s"][1:] * 1e3)
+                for r, rec in zip(per_rank, recs, strict=True)
+            },
+        },
+    }
+
+
+def _binned(rec: dict[str, np.ndarray]) -> list[float]:
+    """Samples/s of one rank per TIMELINE_BIN_S of its loop."""
+    if not len(rec["end_s"]):
+        return []
+    bins = (rec["end_s"] // TIMELINE_BIN_S).astype(np.int64)
+    return (np.bincount(bins, weights=rec["rows"]) / TIMELINE_BIN_S).tolist()
+
+
+def _quantiles(values: np.ndarray, points: int = 200) -> list[float]:
+    """`points` evenly spaced quantiles (a CDF small enough for the JSON)."""
+    if not len(values):
+        return []
+    return np.quantile(values, np.linspace(0, 1, points)).tolist()
+
+
+def totals(
+    per_rank: list[dict[str, Any]], servers: list[dict[str, Any]], recs: list[dict[str, np.ndarray]]
+) -> dict[str, Any]:
+    rows = sum(r["rows"] for r in per_rank)
+    nbytes = sum(r["bytes"] for r in per_rank)
+    wall = max((r["wall_s"] for r in per_rank), default=0.0)
+    steady = np.concatenate([rec["wait_s"][1:] for rec in recs]) if recs else np.empty(0)
+    read = sum(s["metrics"]["shardstream_storage_read_bytes_total"] for s in servers)
+    fetched = sum(s["metrics"]["shardstream_storage_fetched_bytes_total"] for s in servers)
+    stalls = [r["stall_fraction"] for r in per_rank if r["stall_fraction"] is not None]
+    return {
+        "rows": rows,
+        "bytes": nbytes,
+        "batches": sum(r["batches"] for r in per_rank),
+        "wall_s": wall,
+        "samples_per_s": rows / wall if wall > 0 else 0.0,
+        "mb_per_s": nbytes / wall / 1e6 if wall > 0 else 0.0,
+        "wait_p50_ms": _ms(_pct(steady, 50)),
+        "wait_p99_ms": _ms(_pct(steady, 99)),
+        "stall_fraction_mean": statistics.mean(stalls) if stalls else None,
+        "stall_fraction_max": max(stalls) if stalls else None,
+        "storage_read_bytes": read,
+        "storage_fetched_bytes": fetched,
+        "read_amplification": read / nbytes if nbytes else None,
+        "fetched_amplification": fetched / nbytes if nbytes and fetched else None,
+        "server_bytes_sent": sum(s["metrics"]["shardstream_bytes_sent_total"] for s in servers),
+        "server_rows_sent": sum(s["metrics"]["shardstream_rows_sent_total"] for s in servers),
+        "server_cpu_s": sum(s["cpu_s"] for s in servers),
+        "rank_cpu_s": sum(r["cpu_s"] for r in per_rank),
+        "server_peak_rss_mib": max((s["peak_rss_mib"] or 0.0 for s in servers), default=None),
+        "rank_peak_rss_mib": max((r["peak_rss_mib"] or 0.0 for r in per_rank), default=None),
+    }
+
+
+# --- report ------------------------------------------------------------------------------------
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_report(res: dict[str, Any]) -> None:
+    cfg, ds, tot = res["config"], res["dataset"], res["total"]
+    print(
+        f"\nloadtest: {cfg['servers']} servers, {cfg['ranks']} ranks, step {cfg['step_ms']:g} ms, "
+        f"batch {cfg['batch_size']}, shuffle {cfg['shuffle']}, {ds['ref']} ({ds['rows']} rows, "
+        f"{ds['shards']} shards, {ds['row_groups']} row groups), {res['window_s']:.1f} s window"
+    )
+    head = (
+        f"{'process':<10} {'samples/s':>10} {'MB/s':>8} {'wait p50 ms':>12} {'wait p99 ms':>12} "
+        f"{'stall':>7} {'1st ms':>8} {'CPU s':>7} {'peak RSS MiB':>13}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in res["ranks"]:
+        print(
+            f"{'rank ' + str(r['rank']):<10} {r['samples_per_s']:>10.0f} {r['mb_per_s']:>8.1f} "
+            f"{_f(r['wait_p50_ms'], '.3f'):>12} {_f(r['wait_p99_ms'], '.3f'):>12} "
+            f"{_f(r['stall_fraction'], '.2%'):>7} {_f(r['first_batch_ms'], '.1f'):>8} {r['cpu_s']:>7.2f} "
+            f"{_f(r['peak_rss_mib'], '.0f'):>13}"
+        )
+    for s in res["servers"]:
+        print(
+            f"{'server ' + str(s['index']):<10} {'':>10} {'':>8} {'':>12} {'':>12} {'':>7} {'':>8} "
+            f"{s['cpu_s']:>7.2f} {_f(s['peak_rss_mib'], '.0f'):>13}"
+        )
+    print(
+        f"{'total':<10} {tot['samples_per_s']:>10.0f} {tot['mb_per_s']:>8.1f} {_f(tot['wait_p50_ms'], '.3f'):>12} "
+        f"{_f(tot['wait_p99_ms'], '.3f'):>12} {_f(tot['stall_fraction_mean'], '.2%'):>7}"
+    )
+    amp = tot["read_amplification"]
+    fetched = tot["fetched_amplification"]
+    print(
+        f"storage read amplification {_f(amp, '.3f')} (read {tot['storage_read_bytes'] / 1e6:.1f} MB decoded "
+        f"for {tot['bytes'] / 1e6:.1f} MB delivered)"
+        + (f"; fetched from S3 {_f(fetched, '.3f')}" if fetched else "")
+    )
+    chk = res["check"]
+    print(
+        f"checks: whole epochs {chk['whole_epochs']}, positions exactly once {chk['positions_exactly_once']}, "
+        f"ids add up {chk['ids_add_up']}, rows = positions {chk['rows_equal_positions']}"
+    )
+
+
+def checks_failed(res: dict[str, Any]) -> bool:
+    return any(v is False for k, v in res["check"].items() if k != "whole_epochs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = LoadConfig()
+    ap = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__.splitlines()[0])
+    ap.add_argument("--servers", type=int, default=d.servers, help=f"server processes (default {d.servers})")
+    ap.add_argument("--ranks", type=int, default=d.ranks, help=f"rank processes (default {d.ranks})")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=d.step_ms,
+        help=f"simulated compute per batch (default {d.step_ms:g})",
+    )
+    ap.add_argument(
+        "--duration", type=float, default=d.duration_s, help=f"seconds (default {d.duration_s:g})"
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help=f"rows per rank per step (default {d.batch_size})",
+    )
+    ap.add_argument("--root", help="registry root: a directory or s3://BUCKET/PREFIX (default: a temp dir)")
+    ap.add_argument("--s3-endpoint", help="S3 endpoint URL for s3:// roots (default $AWS_ENDPOINT_URL)")
+    ap.add_argument("--dataset", help="a dataset under --root (default: generate lt-r<rows>-d<dim>, reused)")
+    ap.add_argument(
+        "--rows", type=int, default=d.rows, help=f"rows of the generated dataset (default {d.rows})"
+    )
+    ap.add_argument(
+        "--dim", type=int, default=d.dim, help=f"float32 values per row (default {d.dim}: 264 B rows)"
+    )
+    ap.add_argument("--row-group-rows", type=int, help="rows per row group (default: ingest's ~4 MiB)")
+    ap.add_argument("--shuffle", choices=SHUFFLES, default=d.shuffle, help=f"(default {d.shuffle})")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument(
+        "--epochs", type=int, default=d.epochs, help="epochs per rank (default 0: until --duration)"
+    )
+    ap.add_argument(
+        "--prefetch", type=int, default=d.prefetch, help=f"Loader prefetch, batches (default {d.prefetch})"
+    )
+    ap.add_argument("--output", choices=OUTPUTS, default=d.output, help=f"Loader output (default {d.output})")
+    ap.add_argument(
+        "--cache-mib", type=int, default=d.cache_mib, help=f"server row-group cache (default {d.cache_mib})"
+    )
+    ap.add_argument(
+        "--max-message-bytes", type=int, default=0, help="server message size target (default ~2 MiB)"
+    )
+    ap.add_argument("--json", type=Path, help="write the result here")
+    ap.add_argument("--png", type=Path, help="write the plot here")
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> LoadConfig:
+    return LoadConfig(
+        servers=args.servers,
+        ranks=args.ranks,
+        step_ms=args.step_ms,
+        duration_s=args.duration,
+        batch_size=args.batch_size,
+        root=args.root,
+        s3_endpoint=args.s3_endpoint,
+        dataset=args.dataset,
+        rows=args.rows,
+        dim=args.dim,
+        row_group_rows=args.row_group_rows,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        epochs=args.epochs,
+        prefetch=args.prefetch,
+        output=args.output,
+        cache_mib=args.cache_mib,
+        max_message_bytes=args.max_message_bytes,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    cfg = config_from_args(args)
+    try:
+        cfg.check()
+    except ValueError as exc:
+        ap.error(str(exc))
+    res = run_load(cfg)
+    print_report(res)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.png:
+        from .plot import plot_load
+
+        plot_load(res, args.png)
+        print(f"wrote {args.png}")
+    return 1 if checks_failed(res) else 0
