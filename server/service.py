@@ -21,8 +21,9 @@ import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
+from shardstream import allocator
 from shardstream.errors import FailedPreconditionError, InternalError, InvalidArgumentError, ShardstreamError
-from shardstream.framing import encode_read_response, ipc_bytes
+from shardstream.framing import encode_batch, encode_read_response, ipc_bytes
 from shardstream.manifest import DatasetRef, Manifest
 from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, parse_mixture
 from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
@@ -88,6 +89,7 @@ class _ReadPlan:
 
 class ShardStreamService:
     def __init__(self, registry: Registry, cache: RowGroupCache) -> None:
+        allocator.tune()  # multi-MiB messages: keep their pages in the heap (allocator.py)
         self.registry = registry
         self._cache = cache
         self._readers: dict[tuple[str, int], DatasetReader] = {}
@@ -258,7 +260,7 @@ class ShardStreamService:
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
         src, rows = plan.selector.select(plan.epoch, positions)
         batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
-        data = encode_read_response(header, ipc_bytes(batch))
+        data = encode_batch(header, batch)  # the IPC stream written straight into the message
         BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
         return data, batch.num_rows
 
