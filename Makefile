@@ -24,8 +24,9 @@ test: setup                ## the test suite (real server processes on loopback)
 soak: setup                ## slow soak tests, not run in CI
 	$(BIN)/python -m pytest -m slow
 
-bench: setup               ## data-plane benchmark: Loader vs Arrow Flight vs local Parquet, as ratios
-	$(BIN)/python -m loadtest.bench
+BENCH_ARGS ?=
+bench: setup               ## the benchmarks as ratios (loadtest/README.md); BENCH_ARGS=--quick for a short run
+	$(BIN)/python -m loadtest.suite $(BENCH_ARGS)
 
 LOADTEST_ARGS ?= --servers 2 --ranks 4 --step-ms 10 --duration 20
 loadtest: setup            ## M servers, N simulated ranks: samples/s, batch wait, stall, read amplification, CPU/RSS
