@@ -8,8 +8,9 @@
                 batches of 4,096 rows, 2 ranks, no step time): total samples/s, alternating.
 3. cache        8 ranks on 2 servers, one block-shuffled epoch, row-group cache 1 GiB vs 1 MiB
                 (below one row group: nothing is kept): storage read amplification of each.
-4. client_rss   one rank, 2 MiB batches, a slow step so the prefetch queue stays full: the
-                rank's peak RSS vs its prefetch budget (prefetch x batch bytes), for 2 budgets.
+4. client_rss   one rank (output numpy), 2 MiB batches, a slow step so the prefetch queue stays
+                full: the rank's peak RSS, and its growth over the RSS it had before iterating,
+                vs its prefetch budget (prefetch x batch bytes), for 2 budgets.
 5. small        264 B samples in batches of 32: one server + Loader(output="torch") vs torchdata's
                 StatefulDataLoader over the same rows memmapped (loadtest/peers.py), alternating.
 
@@ -131,8 +132,22 @@ def servers(sz: Sizes, workdir: Path) -> dict[str, Any]:
         b["total"]["samples_per_s"] / a["total"]["samples_per_s"]
         for a, b in zip(runs[1], runs[2], strict=True)
     ]
+
+    def per_cpu(r: dict[str, Any]) -> float:
+        return r["total"]["rows"] / r["total"]["server_cpu_s"] if r["total"]["server_cpu_s"] else 0.0
+
+    def cores(r: dict[str, Any], key: str) -> float:
+        return r["total"][key] / r["window_s"]
+
     return {
         "ratio": _spread(ratios),
+        # What one server CPU-second delivers, and how many cores servers and ranks kept busy: on a
+        # machine with fewer cores than servers + ranks need, the ratio measures the machine.
+        "samples_per_server_cpu_s": {str(m): _spread([per_cpu(r) for r in rs]) for m, rs in runs.items()},
+        "server_cores_busy": {
+            str(m): _spread([cores(r, "server_cpu_s") for r in rs]) for m, rs in runs.items()
+        },
+        "rank_cores_busy": {str(m): _spread([cores(r, "rank_cpu_s") for r in rs]) for m, rs in runs.items()},
         "samples_per_s": {
             str(m): _spread([r["total"]["samples_per_s"] for r in rs]) for m, rs in runs.items()
         },
@@ -186,7 +201,7 @@ def client_rss(sz: Sizes, workdir: Path) -> dict[str, Any]:
             dim=256,
             shuffle="none",
             prefetch=prefetch,
-            output="torch",
+            output="numpy",  # the SDK's own footprint (importing torch alone adds ~150 MiB of RSS)
         )
         res = _load(cfg, workdir, f"client rss prefetch {prefetch}")
         rank = res["ranks"][0]
@@ -257,7 +272,10 @@ def print_report(res: dict[str, Any]) -> None:
         d = s["servers"]
         print(
             f"{'2 servers / 1 server (samples/s, server-bound)':<58} {_fmt(d['ratio']):>24}  "
-            f"{d['samples_per_s']['2']['median']:.0f} vs {d['samples_per_s']['1']['median']:.0f} samples/s"
+            f"{d['samples_per_s']['2']['median']:.0f} vs {d['samples_per_s']['1']['median']:.0f} samples/s; "
+            f"cores busy servers+ranks {d['server_cores_busy']['2']['median']:.2f}+"
+            f"{d['rank_cores_busy']['2']['median']:.2f} vs {d['server_cores_busy']['1']['median']:.2f}+"
+            f"{d['rank_cores_busy']['1']['median']:.2f} of {os.cpu_count()}"
         )
     if "cache" in s:
         d = s["cache"]
