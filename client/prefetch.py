@@ -27,7 +27,7 @@ from shardstream.plan import StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
-from .convert import to_numpy, to_torch
+from .convert import splitter
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -244,6 +244,15 @@ class _Producer:
             raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
         metrics.BYTES.inc(payload.size)
         batch = read_ipc(payload)
+        covered = sum(st.position_end - st.position_start for st in header.steps)
+        if covered != batch.num_rows:
+            raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {covered}")
+        # Per message, not per step: provenance as numpy, columns converted once and sliced per step.
+        names = batch.schema.names
+        prov = {c: batch.column(c).to_numpy() for c in PROVENANCE if c in names}
+        if not ld.provenance:
+            batch = batch.drop_columns([c for c in PROVENANCE if c in names])
+        split = splitter(batch, ld.output)
         row = 0
         for i, st in enumerate(header.steps):
             if st.step != next_step + i * stride:
@@ -251,8 +260,7 @@ class _Producer:
                     f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
                 )
             n = st.position_end - st.position_start
-            part = batch.slice(row, n)
-            row += n
+            end = row + n
             info = BatchInfo(
                 epoch=epoch,
                 step=st.step,
@@ -260,24 +268,21 @@ class _Producer:
                 position_end=st.position_end,
                 global_start=st.global_start,
                 global_end=st.global_end,
-                shards=part.column("_shard").to_numpy(),
-                rows=part.column("_row").to_numpy(),
-                sources=part.column("_source").to_numpy() if "_source" in part.schema.names else None,
+                shards=prov["_shard"][row:end],
+                rows=prov["_row"][row:end],
+                sources=prov["_source"][row:end] if "_source" in prov else None,
             )
-            if not ld.provenance:
-                part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])
+            out = split(row, n)
+            row = end
+            if ld.pin_memory:
+                out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
             last = header.end_of_epoch and i == len(header.steps) - 1
             if last:
                 nxt = (epoch + 1, ld._epoch_start_offset())
             else:  # this loader's next step (the next global step unless workers split the stream)
                 nxt = (epoch, layout.global_range(st.step + stride)[0])
-            item = _Item(
-                epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output, ld.pin_memory), info
-            )
-            if not self._put(item):
+            if not self._put(_Item(epoch, *nxt, header.dropped if last else 0, out, info)):
                 return None, False
-        if row != batch.num_rows:
-            raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {row}")
         if header.end_of_epoch and not header.steps:
             if not self._put(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)):
                 return None, False
@@ -290,14 +295,3 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
-
-
-def _convert(batch: pa.RecordBatch, output: str, pin_memory: bool = False) -> Any:
-    if output == "arrow":
-        return batch
-    if output == "torch":
-        out = to_torch(batch)
-        if pin_memory:
-            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
-        return out
-    return to_numpy(batch)
