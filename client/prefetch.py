@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -28,6 +29,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
 from .convert import splitter
+from .striped import stream_epoch_striped
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -90,7 +92,7 @@ class _Producer:
         self._ld = loader
         self._queue: queue.Queue[_Item | _Done | _Failed] = queue.Queue(maxsize=loader.prefetch)
         self._stop = threading.Event()
-        self._call: Any = None
+        self._calls: set[Any] = set()  # the gRPC calls in progress (several when striped)
         self._call_lock = threading.Lock()
         self._waiting_since: float | None = None  # when the thread began waiting for a message
         self._endpoint = loader.rank % len(loader.endpoints)
@@ -133,15 +135,29 @@ class _Producer:
             log.warning(
                 "no data from the server for %.0f s: switching endpoints", self._ld.stream_idle_timeout_s
             )
-            with self._call_lock:
-                if self._call is not None:
-                    self._call.cancel()
+            self._cancel_calls()
+
+    def _cancel_calls(self) -> None:
+        with self._call_lock:
+            for call in self._calls:
+                call.cancel()
+
+    def open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
+        """Start a Read call, tracked so that stop() and the idle check can cancel it."""
+        call = self._ld._conn(endpoint).read(request)
+        with self._call_lock:
+            self._calls.add(call)
+        if self._stop.is_set():
+            call.cancel()
+        return call
+
+    def close_call(self, call: Any) -> None:
+        with self._call_lock:
+            self._calls.discard(call)
 
     def stop(self) -> None:
         self._stop.set()
-        with self._call_lock:
-            if self._call is not None:
-                self._call.cancel()
+        self._cancel_calls()
         self._thread.join(timeout=30)
 
     def _put(self, item: _Item | _Done | _Failed) -> bool:
@@ -156,47 +172,49 @@ class _Producer:
     def _run(self, epoch: int, offset: int) -> None:
         try:
             ld = self._ld
+            stream_epoch = self._stream_epoch if ld.streams == 1 else partial(stream_epoch_striped, self)
             while ld.epochs is None or epoch < ld.epochs:
-                if not self._stream_epoch(epoch, offset):
+                if not stream_epoch(epoch, offset):
                     return
                 epoch, offset = epoch + 1, ld._epoch_start_offset()
             self._put(_Done())
         except BaseException as exc:  # handed to the consumer, never swallowed here
             self._put(_Failed(exc))
 
+    def request(self, epoch: int, offset: int, first_step: int, step_stride: int) -> pb.ReadRequest:
+        ld = self._ld
+        request = pb.ReadRequest(
+            seed=ld.seed,
+            epoch=epoch,
+            shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
+            start_offset=offset,
+            rank=ld.rank,
+            world_size=ld.world_size,
+            batch_size=ld.batch_size,
+            first_step=first_step,
+            step_stride=step_stride,
+            drop_last=ld.drop_last,
+            columns=ld.columns or [],
+            max_message_bytes=ld.max_message_bytes,
+        )
+        ld.target.fill(request)
+        return request
+
     def _stream_epoch(self, epoch: int, offset: int) -> bool:
         """Stream one epoch from `offset`; False when stopped."""
         ld = self._ld
-        target = ld.target
-        layout = StepLayout(target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
+        layout = StepLayout(ld.target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
         stride = ld._stride[1]
         next_step = 0
         failures = 0
         last_error: BaseException | None = None
         while True:
             endpoint = ld.endpoints[self._endpoint]
-            request = pb.ReadRequest(
-                seed=ld.seed,
-                epoch=epoch,
-                shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
-                start_offset=offset,
-                rank=ld.rank,
-                world_size=ld.world_size,
-                batch_size=ld.batch_size,
-                first_step=next_step,
-                step_stride=stride,
-                drop_last=ld.drop_last,
-                columns=ld.columns or [],
-                max_message_bytes=ld.max_message_bytes,
-            )
-            target.fill(request)
+            request = self.request(epoch, offset, next_step, stride)
             ended = False
+            call = None
             try:
-                call = ld._conn(endpoint).read(request)
-                with self._call_lock:
-                    self._call = call
-                if self._stop.is_set():
-                    call.cancel()
+                call = self.open_call(endpoint, request)
                 for header, payload in self._watched(call):
                     progressed, ended = self._deliver(epoch, layout, next_step, header, payload)
                     if progressed is None:
@@ -213,8 +231,8 @@ class _Producer:
                     raise from_grpc_error(exc, target=endpoint) from exc
                 last_error = from_grpc_error(exc, target=endpoint)
             finally:
-                with self._call_lock:
-                    self._call = None
+                if call is not None:
+                    self.close_call(call)
             if ended:
                 return True
             if self._stop.is_set():
@@ -238,8 +256,23 @@ class _Producer:
         self, epoch: int, layout: StepLayout, next_step: int, header: pb.ReadHeader, payload: pa.Buffer
     ) -> tuple[int | None, bool]:
         """Queue the steps of one message; (steps queued or None when stopped, end of epoch)."""
+        for item in self.decode(epoch, layout, next_step, self._ld._stride[1], header, payload):
+            if not self._put(item):
+                return None, False
+        return len(header.steps), header.end_of_epoch
+
+    def decode(
+        self,
+        epoch: int,
+        layout: StepLayout,
+        first_step: int,
+        step_stride: int,
+        header: pb.ReadHeader,
+        payload: pa.Buffer,
+    ) -> list[_Item]:
+        """The items of one message whose steps must be first_step, first_step + step_stride, ..."""
         ld = self._ld
-        stride = ld._stride[1]
+        stride = ld._stride[1]  # this loader's step stride (data-loader workers), not the stream's
         if header.epoch != epoch:
             raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
         metrics.BYTES.inc(payload.size)
@@ -253,11 +286,12 @@ class _Producer:
         if not ld.provenance:
             batch = batch.drop_columns([c for c in PROVENANCE if c in names])
         split = splitter(batch, ld.output)
+        items = []
         row = 0
         for i, st in enumerate(header.steps):
-            if st.step != next_step + i * stride:
+            if st.step != first_step + i * step_stride:
                 raise DataLossError(
-                    f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
+                    f"server sent step {st.step}, expected {first_step + i * step_stride} (epoch {epoch})"
                 )
             n = st.position_end - st.position_start
             end = row + n
@@ -276,17 +310,17 @@ class _Producer:
             row = end
             if ld.pin_memory:
                 out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
-            last = header.end_of_epoch and i == len(header.steps) - 1
+            last = st.step + stride >= layout.num_steps  # this loader's last step of the epoch
+            if last and not (header.end_of_epoch and i == len(header.steps) - 1):
+                raise DataLossError(f"step {st.step} ends epoch {epoch} but the server's stream goes on")
             if last:
                 nxt = (epoch + 1, ld._epoch_start_offset())
             else:  # this loader's next step (the next global step unless workers split the stream)
                 nxt = (epoch, layout.global_range(st.step + stride)[0])
-            if not self._put(_Item(epoch, *nxt, header.dropped if last else 0, out, info)):
-                return None, False
+            items.append(_Item(epoch, *nxt, header.dropped if last else 0, out, info))
         if header.end_of_epoch and not header.steps:
-            if not self._put(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)):
-                return None, False
-        return len(header.steps), header.end_of_epoch
+            items.append(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped))
+        return items
 
 
 def _cuda_available() -> bool:
