@@ -11,6 +11,9 @@ batches of ~--batch-mib MiB, by these paths:
     flight        one Arrow Flight DoGet subprocess (loadtest/flight_server.py) reading the same
                   shards -> `FlightClient.do_get` reader (--flight-from-memory: the server reads
                   them once at start, as shardstream's server keeps them in its cache)
+    shardstream_striped
+                  (--striped K) K `shardstream serve` subprocesses -> `Loader(streams=K)`: one rank
+                  over K streams striped by step, one per server process
     flight_tuned  (--flight-tuned) the same with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set
                   for its server and client: the allocator settings shardstream applies to itself
     parquet       `ParquetFile.iter_batches` of the same shards (no network)
@@ -73,6 +76,7 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench.json"
 PATHS = ("shardstream", "flight", "parquet")
+STRIPED = "shardstream_striped"  # --striped K: one rank over K streams on K server processes
 TUNED_FLIGHT = "flight_tuned"  # --flight-tuned: Flight with the allocator settings shardstream applies
 # What shardstream's server and client set through mallopt (shardstream/allocator.py), as variables.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
@@ -257,7 +261,9 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def measure_in_child(name: str, round_: int, source: tuple[str, Any], server_pid: int | None) -> Pass:
+def measure_in_child(
+    name: str, round_: int, source: tuple[str, Any], server_pid: int | list[int] | None
+) -> Pass:
     """`measure` of one path, run in that path's own client process (see `ClientProcess`)."""
     kind, arg = source
     batches: Callable[[], Iterator[pa.RecordBatch]]
@@ -289,7 +295,9 @@ class ClientProcess:
                 else:
                     os.environ[k] = v
 
-    def measure(self, name: str, round_: int, source: tuple[str, Any], server_pid: int | None) -> Pass:
+    def measure(
+        self, name: str, round_: int, source: tuple[str, Any], server_pid: int | list[int] | None
+    ) -> Pass:
         return self.pool.submit(measure_in_child, name, round_, source, server_pid).result()
 
     def close(self) -> None:
@@ -297,14 +305,19 @@ class ClientProcess:
 
 
 def measure(
-    name: str, round_: int, batches: Callable[[], Iterator[pa.RecordBatch]], server_pid: int | None
+    name: str,
+    round_: int,
+    batches: Callable[[], Iterator[pa.RecordBatch]],
+    server_pid: int | list[int] | None,
 ) -> Pass:
+    """One pass; `server_pid` is the serving process (or processes: CPU summed, the largest peak)."""
     me = psutil.Process()
-    server = psutil.Process(server_pid) if server_pid else None
-    peaks = _reset_peak_rss(me.pid) and (server is None or _reset_peak_rss(server.pid))
+    pids = [server_pid] if isinstance(server_pid, int) else list(server_pid or [])
+    servers = [psutil.Process(pid) for pid in pids]
+    peaks = _reset_peak_rss(me.pid) and all(_reset_peak_rss(s.pid) for s in servers)
     n = rows = nbytes = 0
     first = float("nan")
-    s0 = _cpu_s(server) if server else 0.0
+    s0 = sum(_cpu_s(s) for s in servers)
     c0 = _cpu_s(me)
     t0 = time.perf_counter()
     for batch in batches():
@@ -315,7 +328,8 @@ def measure(
         nbytes += batch.nbytes
     wall = time.perf_counter() - t0
     c1 = _cpu_s(me)
-    s1 = _cpu_s(server) if server else 0.0
+    s1 = sum(_cpu_s(s) for s in servers)
+    server_peak = max((_peak_rss_mib(s.pid) or 0.0 for s in servers), default=0.0) if peaks else 0.0
     return Pass(
         path=name,
         round=round_,
@@ -326,14 +340,16 @@ def measure(
         wall_s=wall,
         first_batch_s=first,
         client_cpu_s=c1 - c0,
-        server_cpu_s=(s1 - s0) if server else None,
+        server_cpu_s=(s1 - s0) if servers else None,
         client_peak_rss_mib=_peak_rss_mib(me.pid) if peaks else None,
-        server_peak_rss_mib=(_peak_rss_mib(server.pid) if server else None) if peaks else None,
+        server_peak_rss_mib=server_peak or None,
     )
 
 
-def shardstream_batches(target: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    with Loader([target], DATASET, batch_size=batch_rows, shuffle=False, output="arrow") as loader:
+def shardstream_batches(targets: list[str], batch_rows: int, streams: int = 1) -> Iterator[pa.RecordBatch]:
+    with Loader(
+        targets, DATASET, batch_size=batch_rows, shuffle=False, output="arrow", streams=streams
+    ) as loader:
         yield from loader
 
 
@@ -358,12 +374,22 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def _paths(args: argparse.Namespace) -> tuple[str, ...]:
-    return PATHS[:2] + (TUNED_FLIGHT,) + PATHS[2:] if getattr(args, "flight_tuned", False) else PATHS
+    out = [PATHS[0]]
+    if getattr(args, "striped", 1) > 1:
+        out.append(STRIPED)
+    out.append("flight")
+    if getattr(args, "flight_tuned", False):
+        out.append(TUNED_FLIGHT)
+    return (*out, "parquet")
 
 
 def summarize(passes: list[Pass]) -> dict[str, Any]:
     measured = [p for p in passes if p.round > 0]
-    names = [n for n in (*PATHS, TUNED_FLIGHT) if any(p.path == n for p in passes)]
+    names = [
+        n
+        for n in ("shardstream", STRIPED, "flight", TUNED_FLIGHT, "parquet")
+        if any(p.path == n for p in passes)
+    ]
     by_path = {name: [p for p in measured if p.path == name] for name in names}
     per_path = {}
     for name, ps in by_path.items():
@@ -378,9 +404,10 @@ def summarize(passes: list[Pass]) -> dict[str, Any]:
             "server_peak_rss_mib": max((p.server_peak_rss_mib or 0.0) for p in ps) or None,
         }
     ratios = {}
-    for other in (n for n in names if n != "shardstream"):
-        pairs = list(zip(by_path["shardstream"], by_path[other], strict=True))
-        ratios[f"shardstream/{other}"] = {
+    mine = [n for n in ("shardstream", STRIPED) if n in by_path]
+    for base, other in [(a, b) for a in mine for b in names if b not in mine]:
+        pairs = list(zip(by_path[base], by_path[other], strict=True))
+        ratios[f"{base}/{other}"] = {
             "mb_per_s": _spread([a.mb_per_s / b.mb_per_s for a, b in pairs]),
             "cpu_s_per_gb": _spread([a.cpu_s_per_gb / b.cpu_s_per_gb for a, b in pairs]),
         }
@@ -402,7 +429,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"{result['machine']['cpus']} CPUs, warm page cache"
     )
     head = (
-        f"{'path':<12} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
+        f"{'path':<20} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
         f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'server peak RSS MiB':>19}"
     )
     print(head)
@@ -411,13 +438,13 @@ def print_report(result: dict[str, Any]) -> None:
         server_cpu = f"{s['server_cpu_s']['median']:.2f}" if s["server_cpu_s"] else "-"
         rss = f"{s['server_peak_rss_mib']:.0f}" if s["server_peak_rss_mib"] else "-"
         print(
-            f"{name:<12} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
+            f"{name:<20} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
             f"{s['first_batch_ms']['median']:>13.1f} {s['client_cpu_s']['median']:>13.2f} {server_cpu:>13} "
             f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>19}"
         )
     print()
     for key, r in summary["ratios"].items():
-        print(f"{key:<22} MB/s ratio {_fmt(r['mb_per_s'], 2)}   CPU s/GB ratio {_fmt(r['cpu_s_per_gb'], 2)}")
+        print(f"{key:<34} MB/s ratio {_fmt(r['mb_per_s'], 2)}   CPU s/GB ratio {_fmt(r['cpu_s_per_gb'], 2)}")
     if not summary["same_batches_on_every_path"]:
         print("WARNING: the paths did not deliver the same batches and rows; see the JSON", file=sys.stderr)
 
@@ -453,10 +480,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
             server = stack.enter_context(LocalServer(root))
             assert server.proc is not None
-            runs: dict[str, tuple[tuple[str, Any], int | None]] = {
-                "shardstream": (("shardstream", (server.target, layout.batch_rows)), server.proc.pid),
+            runs: dict[str, tuple[tuple[str, Any], int | list[int] | None]] = {
+                "shardstream": (("shardstream", ([server.target], layout.batch_rows)), server.proc.pid),
                 "parquet": (("parquet", (shards, layout.batch_rows)), None),
             }
+            if STRIPED in paths:  # the first server and K - 1 more
+                more = [stack.enter_context(LocalServer(root)) for _ in range(args.striped - 1)]
+                group = [server, *more]
+                runs[STRIPED] = (
+                    ("shardstream", ([s.target for s in group], layout.batch_rows, args.striped)),
+                    [s.proc.pid for s in group if s.proc is not None],
+                )
             for name in paths:
                 if name.startswith("flight"):
                     env = MALLOC_ENV if name == TUNED_FLIGHT else None
@@ -475,7 +509,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     passes.append(p)
                     label = "warm-up" if round_ == 0 else f"round {round_}"
                     log(
-                        f"  {label} {name:<12} {p.mb_per_s:7.0f} MB/s  "
+                        f"  {label} {name:<20} {p.mb_per_s:7.0f} MB/s  "
                         f"first batch {p.first_batch_s * 1e3:6.1f} ms  {p.batches} batches"
                     )
     return {
@@ -484,6 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mib": args.mib,
             "pairs": args.pairs,
             "batch_mib": args.batch_mib,
+            "striped_streams": args.striped,
             **asdict(layout),
             "flight_source": "memory (read once at start)"
             if args.flight_from_memory
@@ -528,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the Flight server reads the shards once at start and serves them from memory, like "
         "shardstream's warm row-group cache (transport only); default: it reads Parquet on every pass",
+    )
+    ap.add_argument(
+        "--striped",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also measure one rank over K streams striped over K server processes (Loader(streams=K))",
     )
     ap.add_argument(
         "--flight-tuned",

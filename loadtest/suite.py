@@ -3,7 +3,9 @@
     python -m loadtest.suite [--quick] [--only NAME ...] [--json loadtest/results/suite.json]
 
 1. dataplane    shardstream vs Arrow Flight DoGet serving the same batches from memory
-                (`loadtest.bench --flight-from-memory`): MB/s ratio per round, A B A B.
+                (`loadtest.bench --flight-from-memory --flight-tuned --striped 2`): MB/s ratio per
+                round, A B A B; Flight as it ships and with shardstream's malloc settings; one
+                stream on one server, and 2 streams striped over 2 servers.
 2. servers      2 server processes vs 1 on a server-bound load (full shuffle of 264 B rows,
                 batches of 4,096 rows, 2 ranks, no step time): total samples/s, alternating.
 3. cache        8 ranks on 2 servers, one block-shuffled epoch, row-group cache 1 GiB vs 1 MiB
@@ -95,16 +97,23 @@ def _load(cfg: LoadConfig, workdir: Path, label: str) -> dict[str, Any]:
 def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
     del workdir
     args = argparse.Namespace(
-        mib=sz.dataplane_mib, pairs=sz.dataplane_pairs, batch_mib=2, flight_from_memory=True
+        mib=sz.dataplane_mib,
+        pairs=sz.dataplane_pairs,
+        batch_mib=2,
+        flight_from_memory=True,
+        flight_tuned=True,
+        striped=2,
     )
     res = bench.run(args)
-    r = res["summary"]["ratios"]["shardstream/flight"]
+    ratios = res["summary"]["ratios"]
     paths = res["summary"]["paths"]
     return {
-        "ratio": r["mb_per_s"],
-        "cpu_s_per_gb_ratio": r["cpu_s_per_gb"],
-        "shardstream_mb_per_s": paths["shardstream"]["mb_per_s"],
-        "flight_mb_per_s": paths["flight"]["mb_per_s"],
+        "ratio": ratios["shardstream/flight"]["mb_per_s"],
+        "ratio_flight_tuned": ratios["shardstream/flight_tuned"]["mb_per_s"],
+        "ratio_striped": ratios[f"{bench.STRIPED}/flight"]["mb_per_s"],
+        "ratio_striped_flight_tuned": ratios[f"{bench.STRIPED}/flight_tuned"]["mb_per_s"],
+        "cpu_s_per_gb_ratio": ratios["shardstream/flight"]["cpu_s_per_gb"],
+        "mb_per_s": {k: v["mb_per_s"] for k, v in paths.items()},
         "same_batches": res["summary"]["same_batches_on_every_path"],
         "config": res["config"],
         "passes": res["passes"],
@@ -264,10 +273,24 @@ def print_report(res: dict[str, Any]) -> None:
     print("-" * 110)
     if "dataplane" in s:
         d = s["dataplane"]
-        print(
-            f"{'data plane / Flight DoGet from memory (MB/s)':<58} {_fmt(d['ratio']):>24}  "
-            f"{d['shardstream_mb_per_s']['median']:.0f} vs {d['flight_mb_per_s']['median']:.0f} MB/s"
-        )
+        mbs = {k: v["median"] for k, v in d["mb_per_s"].items()}
+        for key, label, mine, theirs in (
+            ("ratio", "data plane / Flight DoGet from memory (MB/s)", "shardstream", "flight"),
+            (
+                "ratio_flight_tuned",
+                "  / Flight with shardstream's malloc settings",
+                "shardstream",
+                "flight_tuned",
+            ),
+            ("ratio_striped", "  2 streams on 2 servers / Flight", bench.STRIPED, "flight"),
+            (
+                "ratio_striped_flight_tuned",
+                "  2 streams on 2 servers / Flight, malloc settings",
+                bench.STRIPED,
+                "flight_tuned",
+            ),
+        ):
+            print(f"{label:<58} {_fmt(d[key]):>24}  {mbs[mine]:.0f} vs {mbs[theirs]:.0f} MB/s")
     if "servers" in s:
         d = s["servers"]
         print(
