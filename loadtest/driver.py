@@ -2,7 +2,7 @@
 
     python -m loadtest [--servers 2] [--ranks 2] [--step-ms 10] [--duration 10] [--batch-size 256]
                        [--root PATH|s3://BUCKET/PREFIX] [--s3-endpoint URL] [--dataset NAME]
-                       [--rows 200000] [--dim 64] [--shuffle block] [--epochs 0] [--prefetch 8]
+                       [--rows 200000] [--dim 64] [--shuffle block] [--epochs 0] [--prefetch 8] [--streams 1]
                        [--cache-mib 1024] [--json OUT] [--png OUT]
 
 It builds a dataset (or reuses --dataset under --root: `id` int64 + `vec` fixed_size_list<float32>
@@ -73,13 +73,14 @@ class LoadConfig:
     seed: int = 0
     epochs: int = 0  # 0: endless (the duration ends the run)
     prefetch: int = 8
+    streams: int = 1  # Loader(streams=K): each rank over K streams striped over the servers
     output: str = "numpy"
     cache_mib: int = 1024
     max_message_bytes: int = 0  # 0: the server's default (~2 MiB)
     server_env: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
-        for name in ("servers", "ranks", "batch_size", "rows", "dim", "prefetch", "cache_mib"):
+        for name in ("servers", "ranks", "batch_size", "rows", "dim", "prefetch", "streams", "cache_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.step_ms < 0 or self.duration_s <= 0 or self.epochs < 0:
@@ -237,6 +238,7 @@ def run_load(cfg: LoadConfig, workdir: Path | None = None) -> dict[str, Any]:
                     "epochs": cfg.epochs or None,
                     "output": cfg.output,
                     "prefetch": cfg.prefetch,
+                    "streams": cfg.streams,
                     "max_message_bytes": cfg.max_message_bytes,
                     "step_ms": cfg.step_ms,
                     "duration_s": cfg.duration_s,
@@ -451,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--prefetch", type=int, default=d.prefetch, help=f"Loader prefetch, batches (default {d.prefetch})"
     )
+    ap.add_argument(
+        "--streams",
+        type=int,
+        default=d.streams,
+        help="streams per rank, striped over the servers (default 1)",
+    )
     ap.add_argument("--output", choices=OUTPUTS, default=d.output, help=f"Loader output (default {d.output})")
     ap.add_argument(
         "--cache-mib", type=int, default=d.cache_mib, help=f"server row-group cache (default {d.cache_mib})"
@@ -480,6 +488,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         seed=args.seed,
         epochs=args.epochs,
         prefetch=args.prefetch,
+        streams=args.streams,
         output=args.output,
         cache_mib=args.cache_mib,
         max_message_bytes=args.max_message_bytes,

@@ -99,6 +99,7 @@ def run(cfg: dict[str, Any]) -> None:
         epochs=cfg["epochs"],
         output=cfg["output"],
         prefetch=cfg["prefetch"],
+        streams=cfg.get("streams", 1),
         max_message_bytes=cfg.get("max_message_bytes", 0),
     )
     with loader:
