@@ -269,8 +269,11 @@ class _Producer:
         step_stride: int,
         header: pb.ReadHeader,
         payload: pa.Buffer,
-    ) -> list[_Item]:
-        """The items of one message whose steps must be first_step, first_step + step_stride, ..."""
+    ) -> Iterator[_Item]:
+        """The items of one message whose steps must be first_step, first_step + step_stride, ...
+
+        A generator: each step is made just before it is queued, so the prefetch thread never
+        holds the GIL for a whole message of small steps while the training loop waits for it."""
         ld = self._ld
         stride = ld._stride[1]  # this loader's step stride (data-loader workers), not the stream's
         if header.epoch != epoch:
@@ -286,7 +289,6 @@ class _Producer:
         if not ld.provenance:
             batch = batch.drop_columns([c for c in PROVENANCE if c in names])
         split = splitter(batch, ld.output)
-        items = []
         row = 0
         for i, st in enumerate(header.steps):
             if st.step != first_step + i * step_stride:
@@ -317,10 +319,9 @@ class _Producer:
                 nxt = (epoch + 1, ld._epoch_start_offset())
             else:  # this loader's next step (the next global step unless workers split the stream)
                 nxt = (epoch, layout.global_range(st.step + stride)[0])
-            items.append(_Item(epoch, *nxt, header.dropped if last else 0, out, info))
+            yield _Item(epoch, *nxt, header.dropped if last else 0, out, info)
         if header.end_of_epoch and not header.steps:
-            items.append(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped))
-        return items
+            yield _Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)
 
 
 def _cuda_available() -> bool:

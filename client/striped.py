@@ -3,8 +3,8 @@
 Stream j of K takes this loader's steps j, j + K, j + 2K, ... (a Read with `first_step` and
 `step_stride`), starting on endpoint (rank + j) mod len(endpoints), so the messages of one rank are
 built by up to K server processes at the same time. The prefetch thread still hands over the steps
-one by one in the loader's order: for each step it takes the next decoded step of the stream that
-owns it, reading that stream's next message only when it has none left. Every stream runs ahead by
+one by one in the loader's order: for each step it takes the next step of the stream that owns it,
+reading that stream's next message only when it has none left. Every stream runs ahead by
 its messages in flight (gRPC's flow-control window), so the servers work in parallel while the
 order, bytes and cursors are exactly those of a single stream.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -34,7 +34,7 @@ __all__ = ["stream_epoch_striped"]
 
 
 class _Stream:
-    """Stream j of K: its call, the next step it owes, decoded steps not yet handed over."""
+    """Stream j of K: its call, the next step it owes, received steps not yet handed over."""
 
     def __init__(self, j: int, endpoint: int, first_step: int) -> None:
         self.j = j
@@ -42,7 +42,7 @@ class _Stream:
         self.next_step = first_step  # the first of its steps not yet received
         self.call: Any = None
         self.it: Any = None
-        self.ready: deque[_Item] = deque()
+        self.ready: Iterator[_Item] = iter(())  # the received steps not handed over yet
         self.failures = 0
         self.last_error: BaseException | None = None
 
@@ -63,10 +63,11 @@ def stream_epoch_striped(producer: _Producer, epoch: int, offset: int) -> bool:
         step = 0
         while step < layout.num_steps:
             s = streams[(step // stride) % k]
-            while not s.ready:
+            item = next(s.ready, None)
+            while item is None:
                 if not _fill(producer, s, epoch, offset, layout, k * stride):
                     return False
-            item = s.ready.popleft()
+                item = next(s.ready, None)
             assert item.info is not None and item.info.step == step, (item.info, step)
             if not producer._put(item):
                 return False
@@ -104,12 +105,10 @@ def _fill(
                 header, payload = next(s.it)
             finally:
                 producer._waiting_since = None
-            items = producer.decode(epoch, layout, s.next_step, step_stride, header, payload)
-            steps = [it for it in items if it.info is not None]
-            if steps:
-                s.next_step += len(steps) * step_stride
+            if header.steps:
+                s.ready = producer.decode(epoch, layout, s.next_step, step_stride, header, payload)
+                s.next_step += len(header.steps) * step_stride
                 s.failures = 0  # progress resets the retry budget
-                s.ready.extend(steps)
                 return True
             # A message without steps (only an empty end of epoch): this stream owes more, so the
             # server ended it early; treat it like a broken stream.
