@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -495,7 +496,12 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     )
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds run_load: its servers and ranks are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ap = build_parser()
     args = ap.parse_args(argv)
     cfg = config_from_args(args)

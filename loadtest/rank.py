@@ -28,6 +28,7 @@ from shardstream.client import Loader
 __all__ = ["main", "peak_rss_mib", "reset_peak_rss"]
 
 GO_POLL_S = 0.005
+GO_TIMEOUT_S = 600.0
 MIB = 1 << 20
 
 
@@ -106,7 +107,10 @@ def run(cfg: dict[str, Any]) -> None:
         _ = loader.target  # GetDataset now, not inside the timed loop
         Path(cfg["ready_path"]).write_text(json.dumps({"pid": pid}))
         go = Path(cfg["go_path"])
+        parent, deadline = os.getppid(), time.monotonic() + GO_TIMEOUT_S
         while not go.exists():
+            if os.getppid() != parent or time.monotonic() > deadline:
+                raise SystemExit("the driver went away before the go")  # no orphan left waiting
             time.sleep(GO_POLL_S)
         step_s = cfg["step_ms"] / 1e3
         duration_s = cfg["duration_s"]
