@@ -1,7 +1,7 @@
-"""`python -m loadtest`: see loadtest/driver.py."""
+"""`python -m loadtest`: see loadtest/driver.py and loadtest/cli.py."""
 
 import sys
 
-from loadtest.driver import main
+from loadtest.cli import main
 
 sys.exit(main())
