@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test soak bench proto proto-check lint clean
+.PHONY: setup demo test soak bench loadtest proto proto-check lint clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,13 @@ test: setup                ## the test suite (real server processes on loopback)
 soak: setup                ## slow soak tests, not run in CI
 	$(BIN)/python -m pytest -m slow
 
-bench: setup               ## data-plane benchmark: Loader vs Arrow Flight vs local Parquet, as ratios
-	$(BIN)/python -m loadtest.bench
+BENCH_ARGS ?=
+bench: setup               ## the benchmarks as ratios (loadtest/README.md); BENCH_ARGS=--quick for a short run
+	$(BIN)/python -m loadtest.suite $(BENCH_ARGS)
+
+LOADTEST_ARGS ?= --servers 2 --ranks 4 --step-ms 10 --duration 20
+loadtest: setup            ## M servers, N simulated ranks: samples/s, batch wait, stall, read amplification, CPU/RSS
+	$(BIN)/python -m loadtest $(LOADTEST_ARGS) --json loadtest/results/loadtest.json --png loadtest/results/loadtest.png
 
 proto: setup               ## regenerate core/v1 from protos/
 	PYTHON=$(BIN)/python tools/gen_proto.sh

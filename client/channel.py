@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from shardstream import allocator
 from shardstream.errors import from_grpc_error
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
@@ -77,6 +78,7 @@ class Connection:
     """One channel to one server, with the three calls the client makes."""
 
     def __init__(self, target: str) -> None:
+        allocator.tune()  # received messages are multi-MiB bytes: keep their pages in the heap
         self.target = target
         self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._get = self._channel.unary_unary(

@@ -13,12 +13,13 @@ unequal lengths (an object array of arrays). Those are not tensors: "torch" outp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["to_numpy", "to_torch"]
+__all__ = ["splitter", "to_numpy", "to_torch"]
 
 
 def _uniform_list_size(arr: pa.Array) -> int | None:
@@ -75,17 +76,65 @@ def to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return {name: _column_numpy(col) for name, col in zip(batch.schema.names, batch.columns, strict=True)}
 
 
-def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+def _torch_fixed(col: pa.Array) -> Any:
+    """A zero-copy tensor of shape (rows, d1, ...) for a fixed-shape numeric column, else None."""
+    fixed = _fixed_shape(col)
+    if fixed is None or pa.types.is_float16(fixed[0].type):
+        return None
     import torch
 
-    out: dict[str, Any] = {}
-    for name, col in zip(batch.schema.names, batch.columns, strict=True):
-        fixed = _fixed_shape(col)
-        if fixed is not None and not pa.types.is_float16(fixed[0].type):
-            values, shape = fixed
-            out[name] = torch.from_dlpack(values).reshape((len(col), *shape))
-        elif pa.types.is_boolean(col.type) and not col.null_count:
-            out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False))
+    values, shape = fixed
+    return torch.from_dlpack(values).reshape((len(col), *shape))
+
+
+def _column_torch(col: pa.Array) -> Any:
+    tensor = _torch_fixed(col)
+    if tensor is not None:
+        return tensor
+    if pa.types.is_boolean(col.type) and not col.null_count:
+        import torch
+
+        return torch.from_numpy(col.to_numpy(zero_copy_only=False))
+    return _column_numpy(col)
+
+
+def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+    return {name: _column_torch(col) for name, col in zip(batch.schema.names, batch.columns, strict=True)}
+
+
+def splitter(batch: pa.RecordBatch, output: str) -> Callable[[int, int], Any]:
+    """`split(start, rows)`: the same value as converting `batch.slice(start, rows)` ("numpy",
+    "torch" or "arrow"), made cheaply for the many small steps of one message: each fixed-shape
+    numeric column is converted once for the whole batch and sliced per step (a view, as the
+    per-step conversion is); other columns (nulls, strings, booleans, ragged lists), and empty
+    steps, are converted step by step exactly as `to_numpy`/`to_torch` do.
+    """
+    if output == "arrow":
+        return batch.slice
+    names = batch.schema.names
+    whole: dict[str, Any] = {}
+    for name, col in zip(names, batch.columns, strict=True):
+        if output == "torch":
+            tensor = _torch_fixed(col)
+            if tensor is not None:
+                whole[name] = tensor
         else:
-            out[name] = _column_numpy(col)
-    return out
+            fixed = _fixed_shape(col)
+            if fixed is not None:
+                values, shape = fixed
+                whole[name] = values.to_numpy(zero_copy_only=True).reshape((len(col), *shape))
+    per_step = [i for i, name in enumerate(names) if name not in whole]
+    convert = _column_torch if output == "torch" else _column_numpy
+
+    def split(start: int, rows: int) -> Any:
+        if rows == 0:  # an empty step: its own shapes (e.g. (0, 0) for a ragged-list column)
+            return to_torch(batch.slice(start, 0)) if output == "torch" else to_numpy(batch.slice(start, 0))
+        out = {}
+        if per_step:
+            part = batch.slice(start, rows)
+            out.update((names[i], convert(part.column(i))) for i in per_step)
+        end = start + rows
+        out.update((name, arr[start:end]) for name, arr in whole.items())
+        return {name: out[name] for name in names}  # the batch's column order
+
+    return split

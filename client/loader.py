@@ -74,6 +74,7 @@ class Loader:
         provenance: bool = False,
         pin_memory: bool = False,
         prefetch: int = DEFAULT_PREFETCH_BATCHES,
+        streams: int = 1,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_message_bytes: int = 0,
@@ -92,6 +93,7 @@ class Loader:
             ("world_size", world_size, 1),
             ("seed", seed, 0),
             ("prefetch", prefetch, 1),
+            ("streams", streams, 1),
             ("max_retries", max_retries, 0),
             ("max_message_bytes", max_message_bytes, 0),
             ("mixture_block", mixture_block, 0),
@@ -149,6 +151,9 @@ class Loader:
         # the prefetch thread, off the training loop. Without CUDA there is nothing to pin for.
         self.pin_memory = pin_memory and output == "torch" and _cuda_available()
         self.prefetch = prefetch
+        # Streams per rank, striped by step over the endpoints (client/striped.py): several server
+        # processes build one rank's messages when one stream is bound by a server's CPU.
+        self.streams = streams
         self.timeout_s = timeout_s
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.max_retries = max_retries

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -27,7 +28,8 @@ from shardstream.plan import StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
-from .convert import to_numpy, to_torch
+from .convert import splitter
+from .striped import stream_epoch_striped
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -103,7 +105,7 @@ class _Producer:
         self._ld = loader
         self._queue: queue.Queue[_Item | _Done | _Failed] = queue.Queue(maxsize=loader.prefetch)
         self._stop = threading.Event()
-        self._call: Any = None
+        self._calls: set[Any] = set()  # the gRPC calls in progress (several when striped)
         self._call_lock = threading.Lock()
         self._waiting_since: float | None = None  # when the thread began waiting for a message
         self._endpoint = loader.rank % len(loader.endpoints)
@@ -146,15 +148,29 @@ class _Producer:
             log.warning(
                 "no data from the server for %.0f s: switching endpoints", self._ld.stream_idle_timeout_s
             )
-            with self._call_lock:
-                if self._call is not None:
-                    self._call.cancel()
+            self._cancel_calls()
+
+    def _cancel_calls(self) -> None:
+        with self._call_lock:
+            for call in self._calls:
+                call.cancel()
+
+    def open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
+        """Start a Read call, tracked so that stop() and the idle check can cancel it."""
+        call = self._ld._conn(endpoint).read(request)
+        with self._call_lock:
+            self._calls.add(call)
+        if self._stop.is_set():
+            call.cancel()
+        return call
+
+    def close_call(self, call: Any) -> None:
+        with self._call_lock:
+            self._calls.discard(call)
 
     def stop(self) -> None:
         self._stop.set()
-        with self._call_lock:
-            if self._call is not None:
-                self._call.cancel()
+        self._cancel_calls()
         self._thread.join(timeout=30)
 
     def _put(self, item: _Item | _Done | _Failed) -> bool:
@@ -169,49 +185,51 @@ class _Producer:
     def _run(self, epoch: int, offset: int) -> None:
         try:
             ld = self._ld
+            stream_epoch = self._stream_epoch if ld.streams == 1 else partial(stream_epoch_striped, self)
             while ld.epochs is None or epoch < ld.epochs:
-                if not self._stream_epoch(epoch, offset):
+                if not stream_epoch(epoch, offset):
                     return
                 epoch, offset = epoch + 1, ld._epoch_start_offset()
             self._put(_Done())
         except BaseException as exc:  # handed to the consumer, never swallowed here
             self._put(_Failed(exc))
 
+    def request(self, epoch: int, offset: int, first_step: int, step_stride: int) -> pb.ReadRequest:
+        ld = self._ld
+        request = pb.ReadRequest(
+            seed=ld.seed,
+            epoch=epoch,
+            shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
+            start_offset=offset,
+            rank=ld.rank,
+            world_size=ld.world_size,
+            batch_size=ld.batch_size,
+            first_step=first_step,
+            step_stride=step_stride,
+            drop_last=ld.drop_last,
+            columns=ld.columns or [],
+            max_message_bytes=ld.max_message_bytes,
+            transforms=ld.transforms,
+            on_error=ld.on_error if ld.transforms else "",
+        )
+        ld.target.fill(request)
+        return request
+
     def _stream_epoch(self, epoch: int, offset: int) -> bool:
         """Stream one epoch from `offset`; False when stopped."""
         ld = self._ld
-        target = ld.target
-        layout = StepLayout(target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
+        layout = StepLayout(ld.target.num_rows, offset, ld.world_size, ld.batch_size, ld.drop_last)
         stride = ld._stride[1]
         next_step = 0
         failures = 0
         last_error: BaseException | None = None
         while True:
             endpoint = ld.endpoints[self._endpoint]
-            request = pb.ReadRequest(
-                seed=ld.seed,
-                epoch=epoch,
-                shuffle=pb.Shuffle(mode=ld.shuffle.mode, window=ld.shuffle.window),
-                start_offset=offset,
-                rank=ld.rank,
-                world_size=ld.world_size,
-                batch_size=ld.batch_size,
-                first_step=next_step,
-                step_stride=stride,
-                drop_last=ld.drop_last,
-                columns=ld.columns or [],
-                max_message_bytes=ld.max_message_bytes,
-                transforms=ld.transforms,
-                on_error=ld.on_error if ld.transforms else "",
-            )
-            target.fill(request)
+            request = self.request(epoch, offset, next_step, stride)
             ended = False
+            call = None
             try:
-                call = ld._conn(endpoint).read(request)
-                with self._call_lock:
-                    self._call = call
-                if self._stop.is_set():
-                    call.cancel()
+                call = self.open_call(endpoint, request)
                 for header, payload in self._watched(call):
                     progressed, ended = self._deliver(epoch, layout, next_step, header, payload)
                     if progressed is None:
@@ -228,8 +246,8 @@ class _Producer:
                     raise from_grpc_error(exc, target=endpoint) from exc
                 last_error = from_grpc_error(exc, target=endpoint)
             finally:
-                with self._call_lock:
-                    self._call = None
+                if call is not None:
+                    self.close_call(call)
             if ended:
                 return True
             if self._stop.is_set():
@@ -253,21 +271,47 @@ class _Producer:
         self, epoch: int, layout: StepLayout, next_step: int, header: pb.ReadHeader, payload: pa.Buffer
     ) -> tuple[int | None, bool]:
         """Queue the steps of one message; (steps queued or None when stopped, end of epoch)."""
+        for item in self.decode(epoch, layout, next_step, self._ld._stride[1], header, payload):
+            if not self._put(item):
+                return None, False
+        return len(header.steps), header.end_of_epoch
+
+    def decode(
+        self,
+        epoch: int,
+        layout: StepLayout,
+        first_step: int,
+        step_stride: int,
+        header: pb.ReadHeader,
+        payload: pa.Buffer,
+    ) -> Iterator[_Item]:
+        """The items of one message whose steps must be first_step, first_step + step_stride, ...
+
+        A generator: each step is made just before it is queued, so the prefetch thread never
+        holds the GIL for a whole message of small steps while the training loop waits for it."""
         ld = self._ld
-        stride = ld._stride[1]
+        stride = ld._stride[1]  # this loader's step stride (data-loader workers), not the stream's
         if header.epoch != epoch:
             raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
         metrics.BYTES.inc(payload.size)
         batch = read_ipc(payload)
+        covered = sum(st.rows for st in header.steps)
+        if covered != batch.num_rows:
+            raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {covered}")
+        # Per message, not per step: provenance as numpy, columns converted once and sliced per step.
+        names = batch.schema.names
+        prov = {c: batch.column(c).to_numpy() for c in PROVENANCE if c in names}
+        if not ld.provenance:
+            batch = batch.drop_columns([c for c in PROVENANCE if c in names])
+        split = splitter(batch, ld.output)
         row = 0
         for i, st in enumerate(header.steps):
-            if st.step != next_step + i * stride:
+            if st.step != first_step + i * step_stride:
                 raise DataLossError(
-                    f"server sent step {st.step}, expected {next_step + i * stride} (epoch {epoch})"
+                    f"server sent step {st.step}, expected {first_step + i * step_stride} (epoch {epoch})"
                 )
             n = st.rows
-            part = batch.slice(row, n)
-            row += n
+            end = row + n
             info = BatchInfo(
                 epoch=epoch,
                 step=st.step,
@@ -275,38 +319,30 @@ class _Producer:
                 position_end=st.position_end,
                 global_start=st.global_start,
                 global_end=st.global_end,
-                shards=part.column("_shard").to_numpy(),
-                rows=part.column("_row").to_numpy(),
-                sources=part.column("_source").to_numpy() if "_source" in part.schema.names else None,
+                shards=prov["_shard"][row:end],
+                rows=prov["_row"][row:end],
+                sources=prov["_source"][row:end] if "_source" in prov else None,
                 skipped=tuple(
                     SkippedSample(
-                        s.position,
-                        s.shard,
-                        s.row,
-                        s.source if "_source" in part.schema.names else None,
-                        s.reason,
+                        s.position, s.shard, s.row, s.source if "_source" in prov else None, s.reason
                     )
                     for s in st.skipped
                 ),
             )
-            if not ld.provenance:
-                part = part.drop_columns([c for c in PROVENANCE if c in part.schema.names])
-            last = header.end_of_epoch and i == len(header.steps) - 1
+            out = split(row, n)
+            row = end
+            if ld.pin_memory:
+                out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
+            last = st.step + stride >= layout.num_steps  # this loader's last step of the epoch
+            if last and not (header.end_of_epoch and i == len(header.steps) - 1):
+                raise DataLossError(f"step {st.step} ends epoch {epoch} but the server's stream goes on")
             if last:
                 nxt = (epoch + 1, ld._epoch_start_offset())
             else:  # this loader's next step (the next global step unless workers split the stream)
                 nxt = (epoch, layout.global_range(st.step + stride)[0])
-            item = _Item(
-                epoch, *nxt, header.dropped if last else 0, _convert(part, ld.output, ld.pin_memory), info
-            )
-            if not self._put(item):
-                return None, False
-        if row != batch.num_rows:
-            raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {row}")
+            yield _Item(epoch, *nxt, header.dropped if last else 0, out, info)
         if header.end_of_epoch and not header.steps:
-            if not self._put(_Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)):
-                return None, False
-        return len(header.steps), header.end_of_epoch
+            yield _Item(epoch, epoch + 1, ld._epoch_start_offset(), header.dropped)
 
 
 def _cuda_available() -> bool:
@@ -315,14 +351,3 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
-
-
-def _convert(batch: pa.RecordBatch, output: str, pin_memory: bool = False) -> Any:
-    if output == "arrow":
-        return batch
-    if output == "torch":
-        out = to_torch(batch)
-        if pin_memory:
-            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
-        return out
-    return to_numpy(batch)

@@ -1,32 +1,39 @@
-"""`make bench`: shardstream's read throughput against Arrow Flight and a local Parquet read.
+"""Data-plane benchmark: shardstream's read throughput against Arrow Flight and a local Parquet read.
 
     python -m loadtest.bench [--mib 512] [--pairs 3] [--batch-mib 2] [--flight-from-memory]
-                             [--json loadtest/results/bench.json]
+                             [--flight-tuned] [--json loadtest/results/bench.json]
 
 One dataset of fixed-width rows (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row) is
 written to Parquet, ingested with `shardstream.server.ingest`, and read in full passes, in the same
-batches of ~--batch-mib MiB, by three paths:
+batches of ~--batch-mib MiB, by these paths:
 
-    shardstream  one `shardstream serve` subprocess -> `Loader(output="arrow")` in this process
-    flight       one Arrow Flight DoGet subprocess (loadtest/flight_server.py) reading the same
-                 shards -> `FlightClient.do_get` reader in this process (--flight-from-memory: the
-                 server reads them once at start, as shardstream's server keeps them in its cache)
-    parquet      `ParquetFile.iter_batches` of the same shards in this process (no network)
+    shardstream   one `shardstream serve` subprocess -> `Loader(output="arrow")`
+    flight        one Arrow Flight DoGet subprocess (loadtest/flight_server.py) reading the same
+                  shards -> `FlightClient.do_get` reader (--flight-from-memory: the server reads
+                  them once at start, as shardstream's server keeps them in its cache)
+    shardstream_striped
+                  (--striped K) K `shardstream serve` subprocesses -> `Loader(streams=K)`: one rank
+                  over K streams striped by step, one per server process
+    flight_tuned  (--flight-tuned) the same with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set
+                  for its server and client: the allocator settings shardstream applies to itself
+    parquet       `ParquetFile.iter_batches` of the same shards (no network)
 
-Each path runs one warm-up pass, then the paths alternate (A B C A B C ...) for --pairs rounds. Per
-pass: payload bytes (rows x 1,032 B, which is `batch.nbytes` of the shardstream and Flight batches;
-Parquet's batches also carry 1 bit/value of all-valid validity bitmaps, recorded as `arrow_nbytes`),
-wall time, time to first batch (connection set-up included), CPU seconds of this process and of the
-server process (psutil), peak RSS of both (VmHWM, reset before each pass). The client's peak is not
-per path: one process runs all three, and the allocator keeps what earlier passes used (a Parquet
-`iter_batches` pass alone grows it by ~300 MiB); the servers' peaks are per path.
-Throughput ratios are the median (min-max) of the per-round ratios. Figures only: it never asserts
-on time and exits 0 unless something crashed. MB = 10^6 bytes.
+Each path's client runs in its own process (spawned once, kept for all its passes), so what one
+client does to its process — shardstream's client sets glibc malloc options (allocator.py) — never
+helps or hurts another path, and client CPU and peak RSS are per path. Each path runs one warm-up
+pass, then the paths alternate (A B C A B C ...) for --pairs rounds. Per pass: payload bytes (rows x
+1,032 B, which is `batch.nbytes` of the shardstream and Flight batches; Parquet's batches also carry
+1 bit/value of all-valid validity bitmaps, recorded as `arrow_nbytes`), wall time, time to first
+batch (connection set-up included), CPU seconds of the client and of the server process (psutil),
+peak RSS of both (VmHWM, reset before each pass). Throughput ratios are the median (min-max) of the
+per-round ratios. Figures only: it never asserts on time and exits 0 unless something crashed.
+MB = 10^6 bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -69,6 +76,10 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench.json"
 PATHS = ("shardstream", "flight", "parquet")
+STRIPED = "shardstream_striped"  # --striped K: one rank over K streams on K server processes
+TUNED_FLIGHT = "flight_tuned"  # --flight-tuned: Flight with the allocator settings shardstream applies
+# What shardstream's server and client set through mallopt (shardstream/allocator.py), as variables.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 MIB = 1 << 20
 
 
@@ -112,8 +123,18 @@ def build_dataset(workdir: Path, layout: Layout) -> tuple[Path, list[Path]]:
 class FlightProcess:
     """loadtest/flight_server.py in its own process group."""
 
-    def __init__(self, workdir: Path, shards: list[Path], batch_rows: int, from_memory: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        shards: list[Path],
+        batch_rows: int,
+        from_memory: bool = False,
+        env: dict[str, str] | None = None,
+        name: str = "flight",
+    ) -> None:
         self.workdir = workdir
+        self.env = env
+        self.name = name
         self.shards = shards
         self.batch_rows = batch_rows
         self.from_memory = from_memory
@@ -121,9 +142,9 @@ class FlightProcess:
         self.port = 0
 
     def __enter__(self) -> FlightProcess:
-        shards_file = self.workdir / "flight-shards.json"
+        shards_file = self.workdir / f"{self.name}-shards.json"
         shards_file.write_text(json.dumps([str(p) for p in self.shards]))
-        ready = self.workdir / "flight-ready.json"
+        ready = self.workdir / f"{self.name}-ready.json"
         script = Path(__file__).with_name("flight_server.py")
         cmd = [
             sys.executable,
@@ -137,7 +158,9 @@ class FlightProcess:
         ]
         if self.from_memory:
             cmd.append("--from-memory")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(self.env or {})}
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while not ready.exists():
@@ -238,15 +261,63 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def measure(
-    name: str, round_: int, batches: Callable[[], Iterator[pa.RecordBatch]], server_pid: int | None
+def measure_in_child(
+    name: str, round_: int, source: tuple[str, Any], server_pid: int | list[int] | None
 ) -> Pass:
+    """`measure` of one path, run in that path's own client process (see `ClientProcess`)."""
+    kind, arg = source
+    batches: Callable[[], Iterator[pa.RecordBatch]]
+    if kind == "shardstream":
+        batches = lambda: shardstream_batches(*arg)  # noqa: E731
+    elif kind == "flight":
+        batches = lambda: flight_batches(arg)  # noqa: E731
+    else:
+        batches = lambda: parquet_batches(*arg)  # noqa: E731
+    return measure(name, round_, batches, server_pid)
+
+
+class ClientProcess:
+    """One client process per path, kept for all its passes: what one path's client does to its
+    process (shardstream's client sets glibc malloc options, allocator.py) never reaches another
+    path's client, and each path's client CPU and peak RSS are its own. `env` is added to its
+    environment (e.g. MALLOC_* for the Flight client that gets shardstream's allocator settings)."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        saved = {k: os.environ.get(k) for k in env or {}}
+        os.environ.update(env or {})
+        try:
+            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self.pool.submit(int).result()  # start it now, with this environment
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def measure(
+        self, name: str, round_: int, source: tuple[str, Any], server_pid: int | list[int] | None
+    ) -> Pass:
+        return self.pool.submit(measure_in_child, name, round_, source, server_pid).result()
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def measure(
+    name: str,
+    round_: int,
+    batches: Callable[[], Iterator[pa.RecordBatch]],
+    server_pid: int | list[int] | None,
+) -> Pass:
+    """One pass; `server_pid` is the serving process (or processes: CPU summed, the largest peak)."""
     me = psutil.Process()
-    server = psutil.Process(server_pid) if server_pid else None
-    peaks = _reset_peak_rss(me.pid) and (server is None or _reset_peak_rss(server.pid))
+    pids = [server_pid] if isinstance(server_pid, int) else list(server_pid or [])
+    servers = [psutil.Process(pid) for pid in pids]
+    peaks = _reset_peak_rss(me.pid) and all(_reset_peak_rss(s.pid) for s in servers)
     n = rows = nbytes = 0
     first = float("nan")
-    s0 = _cpu_s(server) if server else 0.0
+    s0 = sum(_cpu_s(s) for s in servers)
     c0 = _cpu_s(me)
     t0 = time.perf_counter()
     for batch in batches():
@@ -257,7 +328,8 @@ def measure(
         nbytes += batch.nbytes
     wall = time.perf_counter() - t0
     c1 = _cpu_s(me)
-    s1 = _cpu_s(server) if server else 0.0
+    s1 = sum(_cpu_s(s) for s in servers)
+    server_peak = max((_peak_rss_mib(s.pid) or 0.0 for s in servers), default=0.0) if peaks else 0.0
     return Pass(
         path=name,
         round=round_,
@@ -268,14 +340,16 @@ def measure(
         wall_s=wall,
         first_batch_s=first,
         client_cpu_s=c1 - c0,
-        server_cpu_s=(s1 - s0) if server else None,
+        server_cpu_s=(s1 - s0) if servers else None,
         client_peak_rss_mib=_peak_rss_mib(me.pid) if peaks else None,
-        server_peak_rss_mib=(_peak_rss_mib(server.pid) if server else None) if peaks else None,
+        server_peak_rss_mib=server_peak or None,
     )
 
 
-def shardstream_batches(target: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    with Loader([target], DATASET, batch_size=batch_rows, shuffle=False, output="arrow") as loader:
+def shardstream_batches(targets: list[str], batch_rows: int, streams: int = 1) -> Iterator[pa.RecordBatch]:
+    with Loader(
+        targets, DATASET, batch_size=batch_rows, shuffle=False, output="arrow", streams=streams
+    ) as loader:
         yield from loader
 
 
@@ -299,9 +373,24 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _paths(args: argparse.Namespace) -> tuple[str, ...]:
+    out = [PATHS[0]]
+    if getattr(args, "striped", 1) > 1:
+        out.append(STRIPED)
+    out.append("flight")
+    if getattr(args, "flight_tuned", False):
+        out.append(TUNED_FLIGHT)
+    return (*out, "parquet")
+
+
 def summarize(passes: list[Pass]) -> dict[str, Any]:
     measured = [p for p in passes if p.round > 0]
-    by_path = {name: [p for p in measured if p.path == name] for name in PATHS}
+    names = [
+        n
+        for n in ("shardstream", STRIPED, "flight", TUNED_FLIGHT, "parquet")
+        if any(p.path == n for p in passes)
+    ]
+    by_path = {name: [p for p in measured if p.path == name] for name in names}
     per_path = {}
     for name, ps in by_path.items():
         per_path[name] = {
@@ -315,9 +404,10 @@ def summarize(passes: list[Pass]) -> dict[str, Any]:
             "server_peak_rss_mib": max((p.server_peak_rss_mib or 0.0) for p in ps) or None,
         }
     ratios = {}
-    for other in ("flight", "parquet"):
-        pairs = list(zip(by_path["shardstream"], by_path[other], strict=True))
-        ratios[f"shardstream/{other}"] = {
+    mine = [n for n in ("shardstream", STRIPED) if n in by_path]
+    for base, other in [(a, b) for a in mine for b in names if b not in mine]:
+        pairs = list(zip(by_path[base], by_path[other], strict=True))
+        ratios[f"{base}/{other}"] = {
             "mb_per_s": _spread([a.mb_per_s / b.mb_per_s for a, b in pairs]),
             "cpu_s_per_gb": _spread([a.cpu_s_per_gb / b.cpu_s_per_gb for a, b in pairs]),
         }
@@ -339,7 +429,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"{result['machine']['cpus']} CPUs, warm page cache"
     )
     head = (
-        f"{'path':<12} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
+        f"{'path':<20} {'MB/s med (min-max)':>20} {'steady MB/s':>12} {'1st batch ms':>13} "
         f"{'client CPU s':>13} {'server CPU s':>13} {'CPU s/GB':>9} {'server peak RSS MiB':>19}"
     )
     print(head)
@@ -348,13 +438,13 @@ def print_report(result: dict[str, Any]) -> None:
         server_cpu = f"{s['server_cpu_s']['median']:.2f}" if s["server_cpu_s"] else "-"
         rss = f"{s['server_peak_rss_mib']:.0f}" if s["server_peak_rss_mib"] else "-"
         print(
-            f"{name:<12} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
+            f"{name:<20} {_fmt(s['mb_per_s']):>20} {s['steady_mb_per_s']['median']:>12.0f} "
             f"{s['first_batch_ms']['median']:>13.1f} {s['client_cpu_s']['median']:>13.2f} {server_cpu:>13} "
             f"{s['cpu_s_per_gb']['median']:>9.2f} {rss:>19}"
         )
     print()
     for key, r in summary["ratios"].items():
-        print(f"{key:<22} MB/s ratio {_fmt(r['mb_per_s'], 2)}   CPU s/GB ratio {_fmt(r['cpu_s_per_gb'], 2)}")
+        print(f"{key:<34} MB/s ratio {_fmt(r['mb_per_s'], 2)}   CPU s/GB ratio {_fmt(r['cpu_s_per_gb'], 2)}")
     if not summary["same_batches_on_every_path"]:
         print("WARNING: the paths did not deliver the same batches and rows; see the JSON", file=sys.stderr)
 
@@ -386,25 +476,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             root, shards = pool.submit(build_dataset, workdir, layout).result()
         log(f"  {len(shards)} shards, {time.perf_counter() - t0:.1f} s")
-        flight_proc = FlightProcess(workdir, shards, layout.batch_rows, args.flight_from_memory)
-        with LocalServer(root) as server, flight_proc as fl:
-            assert server.proc is not None and fl.proc is not None
-            runs: dict[str, tuple[Callable[[], Iterator[pa.RecordBatch]], int | None]] = {
-                "shardstream": (
-                    lambda: shardstream_batches(server.target, layout.batch_rows),
-                    server.proc.pid,
-                ),
-                "flight": (lambda: flight_batches(fl.port), fl.proc.pid),
-                "parquet": (lambda: parquet_batches(shards, layout.batch_rows), None),
+        paths = _paths(args)
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(LocalServer(root))
+            assert server.proc is not None
+            runs: dict[str, tuple[tuple[str, Any], int | list[int] | None]] = {
+                "shardstream": (("shardstream", ([server.target], layout.batch_rows)), server.proc.pid),
+                "parquet": (("parquet", (shards, layout.batch_rows)), None),
             }
+            if STRIPED in paths:  # the first server and K - 1 more
+                more = [stack.enter_context(LocalServer(root)) for _ in range(args.striped - 1)]
+                group = [server, *more]
+                runs[STRIPED] = (
+                    ("shardstream", ([s.target for s in group], layout.batch_rows, args.striped)),
+                    [s.proc.pid for s in group if s.proc is not None],
+                )
+            for name in paths:
+                if name.startswith("flight"):
+                    env = MALLOC_ENV if name == TUNED_FLIGHT else None
+                    fp = FlightProcess(workdir, shards, layout.batch_rows, args.flight_from_memory, env, name)
+                    fl = stack.enter_context(fp)
+                    assert fl.proc is not None
+                    runs[name] = (("flight", fl.port), fl.proc.pid)
+            clients = {}
+            for name in paths:
+                clients[name] = ClientProcess(MALLOC_ENV if name == TUNED_FLIGHT else None)
+                stack.callback(clients[name].close)
             for round_ in range(args.pairs + 1):
-                for name in PATHS:
-                    batches, pid = runs[name]
-                    p = measure(name, round_, batches, pid)
+                for name in paths:
+                    source, pid = runs[name]
+                    p = clients[name].measure(name, round_, source, pid)
                     passes.append(p)
                     label = "warm-up" if round_ == 0 else f"round {round_}"
                     log(
-                        f"  {label} {name:<12} {p.mb_per_s:7.0f} MB/s  "
+                        f"  {label} {name:<20} {p.mb_per_s:7.0f} MB/s  "
                         f"first batch {p.first_batch_s * 1e3:6.1f} ms  {p.batches} batches"
                     )
     return {
@@ -413,6 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mib": args.mib,
             "pairs": args.pairs,
             "batch_mib": args.batch_mib,
+            "striped_streams": args.striped,
             **asdict(layout),
             "flight_source": "memory (read once at start)"
             if args.flight_from_memory
@@ -426,7 +532,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "server_cache_holds_dataset": layout.num_rows * ROW_BYTES < SERVER_CACHE_MIB * MIB,
             "page_cache": "warm (written just before the passes)",
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-            "processes": "client: this process; shardstream and flight servers: one subprocess each",
+            "processes": "each path: its own client process; shardstream and flight servers: one subprocess each",
         },
         "versions": versions("shardstream", "grpcio", "protobuf", "torch", "uvloop"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "git_commit": _git_commit()},
@@ -457,6 +563,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the Flight server reads the shards once at start and serves them from memory, like "
         "shardstream's warm row-group cache (transport only); default: it reads Parquet on every pass",
+    )
+    ap.add_argument(
+        "--striped",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also measure one rank over K streams striped over K server processes (Loader(streams=K))",
+    )
+    ap.add_argument(
+        "--flight-tuned",
+        action="store_true",
+        help=f"also measure Flight with the allocator settings shardstream applies to itself "
+        f"({' '.join(f'{k}={v}' for k, v in MALLOC_ENV.items())} in its server's and client's environment)",
     )
     ap.add_argument(
         "--json",

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from shardstream._alloc import tune_malloc
+from shardstream import allocator
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
@@ -153,7 +153,7 @@ def run(cfg: ServerConfig) -> None:
 
         supervise(cfg)
         return
-    tune_malloc()  # fewer fresh-page faults per message (see shardstream._alloc)
+    allocator.tune()  # fewer fresh-page faults per message (see shardstream/allocator.py)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is in the server extra

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from shardstream.client.convert import to_numpy, to_torch
+from shardstream.client.convert import splitter, to_numpy, to_torch
 from shardstream.framing import decode_read_response, encode_read_response, ipc_bytes, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -76,3 +76,45 @@ def test_equal_length_variable_lists_are_reshaped_without_copy() -> None:
 def test_empty_variable_list_column_is_still_a_tensor() -> None:
     out = to_torch(received(pa.record_batch({"v": pa.array([[1.0, 2.0]])}).slice(0, 0)))
     assert isinstance(out["v"], torch.Tensor) and out["v"].shape[0] == 0
+
+
+def _same(a: object, b: object) -> None:
+    """Equal values, dtypes and shapes (numpy arrays, tensors, object arrays of strings/lists)."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)  # type: ignore[union-attr]
+        return
+    assert a.dtype == b.dtype and a.shape == b.shape  # type: ignore[attr-defined]
+    if a.dtype == object:  # type: ignore[attr-defined]
+        assert all(
+            np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+            for x, y in zip(a, b, strict=True)  # type: ignore[call-overload]
+        )
+    else:
+        np.testing.assert_array_equal(a, b)
+        assert a.flags.writeable == b.flags.writeable  # type: ignore[attr-defined]
+
+
+def test_splitter_gives_what_per_step_conversion_gives() -> None:
+    base = sample()
+    n = base.num_rows
+    rng = np.random.default_rng(0)
+    lists = [[i] * 3 for i in range(n)]  # equal lengths: reshaped without a copy
+    ragged = [[i] * (1 + i % 2) for i in range(n)]  # unequal over the batch, equal inside some steps
+    batch = received(
+        base.append_column("vl", pa.array(lists, type=pa.list_(pa.int16())))
+        .append_column("rl", pa.array(ragged, type=pa.list_(pa.float32())))
+        .append_column("h", pa.array(rng.random(n).astype(np.float16)))
+    )
+    cuts = [0, 0, 1, 2, 2, 7, 20, 20, 21, 50, 50]  # steps of 0, 1, 2, 13, ... rows, some empty
+    for output in ("numpy", "torch", "arrow"):
+        split = splitter(batch, output)
+        for start, end in zip(cuts, cuts[1:], strict=False):
+            got, want = split(start, end - start), batch.slice(start, end - start)
+            if output == "arrow":
+                assert got.equals(want)
+                continue
+            want = to_torch(want) if output == "torch" else to_numpy(want)
+            assert list(got) == list(want)
+            for name in want:
+                _same(got[name], want[name])

@@ -4,7 +4,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardstream.framing import ALIGNMENT, decode_read_response, encode_read_response, ipc_bytes, read_ipc
+from shardstream.framing import (
+    ALIGNMENT,
+    decode_read_response,
+    encode_batch,
+    encode_read_response,
+    ipc_bytes,
+    read_ipc,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 
@@ -44,3 +51,27 @@ def test_decode_accepts_a_generically_encoded_message() -> None:
     )
     header, payload = decode_read_response(data)
     assert header.epoch == 1 and read_ipc(payload).equals(batch)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 33, 4099])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_encode_batch_writes_the_same_bytes_as_encode_read_response(rows: int, sliced: bool) -> None:
+    ids = np.arange(rows, dtype=np.int64)
+    batch = pa.record_batch(
+        {
+            "id": ids,
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 5).astype(np.float32)), 5),
+            "text": pa.array([f"row-{i}" * (i % 4) for i in ids]),
+            "maybe": pa.array([None if i % 3 else float(i) for i in ids], type=pa.float64()),
+        }
+    )
+    if sliced:  # an unshuffled read hands the encoder zero-copy slices with an offset
+        batch = batch.slice(rows // 3, rows // 2)
+    header = pb.ReadHeader(epoch=1, end_of_epoch=True)
+    for i in range(rows % 7 + 1):
+        header.steps.add(step=i, position_start=i, position_end=i + 1)
+    expected = encode_read_response(header, ipc_bytes(batch))
+    data = encode_batch(header, batch)
+    assert type(data) is bytes and data == expected
+    got_header, payload = decode_read_response(data)
+    assert read_ipc(payload).equals(batch)

@@ -651,6 +651,20 @@ def test_resume_is_exact_through_every_transform(
             np.testing.assert_array_equal(a[k], b[k])
 
 
+@pytest.mark.parametrize("name", ["pack", "skip", "rl"])
+def test_striped_streams_deliver_the_same_transformed_batches(server: LocalServer, name: str) -> None:
+    dataset, columns, transforms = ALL_TRANSFORMS[name]
+    kwargs: dict[str, Any] = dict(
+        batch_size=3, seed=2, columns=columns, transforms=transforms, on_error="skip"
+    )
+    one = read_all(server, dataset, **kwargs)
+    three = read_all(server, dataset, streams=3, **kwargs)
+    assert len(one) == len(three)
+    for a, b in zip(one, three, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
 # --- validation ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("transforms", "message"),

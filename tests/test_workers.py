@@ -279,20 +279,6 @@ def test_cache_prefetch_then_get_is_one_read_and_a_hit() -> None:
     assert "z" not in cache
 
 
-def test_tune_malloc_applies_glibc_settings_unless_the_environment_has_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from shardstream._alloc import tune_malloc
-
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1073741824")
-    applied = tune_malloc()
-    if os.confstr("CS_GNU_LIBC_VERSION") is None:  # pragma: no cover - not glibc
-        assert applied == {}
-    else:
-        assert applied == {"MALLOC_MMAP_THRESHOLD_": 32 << 20}
-
-
 def test_usable_cpus_is_the_affinity_at_most() -> None:
     from shardstream.server.workers import usable_cpus
 

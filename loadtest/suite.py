@@ -1,0 +1,384 @@
+"""`make bench`: the benchmarks of issue #7 in one run, each as a ratio against a baseline of the same run.
+
+    python -m loadtest.suite [--quick] [--only NAME ...] [--json loadtest/results/suite.json]
+
+1. dataplane    shardstream vs Arrow Flight DoGet serving the same batches from memory
+                (`loadtest.bench --flight-from-memory --flight-tuned --striped 2`): MB/s ratio per
+                round, A B A B; Flight as it ships and with shardstream's malloc settings; one
+                stream on one server, and 2 streams striped over 2 servers.
+2. servers      2 server processes vs 1 on a server-bound load (full shuffle of 264 B rows,
+                batches of 4,096 rows, 2 ranks, no step time): total samples/s, alternating.
+3. cache        8 ranks on 2 servers, one block-shuffled epoch, row-group cache 1 GiB vs 1 MiB
+                (below one row group: nothing is kept): storage read amplification of each.
+4. client_rss   one rank (output numpy), 2 MiB batches, a slow step so the prefetch queue stays
+                full: the rank's peak RSS, and its growth over the RSS it had before iterating,
+                vs its prefetch budget (prefetch x batch bytes), for 2 budgets.
+5. small        264 B samples in batches of 32: one server + Loader(output="torch") vs torchdata's
+                StatefulDataLoader over the same rows memmapped (loadtest/peers.py), alternating.
+
+Figures only: it prints a table of ratios, writes everything as JSON and exits 0 unless something
+crashed. Read /work/shared/BENCHMARKING.md (or loadtest/README.md) before quoting a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest import bench, peers
+from loadtest.common import log, versions
+from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
+from shardstream.server.fleet import LocalServer
+
+__all__ = ["main"]
+
+SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small")
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "suite.json"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Sizes:
+    dataplane_mib: int
+    dataplane_pairs: int
+    servers_rows: int
+    servers_pairs: int
+    servers_duration_s: float
+    cache_rows: int
+    rss_duration_s: float
+    small_rows: int
+    small_pairs: int
+
+
+FULL = Sizes(512, 3, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3)
+QUICK = Sizes(128, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2)
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _fmt(s: dict[str, float] | None, digits: int = 2) -> str:
+    if s is None:
+        return "-"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _slim(res: dict[str, Any]) -> dict[str, Any]:
+    """A load-test result without its timeline (the suite keeps the figures only)."""
+    return {k: v for k, v in res.items() if k != "timeline"}
+
+
+def _load(cfg: LoadConfig, workdir: Path, label: str) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=workdir))
+    res = run_load(cfg, workdir=run_dir)
+    t = res["total"]
+    log(
+        f"  {label:<22} {t['samples_per_s']:>10.0f} samples/s {t['mb_per_s']:>7.1f} MB/s  "
+        f"read amp {t['read_amplification'] or 0:.2f}  server CPU {t['server_cpu_s']:.1f} s  "
+        f"rank CPU {t['rank_cpu_s']:.1f} s"
+    )
+    return _slim(res)
+
+
+# --- 1 ----------------------------------------------------------------------------------------
+def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    del workdir
+    args = argparse.Namespace(
+        mib=sz.dataplane_mib,
+        pairs=sz.dataplane_pairs,
+        batch_mib=2,
+        flight_from_memory=True,
+        flight_tuned=True,
+        striped=2,
+    )
+    res = bench.run(args)
+    ratios = res["summary"]["ratios"]
+    paths = res["summary"]["paths"]
+    return {
+        "ratio": ratios["shardstream/flight"]["mb_per_s"],
+        "ratio_flight_tuned": ratios["shardstream/flight_tuned"]["mb_per_s"],
+        "ratio_striped": ratios[f"{bench.STRIPED}/flight"]["mb_per_s"],
+        "ratio_striped_flight_tuned": ratios[f"{bench.STRIPED}/flight_tuned"]["mb_per_s"],
+        "cpu_s_per_gb_ratio": ratios["shardstream/flight"]["cpu_s_per_gb"],
+        "mb_per_s": {k: v["mb_per_s"] for k, v in paths.items()},
+        "same_batches": res["summary"]["same_batches_on_every_path"],
+        "config": res["config"],
+        "passes": res["passes"],
+    }
+
+
+# --- 2 ----------------------------------------------------------------------------------------
+def servers(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    base = LoadConfig(
+        ranks=2,
+        step_ms=0.0,
+        duration_s=sz.servers_duration_s,
+        batch_size=4096,
+        root=str(workdir / "root"),
+        rows=sz.servers_rows,
+        dim=64,
+        shuffle="full",
+    )
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for round_ in range(sz.servers_pairs):
+        for m in (1, 2):
+            cfg = LoadConfig(**{**base.__dict__, "servers": m, "seed": round_})
+            runs[m].append(_load(cfg, workdir, f"servers={m} round {round_}"))
+    ratios = [
+        b["total"]["samples_per_s"] / a["total"]["samples_per_s"]
+        for a, b in zip(runs[1], runs[2], strict=True)
+    ]
+
+    def per_cpu(r: dict[str, Any]) -> float:
+        return r["total"]["rows"] / r["total"]["server_cpu_s"] if r["total"]["server_cpu_s"] else 0.0
+
+    def cores(r: dict[str, Any], key: str) -> float:
+        return r["total"][key] / r["window_s"]
+
+    return {
+        "ratio": _spread(ratios),
+        # What one server CPU-second delivers, and how many cores servers and ranks kept busy: on a
+        # machine with fewer cores than servers + ranks need, the ratio measures the machine.
+        "samples_per_server_cpu_s": {str(m): _spread([per_cpu(r) for r in rs]) for m, rs in runs.items()},
+        "server_cores_busy": {
+            str(m): _spread([cores(r, "server_cpu_s") for r in rs]) for m, rs in runs.items()
+        },
+        "rank_cores_busy": {str(m): _spread([cores(r, "rank_cpu_s") for r in rs]) for m, rs in runs.items()},
+        "samples_per_s": {
+            str(m): _spread([r["total"]["samples_per_s"] for r in rs]) for m, rs in runs.items()
+        },
+        "server_cpu_s": {str(m): _spread([r["total"]["server_cpu_s"] for r in rs]) for m, rs in runs.items()},
+        "rank_cpu_s": {str(m): _spread([r["total"]["rank_cpu_s"] for r in rs]) for m, rs in runs.items()},
+        "runs": runs,
+    }
+
+
+# --- 3 ----------------------------------------------------------------------------------------
+def cache(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, mib in (("cache", 1024), ("no_cache", 1)):
+        cfg = LoadConfig(
+            servers=2,
+            ranks=8,
+            step_ms=0.0,
+            duration_s=600.0,
+            epochs=1,
+            batch_size=256,
+            root=str(workdir / "root"),
+            rows=sz.cache_rows,
+            dim=64,
+            shuffle="block",
+            cache_mib=mib,
+        )
+        out[label] = _load(cfg, workdir, f"8 ranks, {label}")
+    amp = {k: out[k]["total"]["read_amplification"] for k in ("cache", "no_cache")}
+    return {
+        "read_amplification": amp,
+        "ratio_no_cache_over_cache": amp["no_cache"] / amp["cache"] if amp["cache"] else None,
+        "samples_per_s": {k: out[k]["total"]["samples_per_s"] for k in out},
+        "exactly_once": {k: out[k]["check"]["positions_exactly_once"] for k in out},
+        "runs": out,
+    }
+
+
+# --- 4 ----------------------------------------------------------------------------------------
+def client_rss(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    batch_rows = 2 * MIB // (8 + 4 * 256)
+    out = {}
+    for prefetch in (4, 32):
+        cfg = LoadConfig(
+            servers=1,
+            ranks=1,
+            step_ms=20.0,
+            duration_s=sz.rss_duration_s,
+            batch_size=batch_rows,
+            root=str(workdir / "root"),
+            rows=batch_rows * 128,  # 256 MiB
+            dim=256,
+            shuffle="none",
+            prefetch=prefetch,
+            output="numpy",  # the SDK's own footprint (importing torch alone adds ~150 MiB of RSS)
+        )
+        res = _load(cfg, workdir, f"client rss prefetch {prefetch}")
+        rank = res["ranks"][0]
+        budget_mib = prefetch * batch_rows * (8 + 4 * 256) / MIB
+        out[str(prefetch)] = {
+            "prefetch_batches": prefetch,
+            "budget_mib": budget_mib,
+            "rss_start_mib": rank["rss_start_mib"],
+            "peak_rss_mib": rank["peak_rss_mib"],
+            "growth_mib": rank["peak_rss_mib"] - rank["rss_start_mib"],
+            "peak_minus_budget_mib": rank["peak_rss_mib"] - budget_mib,
+            "stall_fraction": rank["stall_fraction"],
+        }
+    return {"batch_mib": batch_rows * (8 + 4 * 256) / MIB, "by_prefetch": out}
+
+
+# --- 5 ----------------------------------------------------------------------------------------
+def small(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    cfg = LoadConfig(root=str(workdir / "root"), rows=sz.small_rows, dim=64)
+    manifest, _ = ensure_dataset(cfg, cfg.root, workdir)  # type: ignore[arg-type]
+    ids_path, vec_path = peers.write_memmap(cfg.root, dataset_name(cfg), workdir / "memmap")  # type: ignore[arg-type]
+    ds = peers.MemmapRows(ids_path, vec_path)
+    out: dict[str, Any] = {}
+    with LocalServer(cfg.root) as server:  # type: ignore[arg-type]
+        for shuffle in (False, True):
+            runs: dict[str, list[dict[str, Any]]] = {"shardstream": [], "torchdata": []}
+            for round_ in range(sz.small_pairs + 1):  # round 0: warm-up
+                for name in ("shardstream", "torchdata"):
+                    if name == "shardstream":
+                        r = peers.fleet_pass(server.target, str(manifest.ref), 32, shuffle)
+                    else:
+                        r = peers.peer_pass(ds, 32, shuffle)
+                    r["round"] = round_
+                    runs[name].append(r)
+                    log(
+                        f"  small shuffle={shuffle!s:<5} {'warm-up' if round_ == 0 else f'round {round_}'} "
+                        f"{name:<12} {r['samples_per_s']:>9.0f} samples/s"
+                    )
+            a = [r for r in runs["shardstream"] if r["round"] > 0]
+            b = [r for r in runs["torchdata"] if r["round"] > 0]
+            out["shuffled" if shuffle else "in_order"] = {
+                "ratio": _spread(
+                    [x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b, strict=True)]
+                ),
+                "shardstream_samples_per_s": _spread([x["samples_per_s"] for x in a]),
+                "torchdata_samples_per_s": _spread([y["samples_per_s"] for y in b]),
+                "same_rows": len({x["rows"] for x in a + b}) == 1,
+                "runs": runs,
+            }
+    return {"rows": manifest.num_rows, "row_bytes": 264, "batch_size": 32, **out}
+
+
+# --- report -----------------------------------------------------------------------------------
+def print_report(res: dict[str, Any]) -> None:
+    s = res["sections"]
+    print(
+        f"\nshardstream benchmark suite ({'quick' if res['quick'] else 'full'}), {res['machine']['cpus']} CPUs"
+    )
+    print(f"{'benchmark':<58} {'ratio med (min-max)':>24}  detail")
+    print("-" * 110)
+    if "dataplane" in s:
+        d = s["dataplane"]
+        mbs = {k: v["median"] for k, v in d["mb_per_s"].items()}
+        for key, label, mine, theirs in (
+            ("ratio", "data plane / Flight DoGet from memory (MB/s)", "shardstream", "flight"),
+            (
+                "ratio_flight_tuned",
+                "  / Flight with shardstream's malloc settings",
+                "shardstream",
+                "flight_tuned",
+            ),
+            ("ratio_striped", "  2 streams on 2 servers / Flight", bench.STRIPED, "flight"),
+            (
+                "ratio_striped_flight_tuned",
+                "  2 streams on 2 servers / Flight, malloc settings",
+                bench.STRIPED,
+                "flight_tuned",
+            ),
+        ):
+            print(f"{label:<58} {_fmt(d[key]):>24}  {mbs[mine]:.0f} vs {mbs[theirs]:.0f} MB/s")
+    if "servers" in s:
+        d = s["servers"]
+        print(
+            f"{'2 servers / 1 server (samples/s, server-bound)':<58} {_fmt(d['ratio']):>24}  "
+            f"{d['samples_per_s']['2']['median']:.0f} vs {d['samples_per_s']['1']['median']:.0f} samples/s; "
+            f"cores busy servers+ranks {d['server_cores_busy']['2']['median']:.2f}+"
+            f"{d['rank_cores_busy']['2']['median']:.2f} vs {d['server_cores_busy']['1']['median']:.2f}+"
+            f"{d['rank_cores_busy']['1']['median']:.2f} of {os.cpu_count()}"
+        )
+    if "cache" in s:
+        d = s["cache"]
+        amp = d["read_amplification"]
+        print(
+            f"{'8 ranks, 2 servers: read amplification no cache / cache':<58} "
+            f"{d['ratio_no_cache_over_cache'] or 0:>24.2f}  cache {amp['cache']:.2f}x, no cache "
+            f"{amp['no_cache']:.2f}x"
+        )
+    if "client_rss" in s:
+        for k, d in s["client_rss"]["by_prefetch"].items():
+            label = f"client peak RSS, prefetch {k} x {s['client_rss']['batch_mib']:.0f} MiB"
+            print(
+                f"{label:<58} {d['peak_rss_mib']:>20.0f} MiB  budget {d['budget_mib']:.0f} MiB, "
+                f"peak - budget {d['peak_minus_budget_mib']:.0f} MiB, growth {d['growth_mib']:.0f} MiB"
+            )
+    if "small" in s:
+        for key in ("in_order", "shuffled"):
+            d = s["small"][key]
+            label = f"264 B x 32, {key.replace('_', ' ')}: fleet / StatefulDataLoader"
+            print(
+                f"{label:<58} {_fmt(d['ratio']):>24}  {d['shardstream_samples_per_s']['median']:.0f} vs "
+                f"{d['torchdata_samples_per_s']['median']:.0f} samples/s"
+            )
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.suite", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller data and fewer rounds (~3 min)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these benchmarks")
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
+    args = ap.parse_args(argv)
+    sz = QUICK if args.quick else FULL
+    fns = {
+        "dataplane": dataplane,
+        "servers": servers,
+        "cache": cache,
+        "client_rss": client_rss,
+        "small": small,
+    }
+    sections: dict[str, Any] = {}
+    elapsed: dict[str, float] = {}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="shardstream-suite-") as tmp:
+        for name in args.only or SECTIONS:
+            log(f"== {name}")
+            t0 = time.perf_counter()
+            sections[name] = fns[name](sz, Path(tmp))
+            elapsed[name] = time.perf_counter() - t0
+            log(f"   {elapsed[name]:.0f} s")
+    res = {
+        "command": " ".join([Path(sys.executable).name, "-m", "loadtest.suite", *sys.argv[1:]]),
+        "quick": args.quick,
+        "sizes": sz.__dict__,
+        "versions": versions("shardstream", "grpcio", "protobuf", "uvloop", "torch", "torchdata"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "git_commit": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        },
+        "elapsed_s": {**elapsed, "total": time.perf_counter() - t_all},
+        "sections": sections,
+    }
+    print_report(res)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"\nwrote {args.json} ({res['elapsed_s']['total']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

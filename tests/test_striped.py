@@ -1,0 +1,98 @@
+"""Loader(streams=K): a rank read over K streams striped by step delivers exactly what one stream does.
+
+Same steps in the same order, same bytes, same provenance, same cursor after every batch, same
+dropped counts — across world sizes, batch sizes, shuffle modes, drop_last, epochs, resume and
+a server killed mid-epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.client import Loader
+from shardstream.errors import InvalidArgumentError
+
+from .conftest import N_ROWS
+from .test_loader_e2e import unused_port
+
+
+def trace(
+    endpoints: list[str], state: dict[str, Any] | None = None, steps: int | None = None, **kw: Any
+) -> Any:
+    """Everything a training loop can observe, batch by batch."""
+    out = []
+    with Loader(endpoints, "toy@1", provenance=True, **kw) as ld:
+        if state is not None:
+            ld.load_state_dict(state)
+        for batch in ld:
+            info = ld.last_batch
+            assert info is not None
+            out.append(
+                (
+                    info.epoch,
+                    info.step,
+                    info.position_start,
+                    info.position_end,
+                    {k: (v.dtype.str, v.shape, v.tolist()) for k, v in batch.items()},
+                    info.shards.tolist(),
+                    info.rows.tolist(),
+                    ld.state_dict(),
+                )
+            )
+            if steps is not None and len(out) == steps:
+                break
+        return out, dict(ld.dropped)
+
+
+@pytest.mark.parametrize(
+    "world,batch,shuffle,drop_last",
+    [
+        (1, 7, "none", False),
+        (3, 5, "block", False),
+        (2, 32, "full", True),
+        (5, 100, "block", False),
+        (2, 600, "none", False),
+    ],
+)
+@pytest.mark.parametrize("streams", [2, 3])
+def test_striped_streams_deliver_exactly_what_one_stream_does(
+    endpoints: list[str], world: int, batch: int, shuffle: str, drop_last: bool, streams: int
+) -> None:
+    for rank in range(world):
+        kw = dict(
+            batch_size=batch, rank=rank, world_size=world, shuffle=shuffle, drop_last=drop_last, epochs=2
+        )
+        one = trace(endpoints, **kw)
+        assert trace(endpoints, streams=streams, max_message_bytes=1 if rank % 2 else 0, **kw) == one
+
+
+def test_striped_resume_mid_epoch(endpoints: list[str]) -> None:
+    kw = dict(batch_size=9, world_size=2, rank=1, shuffle="block", seed=5, epochs=2)
+    head, _ = trace(endpoints, steps=37, streams=2, **kw)
+    state = head[-1][-1]
+    assert trace(endpoints, state=state, streams=3, **kw) == trace(endpoints, state=state, **kw)
+
+
+def test_striped_streams_fail_over(server_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = server_factory(), server_factory()
+    dead = f"127.0.0.1:{unused_port()}"
+    kw = dict(batch_size=5, seed=3, shuffle="block")
+    with Loader([b.target], "toy@1", **kw) as ref:
+        expected = np.concatenate([x["id"] for x in ref]).tolist()
+    # Stream 1 starts on a dead endpoint; server a is killed mid-epoch: both streams move on.
+    with Loader([a.target, dead, b.target], "toy@1", streams=2, prefetch=2, max_message_bytes=1, **kw) as ld:
+        it = iter(ld)
+        got = [next(it)["id"] for _ in range(10)]
+        a.kill()
+        got += [x["id"] for x in it]
+    ids = np.concatenate(got).tolist()
+    assert ids == expected and sorted(ids) == list(range(N_ROWS))
+
+
+def test_streams_must_be_a_positive_integer() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidArgumentError, match="streams"):
+            Loader(["127.0.0.1:1"], "toy", batch_size=1, streams=bad)  # type: ignore[arg-type]
