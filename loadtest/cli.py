@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-mib", type=int, default=d.cache_mib, help=f"server row-group cache (default {d.cache_mib})"
     )
     ap.add_argument(
+        "--cache-dir",
+        help="a local-disk row-group tier shared by all the servers (serve --cache-dir): each row group "
+        "is read from storage once for the whole fleet of this host",
+    )
+    ap.add_argument(
         "--max-message-bytes", type=int, default=0, help="server message size target (default ~2 MiB)"
     )
     ap.add_argument("--json", type=Path, help="write the result here")
@@ -147,6 +152,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         streams=args.streams,
         output=args.output,
         cache_mib=args.cache_mib,
+        cache_dir=args.cache_dir,
         max_message_bytes=args.max_message_bytes,
     )
 

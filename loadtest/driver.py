@@ -74,6 +74,7 @@ class LoadConfig:
     streams: int = 1  # Loader(streams=K): each rank over K streams striped over the servers
     output: str = "numpy"
     cache_mib: int = 1024
+    cache_dir: str | None = None  # one `serve --cache-dir` shared by every server (a node-local tier)
     max_message_bytes: int = 0  # 0: the server's default (~2 MiB)
     server_env: dict[str, str] = field(default_factory=dict)
 
@@ -216,6 +217,8 @@ def run_load(cfg: LoadConfig, workdir: Path | None = None) -> dict[str, Any]:
         args: tuple[str, ...] = ("--cache-mib", str(cfg.cache_mib))
         if cfg.s3_endpoint:
             args += ("--s3-endpoint", cfg.s3_endpoint)
+        if cfg.cache_dir:
+            args += ("--cache-dir", cfg.cache_dir)
         servers = [LocalServer(root, metrics=True, extra_args=args, env=env) for _ in range(cfg.servers)]
         for s in servers:
             stack.callback(s.stop)

@@ -329,11 +329,7 @@ class DatasetReader:
         spill = self._cache.spill
         info = self.manifest.shards[shard]
 
-        def fetch() -> pa.Table:
-            if spill is not None:  # a whole file of the same content, or None
-                held = spill.load(info.sha256, group, columns, info.row_groups[group])
-                if held is not None:
-                    return held
+        def read() -> pa.Table:
             t0 = time.perf_counter()
             STORAGE_READS.inc()
             try:
@@ -351,9 +347,13 @@ class DatasetReader:
             STORAGE_READ_BYTES.inc(table.nbytes)
             if table.num_rows:
                 self._row_bytes[columns] = table.nbytes / table.num_rows
-            if spill is not None:
-                spill.store(info.sha256, group, columns, table)
             return table
+
+        def fetch() -> pa.Table:
+            if spill is None:
+                return read()
+            # The disk tier: a whole file of the same content, or one read for all processes.
+            return spill.get_or_read(info.sha256, group, columns, info.row_groups[group], read)
 
         return fetch
 

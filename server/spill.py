@@ -7,8 +7,11 @@ disk) can use it, whatever dataset version or name points at that shard. A memor
 before storage; the file is memory-mapped, so a hit costs no decode and no copy.
 
 - Writes are atomic: a temporary file in DIR, then `os.replace`; a reader sees a whole file or none.
-  Two workers missing the same row group at once may both read storage (coalescing is per process);
-  the last rename wins, with identical content.
+- Misses coalesce across processes: a process that misses takes an exclusive `flock` on one of
+  LOCK_STRIPES lock files (chosen by the row group's file name), looks again, and only then reads
+  storage and writes the file; the others wait on the lock and find the file. So the workers of a
+  server — and several servers sharing the directory on one host — read each row group from storage
+  once. (Threads of one process are already coalesced by the in-memory cache.)
 - A file that does not hold the rows the manifest says is deleted and read again from storage.
 - Bounded by bytes: when the tier grows past its capacity, the least recently used files (by mtime,
   touched on every hit) are deleted down to 90%. Workers delete concurrently; a file deleted while
@@ -17,12 +20,13 @@ before storage; the file is memory-mapped, so a hit costs no decode and no copy.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SPILL_BYTES = 8 << 30
 SUFFIX = ".arrow"
 STALE_TMP_S = 3600.0  # temporary files older than this are leftovers of a crash
+LOCK_STRIPES = 1024  # lock files (fixed, so none accumulate); unrelated row groups rarely share one
 
 SPILL_HITS = Counter("shardstream_disk_cache_hits_total", "Row groups read from the local-disk cache")
 SPILL_WRITES = Counter("shardstream_disk_cache_writes_total", "Row groups written to the local-disk cache")
@@ -88,6 +93,31 @@ class SpillTier:
             pass
         SPILL_HITS.inc()
         return table
+
+    def get_or_read(
+        self, sha256: str, group: int, columns: Sequence[str], rows: int, read: Callable[[], pa.Table]
+    ) -> pa.Table:
+        """The row group from its file, or from `read()` (then stored) by exactly one process at a time."""
+        held = self.load(sha256, group, columns, rows)
+        if held is not None:
+            return held
+        path = self._path(sha256, group, columns)
+        stripe = int(hashlib.blake2b(path.name.encode(), digest_size=4).hexdigest(), 16) % LOCK_STRIPES
+        try:
+            lock = open(self.dir / f".lock-{stripe:04d}", "a+b")  # noqa: SIM115 — held across the read
+        except OSError as exc:  # no lock, no coalescing: still correct
+            log.warning("disk cache lock unavailable (%s): reading without it", exc)
+            table = read()
+            self.store(sha256, group, columns, table)
+            return table
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            held = self.load(sha256, group, columns, rows)  # another process may have read it meanwhile
+            if held is not None:
+                return held
+            table = read()
+            self.store(sha256, group, columns, table)
+            return table
 
     def store(self, sha256: str, group: int, columns: Sequence[str], table: pa.Table) -> None:
         path = self._path(sha256, group, columns)

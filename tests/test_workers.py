@@ -319,6 +319,40 @@ def test_disk_cache_is_shared_by_workers_and_runs(
     assert m["shardstream_disk_cache_bytes"] > 0
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_servers_sharing_a_cache_dir_read_each_row_group_once_when_cold(
+    server_factory: Factory, pair: tuple[LocalServer, LocalServer], data_root: Path, tmp_path: Path, seed: int
+) -> None:
+    """Two servers start cold on one --cache-dir and serve 6 concurrent ranks (3 each) of one
+    block-shuffled epoch: their misses on the same row group coalesce across processes (a lock per
+    row group file), so storage is read once per row group for the whole fleet, bytes unchanged."""
+    import threading
+
+    one, _ = pair
+    cache_dir = tmp_path / "spill"
+    servers = [server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir))) for _ in range(2)]
+    kw = dict(batch_size=16, world_size=6, seed=seed, shuffle="block", shuffle_window=4)
+    got: dict[int, list[pa.RecordBatch]] = {}
+
+    def rank(r: int) -> None:
+        got[r] = delivered(servers[r % 2].target, rank=r, **kw)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(6):
+        want = delivered(one.target, rank=r, **kw)
+        assert [b.to_pydict() for b in got[r]] == [b.to_pydict() for b in want]
+    with Registry(data_root) as reg:
+        groups = sum(len(s.row_groups) for s in reg.resolve("toy@1").shards)
+    reads = [scrape(s)["shardstream_storage_reads_total"] for s in servers]
+    hits = [scrape(s)["shardstream_disk_cache_hits_total"] for s in servers]
+    assert sum(reads) == groups  # once for the fleet, not once per server
+    assert sum(hits) == groups  # the other server found each one on disk
+
+
 def test_a_damaged_disk_cache_file_is_replaced_from_storage(
     server_factory: Factory, data_root: Path, tmp_path: Path
 ) -> None:
