@@ -249,7 +249,10 @@ class ShardStreamService:
                 m = readers[source].manifest
                 return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
 
-            pipeline = build_pipeline(list(req.transforms), req.on_error, schema, describe)
+            # In a thread: building may load a tokenizer or import a codec library (the loop never waits).
+            pipeline = await asyncio.to_thread(
+                build_pipeline, list(req.transforms), req.on_error, schema, describe
+            )
         layout = StepLayout(
             selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
         )
