@@ -149,25 +149,29 @@ class AudioDecode(Transform):
             return np.concatenate([clip, np.zeros(n - len(clip), np.float32)]), len(clip)
 
         results, errors = map_samples(one, len(col), ctx)
-        keep = keep_rows(len(col), errors)
-        out = batch.take(pa.array(keep)) if errors else batch
-        clips = [r[0] if r is not None else None for r in results]
-        lengths = pa.array([results[i][1] for i in keep.tolist()], pa.int32())
-        schema = self.output_schema
-        out = set_column(
-            out,
-            self.output,
-            fixed_tensor(clips, (n,), np.dtype(np.float32), keep),
-            _without(schema, self.output + "_length"),
-        )
-        out = set_column(out, self.output + "_length", lengths, schema)
-        return Result(out, keep, errors)
+        return _decoded(batch, results, errors, self.output, "_length", (n,), np.float32, self.output_schema)
 
 
-def _without(schema: pa.Schema, name: str) -> pa.Schema:
-    """`schema` less the field `name` when it was appended last (an intermediate step)."""
-    i = schema.get_field_index(name)
-    return schema.remove(i) if i == len(schema) - 1 else schema
+def _decoded(
+    batch: pa.RecordBatch,
+    results: list[tuple[np.ndarray, int] | None],
+    errors: list[tuple[int, str]],
+    output: str,
+    suffix: str,
+    shape: tuple[int, ...],
+    dtype: type,
+    schema: pa.Schema,
+) -> Result:
+    """The decoded samples as column `output` (fixed shape) and their real lengths as `output+suffix`."""
+    keep = keep_rows(len(results), errors)
+    out = batch.take(pa.array(keep)) if errors else batch
+    arrays = [r[0] if r is not None else None for r in results]
+    counts = pa.array([results[i][1] for i in keep.tolist()], pa.int32())  # type: ignore[index]
+    # `output` first (in place, or appended before `output+suffix`), then the counts.
+    i = schema.get_field_index(output + suffix)
+    partial = schema.remove(i) if i == len(schema) - 1 else schema
+    out = set_column(out, output, fixed_tensor(arrays, shape, np.dtype(dtype), keep), partial)
+    return Result(set_column(out, output + suffix, counts, schema), keep, errors)
 
 
 class VideoFrames(Transform):
@@ -207,16 +211,6 @@ class VideoFrames(Transform):
             return frames, got
 
         results, errors = map_samples(one, len(col), ctx)
-        keep = keep_rows(len(col), errors)
-        out = batch.take(pa.array(keep)) if errors else batch
-        videos = [r[0] if r is not None else None for r in results]
-        counts = pa.array([results[i][1] for i in keep.tolist()], pa.int32())
-        schema = self.output_schema
-        out = set_column(
-            out,
-            self.output,
-            fixed_tensor(videos, self.shape, np.dtype(np.uint8), keep),
-            _without(schema, self.output + "_frames"),
+        return _decoded(
+            batch, results, errors, self.output, "_frames", self.shape, np.uint8, self.output_schema
         )
-        out = set_column(out, self.output + "_frames", counts, schema)
-        return Result(out, keep, errors)
