@@ -2,13 +2,14 @@
 
 `python -m shardstream.server.worker CONFIG_JSON SUPERVISOR_PID`: runs `app.run` with the config
 the supervisor made for it (its port, SO_REUSEPORT, a ready file), and drains if the supervisor dies.
-Errors leave as one line, as the CLI's do.
+Errors leave as one logged line (no traceback), as the CLI's do.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> int:
     try:
         run(cfg)
     except ShardstreamError as exc:
-        print(f"shardstream: error: {exc}", file=sys.stderr)
+        logging.getLogger("shardstream.server").error("%s", exc)  # one line, no traceback
         return 1
     except KeyboardInterrupt:
         return 130
