@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench import ClientProcess, Layout, build_dataset
-from loadtest.common import log, versions
+from loadtest.common import log, spread, versions, write_json
 from shardstream.server.fleet import LocalServer
 
 __all__ = ["main"]
@@ -90,9 +88,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if round_:
                     passes[k].append(p.to_json())
 
-    def spread(v: list[float]) -> dict[str, float]:
-        return {"median": statistics.median(v), "min": min(v), "max": max(v)}
-
     summary = {
         k: {
             "mb_per_s": spread([p["mb_per_s"] for p in ps]),
@@ -136,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['median']:>8.2f} ({r['min']:.2f}-{r['max']:.2f}) {s['client_cpu_s']['median']:>13.3f} "
             f"{s['server_cpu_s']['median']:>13.3f}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, res)
     return 0
 
 

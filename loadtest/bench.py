@@ -39,7 +39,6 @@ import multiprocessing
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +54,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
-from loadtest.common import log, versions, write_vectors
+from loadtest.common import log, spread, versions, write_json, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
@@ -369,10 +368,6 @@ def parquet_batches(shards: list[Path], batch_rows: int) -> Iterator[pa.RecordBa
 
 
 # --- report ------------------------------------------------------------------------------------
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _paths(args: argparse.Namespace) -> tuple[str, ...]:
     out = [PATHS[0]]
     if getattr(args, "striped", 1) > 1:
@@ -394,12 +389,12 @@ def summarize(passes: list[Pass]) -> dict[str, Any]:
     per_path = {}
     for name, ps in by_path.items():
         per_path[name] = {
-            "mb_per_s": _spread([p.mb_per_s for p in ps]),
-            "steady_mb_per_s": _spread([p.steady_mb_per_s for p in ps]),
-            "first_batch_ms": _spread([p.first_batch_s * 1e3 for p in ps]),
-            "client_cpu_s": _spread([p.client_cpu_s for p in ps]),
-            "server_cpu_s": _spread([p.server_cpu_s for p in ps]) if ps[0].server_cpu_s is not None else None,
-            "cpu_s_per_gb": _spread([p.cpu_s_per_gb for p in ps]),
+            "mb_per_s": spread([p.mb_per_s for p in ps]),
+            "steady_mb_per_s": spread([p.steady_mb_per_s for p in ps]),
+            "first_batch_ms": spread([p.first_batch_s * 1e3 for p in ps]),
+            "client_cpu_s": spread([p.client_cpu_s for p in ps]),
+            "server_cpu_s": spread([p.server_cpu_s for p in ps]) if ps[0].server_cpu_s is not None else None,
+            "cpu_s_per_gb": spread([p.cpu_s_per_gb for p in ps]),
             "client_peak_rss_mib": max((p.client_peak_rss_mib or 0.0) for p in ps) or None,
             "server_peak_rss_mib": max((p.server_peak_rss_mib or 0.0) for p in ps) or None,
         }
@@ -408,8 +403,8 @@ def summarize(passes: list[Pass]) -> dict[str, Any]:
     for base, other in [(a, b) for a in mine for b in names if b not in mine]:
         pairs = list(zip(by_path[base], by_path[other], strict=True))
         ratios[f"{base}/{other}"] = {
-            "mb_per_s": _spread([a.mb_per_s / b.mb_per_s for a, b in pairs]),
-            "cpu_s_per_gb": _spread([a.cpu_s_per_gb / b.cpu_s_per_gb for a, b in pairs]),
+            "mb_per_s": spread([a.mb_per_s / b.mb_per_s for a, b in pairs]),
+            "cpu_s_per_gb": spread([a.cpu_s_per_gb / b.cpu_s_per_gb for a, b in pairs]),
         }
     shapes = {(p.batches, p.rows) for p in passes}
     return {"paths": per_path, "ratios": ratios, "same_batches_on_every_path": len(shapes) == 1}
@@ -588,9 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--mib and --pairs must be >= 1 and --batch-mib > 0")
     result = run(args)
     print_report(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import platform
+import statistics
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -11,11 +13,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["log", "versions", "write_vectors"]
+__all__ = ["log", "spread", "versions", "write_json", "write_vectors"]
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and min-max of a benchmark's measurements (or of its pairwise ratios)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def write_json(path: Path, result: object) -> Path:
+    """Write a benchmark's result as JSON (making its folder) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    return path
 
 
 def versions(*dists: str, **extra: str) -> dict[str, str | None]:

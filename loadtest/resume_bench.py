@@ -41,7 +41,6 @@ something crashed.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import platform
@@ -62,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from loadtest.common import log, versions
+from loadtest.common import log, spread, versions, write_json
 from shardstream.client import Loader
 from shardstream.client.state import LoaderState
 from shardstream.server.fleet import LocalServer
@@ -277,10 +276,6 @@ def committed_steps(db: Path, job: str) -> int:
 
 
 # --- report ------------------------------------------------------------------------------------
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     cfg = result["config"]
     scale = cfg["offset"] / cfg["replay_offset"]
@@ -297,11 +292,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         }
         direct = runs["replay_direct"]
         out["resume"][mode] = {
-            "first_batch_ms_at_0": _spread([r["first_batch_s"] * 1e3 for r in a]),
-            "first_batch_ms_at_offset": _spread([r["first_batch_s"] * 1e3 for r in b]),
+            "first_batch_ms_at_0": spread([r["first_batch_s"] * 1e3 for r in a]),
+            "first_batch_ms_at_offset": spread([r["first_batch_s"] * 1e3 for r in b]),
             "cold_first_batch_ms_at_0": runs["at_0"][0]["first_batch_s"] * 1e3,
             "cold_first_batch_ms_at_offset": runs["at_offset"][0]["first_batch_s"] * 1e3,
-            "ratio_offset_vs_0": _spread(
+            "ratio_offset_vs_0": spread(
                 [y["first_batch_s"] / x["first_batch_s"] for x, y in zip(a, b, strict=True)]
             ),
             "pairs": len(a),
@@ -317,11 +312,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "resumed_at_committed_offset": all(
                 r["first_position"] == runs["offset_of"][r["job"]] for r in runs["at_0"] + runs["at_offset"]
             ),
-            "replay_samples_per_s": _spread([r["samples_per_s"] for r in c]),
-            "replay_s_measured": _spread([r["wall_s"] for r in c]),
-            "replay_s_to_offset_extrapolated": _spread([r["wall_s"] * scale for r in c]),
+            "replay_samples_per_s": spread([r["samples_per_s"] for r in c]),
+            "replay_s_measured": spread([r["wall_s"] for r in c]),
+            "replay_s_to_offset_extrapolated": spread([r["wall_s"] * scale for r in c]),
             "replay_s_to_offset_measured_once": direct["wall_s"] if direct else None,
-            "replay_vs_resume": _spread([z["wall_s"] * scale / b_round[z["round"]] for z in c]),
+            "replay_vs_resume": spread([z["wall_s"] * scale / b_round[z["round"]] for z in c]),
             "replay_client_cpu_s_per_1e6": statistics.median(
                 r["client_cpu_s"] / r["replayed"] * 1e6 for r in c
             ),
@@ -337,14 +332,14 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         return (r["loop_s"] + r["flush_backlog_s"]) / max(1, r["batches"] - 1)
 
     out["commits"] = {
-        "per_batch_us_without": _spread([r["per_batch_s"] * 1e6 for r in without]),
-        "per_batch_us_with": _spread([r["per_batch_s"] * 1e6 for r in with_]),
-        "ratio_with_vs_without": _spread([y["per_batch_s"] / x["per_batch_s"] for x, y in pairs]),
-        "added_us_per_batch": _spread([(y["per_batch_s"] - x["per_batch_s"]) * 1e6 for x, y in pairs]),
-        "per_batch_us_with_incl_flush": _spread([incl_flush(r) * 1e6 for r in with_]),
-        "ratio_incl_flush": _spread([incl_flush(y) / x["per_batch_s"] for x, y in pairs]),
-        "commit_call_us": _spread([r["per_commit_call_s"] * 1e6 for r in with_]),
-        "flush_backlog_ms": _spread([r["flush_backlog_s"] * 1e3 for r in with_]),
+        "per_batch_us_without": spread([r["per_batch_s"] * 1e6 for r in without]),
+        "per_batch_us_with": spread([r["per_batch_s"] * 1e6 for r in with_]),
+        "ratio_with_vs_without": spread([y["per_batch_s"] / x["per_batch_s"] for x, y in pairs]),
+        "added_us_per_batch": spread([(y["per_batch_s"] - x["per_batch_s"]) * 1e6 for x, y in pairs]),
+        "per_batch_us_with_incl_flush": spread([incl_flush(r) * 1e6 for r in with_]),
+        "ratio_incl_flush": spread([incl_flush(y) / x["per_batch_s"] for x, y in pairs]),
+        "commit_call_us": spread([r["per_commit_call_s"] * 1e6 for r in with_]),
+        "flush_backlog_ms": spread([r["flush_backlog_s"] * 1e3 for r in with_]),
         "client_cpu_s_without": statistics.median(r["client_cpu_s"] for r in without),
         "client_cpu_s_with": statistics.median(r["client_cpu_s"] for r in with_),
         "all_steps_committed": all(r["committed_in_store"] == r["batches"] for r in with_),
@@ -597,9 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--commit-batches x 32 must fit in --rows")
     result = run(args)
     print_report(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

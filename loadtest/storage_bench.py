@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import statistics
@@ -46,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loadtest.common import log, versions, write_vectors
+from loadtest.common import log, spread, versions, write_json, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server import registry_ops
@@ -79,10 +78,6 @@ METRICS = (
     "shardstream_cache_hits_total",
     "shardstream_cache_misses_total",
 )
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _fmt(s: dict[str, float], digits: int = 2) -> str:
@@ -173,17 +168,17 @@ def bench_register(root: str, n_files: int, pairs: int) -> dict[str, Any]:
         "runs": runs,
         "concurrent_threads": CONCURRENT_THREADS,
         "footer_phase_s": {
-            "concurrent": _spread([r["footer_phase_s"] for r in conc]),
-            "sequential": _spread([r["footer_phase_s"] for r in seq]),
+            "concurrent": spread([r["footer_phase_s"] for r in conc]),
+            "sequential": spread([r["footer_phase_s"] for r in seq]),
         },
         "register_s": {
-            "concurrent": _spread([r["register_s"] for r in conc]),
-            "sequential": _spread([r["register_s"] for r in seq]),
+            "concurrent": spread([r["register_s"] for r in conc]),
+            "sequential": spread([r["register_s"] for r in seq]),
         },
-        "speedup_footers_seq_over_conc": _spread(
+        "speedup_footers_seq_over_conc": spread(
             [s["footer_phase_s"] / c["footer_phase_s"] for c, s in zip(conc, seq, strict=True)]
         ),
-        "speedup_register_seq_over_conc": _spread(
+        "speedup_register_seq_over_conc": spread(
             [s["register_s"] / c["register_s"] for c, s in zip(conc, seq, strict=True)]
         ),
     }
@@ -288,13 +283,13 @@ def bench_serve(workdir: Path, s3_root: str, s3_env: dict[str, str], mib: int, p
     s3m = [p for p in passes["s3"] if p["round"] > 0]
     lm = [p for p in passes["local"] if p["round"] > 0]
     result["mb_per_s"] = {
-        "s3": _spread([p["mb_per_s"] for p in s3m]),
-        "local": _spread([p["mb_per_s"] for p in lm]),
+        "s3": spread([p["mb_per_s"] for p in s3m]),
+        "local": spread([p["mb_per_s"] for p in lm]),
     }
-    result["ratio_s3_over_local"] = _spread(
+    result["ratio_s3_over_local"] = spread(
         [a["mb_per_s"] / b["mb_per_s"] for a, b in zip(s3m, lm, strict=True)]
     )
-    result["s3_small_cache_fetched_over_sent"] = _spread([p["fetched_over_sent"] or 0.0 for p in s3m])
+    result["s3_small_cache_fetched_over_sent"] = spread([p["fetched_over_sent"] or 0.0 for p in s3m])
     result["same_rows"] = len({p["rows"] for p in s3m + lm}) == 1
     return result
 
@@ -397,9 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = run(args)
     print_report(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -20,9 +20,7 @@ Arrow payload; ratios to `raw` per round, median (min-max). Figures only.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import statistics
 import sys
 import tempfile
 import threading
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench import DATASET, Layout, build_dataset
-from loadtest.common import log, versions
+from loadtest.common import log, spread, versions, write_json
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.server.fleet import LocalServer
@@ -123,14 +121,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rows": layout.num_rows,
         },
         "versions": versions("shardstream", "grpcio"),
-        "mb_per_s": {k: _spread(v) for k, v in passes.items()},
-        "ratio_to_raw": {k: _spread(v) for k, v in ratios.items()},
+        "mb_per_s": {k: spread(v) for k, v in passes.items()},
+        "ratio_to_raw": {k: spread(v) for k, v in ratios.items()},
         "passes": passes,
     }
-
-
-def _spread(v: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         r = res["ratio_to_raw"].get(k)
         rtxt = f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "1"
         print(f"{k:<24} {s['median']:>8.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"\nwrote {args.json}")
+    write_json(args.json, res)
     return 0
 
 

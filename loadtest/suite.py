@@ -24,11 +24,9 @@ crashed. Read /work/shared/BENCHMARKING.md (or loadtest/README.md) before quotin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import bench, peers
-from loadtest.common import log, versions
+from loadtest.common import log, spread, versions, write_json
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from shardstream.server.fleet import LocalServer
 
@@ -67,9 +65,7 @@ QUICK = Sizes(128, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2)
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return spread(values) if values else None
 
 
 def _fmt(s: dict[str, float] | None, digits: int = 2) -> str:
@@ -384,9 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         "sections": sections,
     }
     print_report(res)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"\nwrote {args.json} ({res['elapsed_s']['total']:.0f} s)")
+    write_json(args.json, res)
+    print(f"({res['elapsed_s']['total']:.0f} s)")
     return 0
 
 

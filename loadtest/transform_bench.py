@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,7 +34,7 @@ from shardstream.client import Loader
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 
-from .common import log, versions
+from .common import log, spread, versions, write_json
 
 SIZE = 224
 
@@ -76,8 +74,7 @@ def pillow_decode(data: bytes) -> np.ndarray:
 
 
 def ratio(pairs: list[tuple[float, float]]) -> dict[str, float]:
-    r = [a / b for a, b in pairs]
-    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+    return spread([a / b for a, b in pairs])
 
 
 def alternate(
@@ -237,9 +234,6 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         server.stop()
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
     for key, label in (
         ("image_decode", "throughput_ratio"),
         ("image_decode", "per_server_cpu_s_ratio"),
@@ -248,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         r = results[key][label]
         print(f"{key:14s} {label:24s} {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})")
-    print(f"details: {out}")
+    write_json(Path(args.json), results)
     return 0
 
 

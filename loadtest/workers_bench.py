@@ -28,7 +28,6 @@ Figures only: it asserts nothing about speed and exits 0 unless something crashe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,7 +43,7 @@ import grpc
 import psutil
 import pyarrow.parquet as pq
 
-from loadtest.common import log, versions, write_vectors
+from loadtest.common import log, versions, write_json, write_vectors
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
@@ -281,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": workers,
         "read_ahead": read_ahead,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+    write_json(Path(args.json), result)
 
     print(
         f"\nworkers: {args.rows:,} rows x {ROW_BYTES} B, {args.streams} streams, batch {args.batch_rows} rows"
