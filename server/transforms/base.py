@@ -37,6 +37,7 @@ __all__ = [
     "keep_rows",
     "map_samples",
     "set_column",
+    "tensor_array",
     "tensor_type",
 ]
 
@@ -54,25 +55,30 @@ class Params:
     def _bad(self, name: str, want: str) -> InvalidArgumentError:
         return InvalidArgumentError(f"{self.op}: parameter {name!r} must be {want}, got {self._raw[name]!r}")
 
-    def get(self, name: str, default: Any = _MISSING) -> Any:
+    def _given(self, name: str, default: Any) -> tuple[bool, Any]:
+        """(True, value) when the parameter is set, (False, default) when not; required without a default."""
         self._used.add(name)
-        if name not in self._raw or self._raw[name] is None:
+        value = self._raw.get(name)
+        if value is None:
             if default is _MISSING:
                 raise InvalidArgumentError(f"{self.op}: parameter {name!r} is required")
-            return default
-        return self._raw[name]
+            return False, default
+        return True, value
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        return self._given(name, default)[1]
 
     def str(self, name: str, default: Any = _MISSING, choices: Sequence[str] | None = None) -> Any:
-        v = self.get(name, default)
-        if v is default and default is not _MISSING:
+        given, v = self._given(name, default)
+        if not given:
             return v
         if not isinstance(v, str) or (choices is not None and v not in choices):
             raise self._bad(name, f"one of {', '.join(map(repr, choices))}" if choices else "a string")
         return v
 
     def int(self, name: str, default: Any = _MISSING, low: int = 0, high: int = 2**31 - 1) -> Any:
-        v = self.get(name, default)
-        if v is default and default is not _MISSING:
+        given, v = self._given(name, default)
+        if not given:
             return v
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
             raise self._bad(name, f"an integer in [{low}, {high}]")
@@ -81,8 +87,8 @@ class Params:
     def float(
         self, name: str, default: Any = _MISSING, low: float = -math.inf, high: float = math.inf
     ) -> Any:
-        v = self.get(name, default)
-        if v is default and default is not _MISSING:
+        given, v = self._given(name, default)
+        if not given:
             return v
         if (
             isinstance(v, bool)
@@ -93,15 +99,15 @@ class Params:
         return float(v)
 
     def bool(self, name: str, default: Any = _MISSING) -> Any:
-        v = self.get(name, default)
-        if not isinstance(v, bool):
+        given, v = self._given(name, default)
+        if given and not isinstance(v, bool):
             raise self._bad(name, "true or false")
         return v
 
     def size(self, name: str, default: Any = _MISSING, high: int = 8192) -> Any:
         """[height, width] (an integer n means [n, n])."""
-        v = self.get(name, default)
-        if v is default and default is not _MISSING:
+        given, v = self._given(name, default)
+        if not given:
             return v
         if isinstance(v, int) and not isinstance(v, bool):
             v = [v, v]
@@ -114,8 +120,8 @@ class Params:
         return int(v[0]), int(v[1])
 
     def floats(self, name: str, n: int, default: Any = _MISSING) -> Any:
-        v = self.get(name, default)
-        if v is default and default is not _MISSING:
+        given, v = self._given(name, default)
+        if not given:
             return v
         if (
             not isinstance(v, list | tuple)
@@ -177,20 +183,25 @@ def keep_rows(n: int, errors: list[tuple[int, str]]) -> np.ndarray:
     return np.nonzero(keep)[0].astype(np.int64)
 
 
+def tensor_array(a: np.ndarray) -> pa.Array:
+    """An array of shape (rows, *shape) as the Arrow array of type `tensor_type(shape, a.dtype)`,
+    sharing its memory (once contiguous)."""
+    shape = a.shape[1:]
+    flat = pa.array(np.ascontiguousarray(a).reshape(-1))
+    storage = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(shape)))
+    if len(shape) == 1:
+        return storage
+    return pa.ExtensionArray.from_storage(tensor_type(shape, a.dtype), storage)
+
+
 def fixed_tensor(
     values: list[np.ndarray | None], shape: tuple[int, ...], dtype: np.dtype, keep: np.ndarray
 ) -> pa.Array:
     """Rows `keep` of `values` (each of `shape`) as one fixed-shape tensor array, values copied once."""
-    size = int(np.prod(shape))
-    flat = np.empty(len(keep) * size, dtype)
+    out = np.empty((len(keep), *shape), dtype)
     for j, i in enumerate(keep.tolist()):
-        flat[j * size : (j + 1) * size] = np.asarray(values[i]).reshape(-1)
-    storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size)
-    if len(shape) == 1:
-        return storage
-    return pa.ExtensionArray.from_storage(
-        pa.fixed_shape_tensor(pa.from_numpy_dtype(dtype), list(shape)), storage
-    )
+        out[j] = np.asarray(values[i]).reshape(shape)
+    return tensor_array(out)
 
 
 def tensor_type(shape: tuple[int, ...], dtype: np.dtype) -> pa.DataType:

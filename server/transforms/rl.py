@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from shardstream.errors import InvalidArgumentError
 
-from .base import BatchContext, Params, Result, Transform, column_of, keep_rows, tensor_type
+from .base import BatchContext, Params, Result, Transform, column_of, keep_rows, tensor_array, tensor_type
 
 __all__ = ["RLWindows", "nstep_returns"]
 
@@ -179,22 +179,14 @@ class RLWindows(Transform):
             extra.append(v)
         obs, action, reward, done = arrays
         cols = [
-            _tensor(obs, self.output_schema.field("obs").type),
-            _tensor(action, self.output_schema.field("action").type),
-            _tensor(reward.astype(np.float32), self.output_schema.field("reward").type),
-            _tensor(done.astype(np.uint8), self.output_schema.field("done").type),
-            _tensor(extra[0], self.output_schema.field("returns").type),
-            _tensor(extra[1], self.output_schema.field("bootstrap").type),
-            _tensor(valid.astype(np.uint8), self.output_schema.field("valid").type),
+            tensor_array(obs),
+            tensor_array(action),
+            tensor_array(reward.astype(np.float32)),
+            tensor_array(done.astype(np.uint8)),
+            tensor_array(extra[0]),
+            tensor_array(extra[1]),
+            tensor_array(valid.astype(np.uint8)),
             pa.array(np.asarray(ep_ids)[rows].astype(np.int64), pa.int64()),
             pa.array(starts.astype(np.int32), pa.int32()),
         ]
         return Result(pa.RecordBatch.from_arrays(cols, schema=self.output_schema), rows, errors)
-
-
-def _tensor(a: np.ndarray, t: pa.DataType) -> pa.Array:
-    size = int(np.prod(a.shape[1:])) if a.ndim > 1 else 1
-    storage = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).reshape(-1)), size)
-    if isinstance(t, pa.BaseExtensionType):
-        return pa.ExtensionArray.from_storage(t, storage)
-    return storage.cast(t) if storage.type != t else storage
