@@ -20,6 +20,7 @@ before storage; the file is memory-mapped, so a hit costs no decode and no copy.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -107,14 +108,13 @@ class SpillTier:
             lock = open(self.dir / f".lock-{stripe:04d}", "a+b")  # noqa: SIM115 — held across the read
         except OSError as exc:  # no lock, no coalescing: still correct
             log.warning("disk cache lock unavailable (%s): reading without it", exc)
-            table = read()
-            self.store(sha256, group, columns, table)
-            return table
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            held = self.load(sha256, group, columns, rows)  # another process may have read it meanwhile
-            if held is not None:
-                return held
+            lock = None
+        with lock or contextlib.nullcontext():
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                held = self.load(sha256, group, columns, rows)  # another process may have read it meanwhile
+                if held is not None:
+                    return held
             table = read()
             self.store(sha256, group, columns, table)
             return table

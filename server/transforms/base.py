@@ -16,6 +16,7 @@ global position of row i), so a resumed or failed-over stream repeats the same d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -212,6 +213,12 @@ def tensor_type(shape: tuple[int, ...], dtype: np.dtype) -> pa.DataType:
     return pa.fixed_shape_tensor(value, list(shape))
 
 
+@functools.lru_cache(maxsize=64)
+def _salt_key(salt: str) -> int:
+    """A stable integer per transform name, so different transforms draw independent numbers."""
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little")
+
+
 @dataclass
 class BatchContext:
     """What a transform may know about the rows it gets (one Read message's worth)."""
@@ -225,8 +232,7 @@ class BatchContext:
 
     def rng(self, i: int, salt: str) -> np.random.Generator:
         """A generator for row i that depends on (seed, epoch, position, salt) only."""
-        key = int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little")
-        return np.random.default_rng([self.seed, self.epoch, int(self.positions[i]), key])
+        return np.random.default_rng([self.seed, self.epoch, int(self.positions[i]), _salt_key(salt)])
 
 
 @dataclass
