@@ -32,11 +32,11 @@ LOADTEST_ARGS ?= --servers 2 --ranks 4 --step-ms 10 --duration 20
 loadtest: setup            ## M servers, N simulated ranks: samples/s, batch wait, stall, read amplification, CPU/RSS
 	$(BIN)/python -m loadtest $(LOADTEST_ARGS) --json loadtest/results/loadtest.json --png loadtest/results/loadtest.png
 
-proto: setup               ## regenerate core/v1 from protos/
+proto: setup               ## regenerate shardstream/v1 from protos/
 	PYTHON=$(BIN)/python tools/gen_proto.sh
 
 proto-check: proto         ## fail when the committed stubs differ from the protos
-	git diff --exit-code -- core/v1 || (echo "generated stubs drifted: run 'make proto' and commit" >&2; exit 1)
+	git diff --exit-code -- shardstream/v1 || (echo "generated stubs drifted: run 'make proto' and commit" >&2; exit 1)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -40,18 +40,24 @@ DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ab_commits.json"
 
 
 def overlay(commit: str, dest: Path) -> str:
-    """COMMIT's core/, client/, server/ as dest/shardstream (the installed layout); the commit's hash."""
+    """COMMIT's shared package, client/, server/ as dest/shardstream (the installed layout); its hash.
+
+    The shared package's folder is `shardstream/` (older commits: `core/`)."""
     sha = subprocess.run(
         ["git", "rev-parse", commit], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     raw = dest / "raw"
     raw.mkdir(parents=True)
+    tree = subprocess.run(
+        ["git", "ls-tree", "--name-only", sha], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    shared = "shardstream" if "shardstream" in tree else "core"
     archive = subprocess.run(
-        ["git", "archive", sha, "core", "client", "server"], cwd=REPO, capture_output=True, check=True
+        ["git", "archive", sha, shared, "client", "server"], cwd=REPO, capture_output=True, check=True
     )
     subprocess.run(["tar", "-x", "-C", str(raw)], input=archive.stdout, check=True)
     pkg = dest / "shardstream"
-    shutil.move(str(raw / "core"), pkg)
+    shutil.move(str(raw / shared), pkg)
     shutil.move(str(raw / "client"), pkg / "client")
     shutil.move(str(raw / "server"), pkg / "server")
     return sha
