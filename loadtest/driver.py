@@ -38,9 +38,9 @@ import numpy as np
 
 from loadtest.common import log, versions, write_vectors
 from shardstream.manifest import Manifest
-from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.roots import open_registry
 
 from .fleet import RankProcess, Sampler, scrape, tree_cpu_s, tree_peak_rss_mib, tree_reset_peak
 
@@ -99,7 +99,7 @@ def dataset_name(cfg: LoadConfig) -> str:
 def ensure_dataset(cfg: LoadConfig, root: str, workdir: Path) -> tuple[Manifest, bool]:
     """(manifest, built now): reuse `name` under `root` when it exists, else generate and ingest it."""
     name = dataset_name(cfg)
-    with Registry(root, s3_endpoint=cfg.s3_endpoint) as registry:
+    with open_registry(root, s3_endpoint=cfg.s3_endpoint) as registry:
         if registry.latest(name) is not None:
             return registry.resolve(name), False
         if cfg.dataset is not None and not cfg.dataset.startswith("lt-"):

@@ -29,6 +29,7 @@ from shardstream.registry import Registry
 
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES
 from .reader import new_row_group_cache
+from .roots import open_registry
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import DEFAULT_SPILL_BYTES, SpillTier
 
@@ -73,7 +74,7 @@ class ServerConfig:
 
 
 async def serve(cfg: ServerConfig) -> None:
-    registry = Registry(cfg.root, s3_endpoint=cfg.s3_endpoint)
+    registry = open_registry(cfg.root, s3_endpoint=cfg.s3_endpoint)
     try:
         # Fail fast with one clear line: a missing directory, an unreachable S3, refused credentials.
         await asyncio.to_thread(registry.storage.check_root)

@@ -38,6 +38,7 @@ from shardstream.registry import Registry
 
 from .ingest_sources import FORMATS, JSONL_SUFFIXES, PARQUET_SUFFIXES, Source, detect_format, open_source
 from .reader import PROVENANCE_COLUMNS
+from .roots import open_registry
 
 __all__ = ["IngestOptions", "ingest"]
 
@@ -313,7 +314,7 @@ def ingest(
     opts = opts or IngestOptions()
     validate_name(name)
     if not isinstance(root, Registry):
-        with Registry(root) as registry:
+        with open_registry(root) as registry:
             return ingest(src, name, registry, opts, change=change, format=format)
     registry = root
     if change is not None and change not in CLAIMS:

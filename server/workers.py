@@ -52,8 +52,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from shardstream.errors import InvalidArgumentError, UnavailableError
-from shardstream.registry import Registry
 
+from .roots import open_registry
 from .spill import SpillTier
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class Supervisor:
     # --- lifecycle -----------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.cfg
-        with Registry(cfg.root, s3_endpoint=cfg.s3_endpoint) as registry:
+        with open_registry(cfg.root, s3_endpoint=cfg.s3_endpoint) as registry:
             registry.storage.check_root()  # one clear line here rather than one per worker
         if cfg.cache_dir:
             SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned

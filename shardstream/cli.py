@@ -68,14 +68,14 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows,
         progress=False if args.quiet else None,
     )
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
     change = args.change
     if args.append:
         if change not in (None, "append"):
             raise InvalidArgumentError(f"--append is --change append; it contradicts --change {change}")
         change = "append"
-    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+    with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
         m = ingest(args.src, args.name, reg, opts, change=change, format=args.format)
     print(f"{m.ref}", flush=True)
     if not args.quiet:
@@ -113,9 +113,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_datasets_list(args: argparse.Namespace) -> int:
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
-    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+    with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
         return _print_datasets(args, reg)
 
 
@@ -161,9 +161,9 @@ def _print_datasets(args: argparse.Namespace, reg: Registry) -> int:
 
 
 def _cmd_datasets_show(args: argparse.Namespace) -> int:
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
-    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+    with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
         m = reg.resolve(args.dataset)
     if args.json:
         print(json.dumps(m.to_json(), indent=1, sort_keys=True))
@@ -195,9 +195,9 @@ def _cmd_datasets_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
-    with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+    with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
         return _inspect(args, reg)
 
 

@@ -104,7 +104,7 @@ def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
     from shardstream.errors import FailedPreconditionError, InvalidArgumentError
     from shardstream.manifest import DatasetRef
     from shardstream.mixture import is_mixture
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
     validate_job(args.job)
     store = open_store(args.store)
@@ -121,7 +121,7 @@ def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
         if is_mixture(state.dataset):
             raise InvalidArgumentError("moving a mixture job to new versions is not supported yet")
         old = DatasetRef.parse(state.dataset)
-        with Registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
             new = reg.resolve(args.to)
             if new.name != old.name:
                 raise InvalidArgumentError(

@@ -23,7 +23,7 @@ from pathlib import Path
 from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.lineage import CLAIMS, check_change, infer_change, renamed_fields
 from shardstream.manifest import DatasetRef, Manifest, validate_name
-from shardstream.storage import ObjectRef, Storage, check_key, open_storage
+from shardstream.storage import ObjectRef, Storage, check_key, open_local_storage
 
 __all__ = ["Registry"]
 
@@ -38,15 +38,13 @@ def validate_tag(tag: str) -> str:
 
 
 class Registry:
-    """Dataset versions under one root (a local directory path or `s3://bucket/prefix`)."""
+    """Dataset versions under one root: a Storage, or a local directory path.
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str] | Storage,
-        *,
-        s3_endpoint: str | None = None,
-    ) -> None:
-        self.storage = root if isinstance(root, Storage) else open_storage(root, s3_endpoint=s3_endpoint)
+    An `s3://bucket/prefix` root is opened by `shardstream.server.roots.open_registry` (S3 code lives
+    on the server side)."""
+
+    def __init__(self, root: str | os.PathLike[str] | Storage) -> None:
+        self.storage = root if isinstance(root, Storage) else open_local_storage(root)
         self.root = self.storage.url
 
     def __repr__(self) -> str:

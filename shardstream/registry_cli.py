@@ -21,9 +21,9 @@ __all__ = ["add_registry_commands"]
 
 
 def _registry(args: argparse.Namespace) -> Any:
-    from shardstream.registry import Registry
+    from shardstream.server.roots import open_registry
 
-    return Registry(args.root, s3_endpoint=args.s3_endpoint)
+    return open_registry(args.root, s3_endpoint=args.s3_endpoint)
 
 
 def _threads(text: str) -> int:

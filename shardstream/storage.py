@@ -5,9 +5,10 @@ a relative, '/'-separated path under the storage's root. Keys are checked before
 (`check_key`): no absolute paths, no '..' (also percent-encoded), no scheme, no backslash — so a
 manifest or a command line can never make shardstream read outside its root.
 
-    open_storage("/data/registry")          LocalStorage   (plain directory; O_EXCL creates)
-    open_storage("s3://bucket/prefix")      S3Storage      (shardstream.server.s3, aiobotocore;
-                                                            needs `shardstream[server]`)
+    open_local_storage("/data/registry")    LocalStorage   (plain directory; O_EXCL creates)
+    S3Storage("s3://bucket/prefix")         (shardstream.server.s3, aiobotocore; needs
+                                            `shardstream[server]`; shardstream.server.roots opens
+                                            either kind by URL)
 
 All methods are blocking and thread-safe (the S3 backend runs its own event loop). Errors are
 shardstream errors: a missing object is NotFoundError, an object changed since it was opened is
@@ -29,7 +30,7 @@ from urllib.parse import unquote
 
 from shardstream.errors import InvalidArgumentError, NotFoundError
 
-__all__ = ["LocalStorage", "ObjectInfo", "ObjectRef", "Storage", "check_key", "open_storage"]
+__all__ = ["LocalStorage", "ObjectInfo", "ObjectRef", "Storage", "check_key", "open_local_storage"]
 
 CHUNK_BYTES = 1 << 20
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -267,17 +268,15 @@ class LocalStorage(Storage):
         return sorted(p.name for p in base.iterdir() if p.is_dir())
 
 
-def open_storage(url: str | os.PathLike[str], *, s3_endpoint: str | None = None) -> Storage:
-    """The storage for a local directory or an `s3://bucket/prefix` URL."""
+def open_local_storage(url: str | os.PathLike[str]) -> LocalStorage:
+    """The storage for a local directory. An `s3://` root is opened by the server side
+    (`shardstream.server.roots.open_storage`): this package never imports S3 code."""
     text = os.fspath(url)
     if text.startswith("s3://"):
-        try:
-            from shardstream.server.s3 import S3Storage
-        except ImportError as exc:
-            raise InvalidArgumentError(
-                f"{text}: s3:// needs the server dependencies (pip install 'shardstream[server]'): {exc}"
-            ) from exc
-        return S3Storage(text, endpoint_url=s3_endpoint)
+        raise InvalidArgumentError(
+            f"{text}: s3:// roots are opened by shardstream.server.roots.open_registry "
+            "(pip install 'shardstream[server]')"
+        )
     if _SCHEME_RE.match(text) and not re.match(r"^[A-Za-z]:[\\/]", text):
         raise InvalidArgumentError(
             f"{text!r}: unsupported location; use a local directory path or s3://bucket/prefix"

@@ -13,8 +13,8 @@ from shardstream.cli import main
 from shardstream.errors import InvalidArgumentError
 from shardstream.lineage import CLAIMS, check_change, diff, infer_change
 from shardstream.manifest import Manifest, Shard
-from shardstream.registry import Registry
 from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.roots import open_registry
 
 from .conftest import make_table
 from .test_registry_cli import put_parquet
@@ -226,7 +226,7 @@ def test_ingest_change_claims_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     )
     assert code == 1 and "it has 3 shard(s), the parent has 4" in err
 
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         ms = [reg.resolve(f"t@{v}") for v in reg.versions("t")]
         assert [(m.parent, m.change) for m in ms] == [
             (None, "create"),
@@ -295,7 +295,7 @@ def test_register_change_claims_end_to_end(
     assert "change 'append' does not hold from web@2 to web@3: shard 0 is data/day=1/part.parquet" in err
     code, _, err = run(capsys, "register", "web", "--from", "data/day=1", "--change", "drop_columns", *args)
     assert code == 1 and "it drops no fields; it has 1 shard(s), the parent has 3" in err
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         assert reg.versions("web") == [1, 2]  # the false claims wrote nothing
         m = reg.resolve("web@2")
         assert (m.parent, m.change) == (1, "append")
@@ -306,7 +306,7 @@ def test_register_change_claims_end_to_end(
     assert code == 1
     assert "new has no version yet: new@1 would be its first (a 'create'), not 'add_columns'" in err
     assert run(capsys, "register", "new", "--from", "a.parquet", "--change", "replace", *args)[0] == 0
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         assert (reg.resolve("new@1").parent, reg.resolve("new@1").change) == (None, "create")
 
 

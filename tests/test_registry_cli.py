@@ -11,8 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream.cli import main
-from shardstream.registry import Registry
-from shardstream.storage import open_storage
+from shardstream.server.roots import open_registry, open_storage
 
 from .conftest import make_table
 
@@ -50,7 +49,7 @@ def test_register_verify_tag_history(root: str, tmp_path: Path, capsys: pytest.C
     spark_like(root, tmp_path)
     code, out, err = run(capsys, "register", "bring", "--from", "data/run1", "--root", root, "-q")
     assert (code, out.strip()) == (0, "bring@1"), err
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         m = reg.resolve("bring@1")
     assert m.num_rows == 300 and [s.uri for s in m.shards] == [
         f"data/run1/part-{i:05d}.snappy.parquet" for i in range(3)
@@ -67,7 +66,7 @@ def test_register_verify_tag_history(root: str, tmp_path: Path, capsys: pytest.C
 
     assert run(capsys, "datasets", "tag", "bring@1", "prod", "--root", root)[0] == 0
     assert run(capsys, "datasets", "tag", "bring@2", "prod", "--root", root)[0] == 0  # tags move
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         assert reg.resolve("bring@prod").version == 2 and reg.tags("bring") == {"prod": 2}
     code, out, _ = run(capsys, "datasets", "history", "bring", "--root", root, "--json")
     hist = json.loads(out)
@@ -105,7 +104,7 @@ def test_register_names_files_and_fields_that_differ(
     assert code == 1 and "Traceback" not in err
     assert "in/b.parquet: field 'id' is int32, in/a.parquet has int64" in err
     assert "in/b.parquet lacks field 'text'" in err
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         assert reg.versions("mixed") == []
     code, _, err = run(capsys, "register", "mixed", "--from", "nothing-here", "--root", root, "-q")
     assert code == 1 and "no Parquet files" in err
@@ -121,7 +120,7 @@ def test_concurrent_registers_get_distinct_versions(root: str, tmp_path: Path) -
 
     def one(i: int) -> None:
         try:
-            with Registry(root) as reg:
+            with open_registry(root) as reg:
                 barrier.wait()
                 made.append(
                     register(
@@ -137,6 +136,6 @@ def test_concurrent_registers_get_distinct_versions(root: str, tmp_path: Path) -
     for t in threads:
         t.join()
     assert not errors and sorted(made) == [1, 2, 3, 4]
-    with Registry(root) as reg:
+    with open_registry(root) as reg:
         uris = {reg.resolve(f"bring@{v}").shards[0].uri for v in made}
     assert len(uris) == 3  # every writer's own manifest survived

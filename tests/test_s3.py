@@ -14,9 +14,9 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.errors import DataLossError, UnauthenticatedError
-from shardstream.registry import Registry
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.server.reader import STORAGE_FETCHED_BYTES, DatasetReader, new_row_group_cache
+from shardstream.server.roots import open_registry
 from shardstream.storage import ObjectRef
 
 from .conftest import make_table
@@ -57,7 +57,7 @@ def test_loader_gets_the_same_rows_from_s3_as_from_local(
 def test_remote_reads_fetch_the_footer_and_only_the_row_groups_needed(tmp_path: Path, s3_root: str) -> None:
     src = tmp_path / "src.parquet"
     pq.write_table(make_table(20_000), src)
-    with Registry(s3_root) as reg:
+    with open_registry(s3_root) as reg:
         m = ingest(src, "big", reg, IngestOptions(row_group_rows=1000, shard_rows=20_000, progress=False))
         shard = m.shards[0]
         ref = reg.shard_path(m, shard.uri)
@@ -74,7 +74,7 @@ def test_remote_reads_fetch_the_footer_and_only_the_row_groups_needed(tmp_path: 
 def test_object_overwritten_mid_read_is_data_loss(tmp_path: Path, s3_root: str) -> None:
     src = tmp_path / "src.parquet"
     pq.write_table(make_table(400), src)
-    with Registry(s3_root) as reg:
+    with open_registry(s3_root) as reg:
         m = ingest(src, "ow", reg, IngestOptions(row_group_rows=100, shard_rows=400, progress=False))
         ref = reg.shard_path(m, m.shards[0].uri)
         assert isinstance(ref, ObjectRef)
@@ -91,7 +91,7 @@ def test_corrupt_or_replaced_shard_on_s3_is_data_loss_naming_it(
     tmp_path: Path, s3_root: str, server_factory
 ) -> None:  # type: ignore[no-untyped-def]
     _, remote = ingest_both(tmp_path, s3_root, n=300, rg=50, shard=100)
-    with Registry(remote) as reg:
+    with open_registry(remote) as reg:
         m = reg.resolve("toy@1")
         key = reg.shard_key(m, m.shards[1].uri)
         data = bytearray(reg.storage.get(key))
@@ -131,7 +131,7 @@ def test_wrong_credentials_are_one_clear_error_not_a_hang(
 
 def test_wrong_credentials_in_process(s3_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
-    with Registry(s3_root) as reg, pytest.raises(UnauthenticatedError, match="AWS_ACCESS_KEY_ID"):
+    with open_registry(s3_root) as reg, pytest.raises(UnauthenticatedError, match="AWS_ACCESS_KEY_ID"):
         reg.names()
 
 

@@ -12,7 +12,8 @@ from shardstream.cli import main
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
-from shardstream.storage import LocalStorage, check_key, open_storage
+from shardstream.server.roots import open_storage
+from shardstream.storage import LocalStorage, check_key
 
 from .conftest import make_table, write_dataset
 
