@@ -33,7 +33,8 @@ from shardstream.manifest import Manifest, Shard, validate_name
 from shardstream.registry import Registry
 from shardstream.storage import LocalStorage, check_key
 
-from .reader import PROVENANCE_COLUMNS, read_footer
+from .reader import PROVENANCE_COLUMNS
+from .shards import read_footer
 
 __all__ = ["ShardProblem", "register", "verify"]
 

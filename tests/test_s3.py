@@ -15,8 +15,9 @@ import pytest
 from shardstream.client import Loader
 from shardstream.errors import DataLossError, UnauthenticatedError
 from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.reader import STORAGE_FETCHED_BYTES, DatasetReader, new_row_group_cache
+from shardstream.server.reader import DatasetReader, new_row_group_cache
 from shardstream.server.roots import open_registry
+from shardstream.server.shards import STORAGE_FETCHED_BYTES
 from shardstream.storage import ObjectRef
 
 from .conftest import make_table
