@@ -10,19 +10,23 @@ A background thread keeps a bounded queue of decoded batches full; the cursor ad
 batch is handed to the caller, so prefetched batches are never lost on restart. When a stream
 breaks or a server is unavailable, the thread reconnects — to the next endpoint — at the first step
 it has not received, with jittered exponential backoff, within a retry budget that progress resets.
+
+This module is the SDK's public surface — every option validated in one place, the state, the job
+cursors — which is why it is a little over 400 lines; the machinery is elsewhere: the prefetch
+thread (prefetch.py) is handed an immutable `ReadSpec` (spec.py), its streams are `StreamSession`s
+(session.py), messages become batches in decode.py, and a job's committed cursor is read in resume.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from shardstream.cursor_math import NO_SPLIT, WorkerSplit, split_offset
 from shardstream.errors import (
-    FailedPreconditionError,
     InvalidArgumentError,
     ShardstreamError,
     UnavailableError,
@@ -32,10 +36,13 @@ from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
+from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
 from .committer import Committer
-from .cursor import CorruptCursorError, CursorRecord, Migration, NoCommittedStepError, validate_job
-from .prefetch import BatchInfo, _cuda_available, _Done, _Producer
+from .cursor import CursorRecord, validate_job
+from .prefetch import Done, Producer
+from .resume import committed_state
+from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
 from .state import LoaderState
 from .stores import CursorStore, open_store
 from .target import Target, normalize_dataset, resolve_target
@@ -46,10 +53,6 @@ log = logging.getLogger("shardstream.client")
 
 DEFAULT_PREFETCH_BATCHES = 8
 DEFAULT_TIMEOUT_S = 10.0
-# A stream that delivers nothing this long while the training loop waits is abandoned for another
-# endpoint (a hung server that still answers keepalive pings).
-DEFAULT_STREAM_IDLE_TIMEOUT_S = 60.0
-DEFAULT_MAX_RETRIES = 6
 OUTPUTS = ("numpy", "torch", "arrow")
 
 
@@ -167,8 +170,8 @@ class Loader:
         self.resume = resume
         self._resumed_from: int | None = None
         self._resume_pending = resume is not None
-        # (worker id, workers): data-loader workers of one rank take every workers-th step each.
-        self._stride = (0, 1)
+        # Data-loader workers of one rank take every workers-th step each (split_steps).
+        self._split = NO_SPLIT
         self._store: CursorStore | None = None
         self._committer: Committer | None = None
         if job is not None:
@@ -217,6 +220,9 @@ class Loader:
 
     def __repr__(self) -> str:
         return f"Loader({self.dataset!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
+
+    def _open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
+        return self._conn(endpoint).read(request)
 
     def _conn(self, target: str) -> Connection:
         if self._closed:
@@ -288,10 +294,43 @@ class Loader:
             steps=self._steps,
         ).to_dict()
 
-    def _epoch_start_offset(self) -> int:
-        """Where this loader's first step of an epoch starts (not 0 for data-loader workers > 0)."""
-        worker, _ = self._stride
-        return min(worker * self.world_size * self.batch_size, self.target.num_rows)
+    def split_steps(self, worker: int, workers: int) -> None:
+        """Read only every `workers`-th step of this rank's stream, the first `worker` steps on.
+
+        For k data-loader workers sharing one rank (`client/torch.py`): worker j takes steps j, j+k,
+        j+2k, ... of each epoch, and its cursor moves to its own first step from where the cursor is
+        now. Call it before iterating; a `load_state_dict()` after it restores that worker's own
+        saved cursor."""
+        if self._active:
+            raise RuntimeError("split_steps() while iterating: split before the loop starts")
+        self._split = WorkerSplit(worker, workers)
+        if worker:  # (worker 0's first step is where the cursor is: no need to resolve the target)
+            global_batch = self.world_size * self.batch_size
+            self._offset = split_offset(self._offset, self.target.num_rows, global_batch, worker)
+
+    def _read_spec(self) -> ReadSpec:
+        return ReadSpec(
+            target=self.target,
+            endpoints=tuple(self.endpoints),
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            columns=tuple(self.columns or ()),
+            max_message_bytes=self.max_message_bytes,
+            transforms=tuple(self.transforms),
+            on_error=self.on_error,
+            output=self.output,
+            provenance=self.provenance,
+            pin_memory=self.pin_memory,
+            prefetch=self.prefetch,
+            streams=self.streams,
+            epochs=self.epochs,
+            split=self._split,
+            retry=RetryPolicy(max_retries=self.max_retries, idle_timeout_s=self.stream_idle_timeout_s),
+        )
 
     # --- job cursors -------------------------------------------------------------------------
     def commit(self, step: int) -> None:
@@ -328,65 +367,11 @@ class Loader:
         if not self._resume_pending:
             return
         assert self._store is not None and self.job is not None
-        store, job = self._store, self.job
-        if self.resume == "latest":
-            latest = store.latest(job)
-            if latest is None:
-                raise NoCommittedStepError(
-                    f"job {job!r} has no step committed by all its ranks in {store.url}"
-                )
-            step = latest
-        else:
-            step = int(self.resume)
-            if not store.read(job, step):
-                written = store.steps(job).get(step, 0)
-                committed = store.committed(job)
-                raise NoCommittedStepError(
-                    f"job {job!r}: step {step} is not committed (ranks written: {written}); "
-                    f"committed steps: {committed[-5:] or 'none'} in {store.url}"
-                )
-        where = f"cursor store {store.url}, job {job!r}, step {step}"
-        records = {
-            r: CursorRecord.from_bytes(b, where=f"{where}, rank {r}")
-            for r, b in store.read(job, step).items()
-        }
-        for r, rec in records.items():
-            if rec.job != job or rec.step != step or rec.rank != r:
-                raise CorruptCursorError(
-                    f"{where}, rank {r}: the record belongs to job {rec.job!r} step {rec.step} rank {rec.rank}"
-                )
-        states = {(rec.state.fingerprint, rec.state.epoch, rec.state.offset) for rec in records.values()}
-        if len(states) != 1:
-            raise CorruptCursorError(f"{where}: ranks disagree on the cursor ({sorted(states)})")
-        state = next(iter(records.values())).state
-        if state.fingerprint != self.target.fingerprint:
-            state = self._migrated(state, where)
+        assert self.resume is not None
+        state, step = committed_state(self._store, self.job, self.resume, self.target)
         self._load(state)
         self._resumed_from = step
         self._resume_pending = False
-
-    def _migrated(self, state: LoaderState, where: str) -> LoaderState:
-        """The committed state moved to this loader's dataset version, if `cursor migrate` said so."""
-        assert self._store is not None and self.job is not None
-        target = self.target
-        raw = self._store.get_migration(self.job)
-        mig = Migration.from_bytes(raw, where=f"{where} (migration)") if raw is not None else None
-        if mig is None or (mig.from_fingerprint, mig.to_fingerprint) != (
-            state.fingerprint,
-            target.fingerprint,
-        ):
-            raise FailedPreconditionError(
-                f"job {self.job!r} was committed on {state.dataset} (fingerprint {state.fingerprint[:12]}…) but this "
-                f"loader reads {target.label} (fingerprint {target.fingerprint[:12]}…); move the job explicitly "
-                f"with `shardstream cursor migrate {self.job} --to {target.label}`"
-            )
-        if state.epoch < mig.at_epoch:
-            raise FailedPreconditionError(
-                f"job {self.job!r} is in epoch {state.epoch} of {state.dataset} (offset {state.offset}); its move "
-                f"to {target.label} takes effect at epoch {mig.at_epoch}: finish the epoch on {state.dataset} "
-                f"(Loader(..., {state.dataset!r}, epochs={mig.at_epoch}) and commit at its end), then resume here"
-            )
-        return dataclasses.replace(state, dataset=target.label, fingerprint=target.fingerprint, offset=0)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._active:
@@ -421,13 +406,13 @@ class Loader:
 
     def _iterate(self) -> Iterator[Any]:
         self._active = True
-        producer = _Producer(self, self._epoch, self._offset)
+        producer = Producer(self._read_spec(), self._open_call, self._epoch, self._offset)
         try:
             while True:
                 t0 = time.perf_counter()
                 item = producer.get()
                 metrics.WAIT_SECONDS.observe(time.perf_counter() - t0)
-                if isinstance(item, _Done):
+                if isinstance(item, Done):
                     return
                 if item.next_epoch != item.epoch:
                     self.dropped[item.epoch] = item.dropped
@@ -441,3 +426,11 @@ class Loader:
         finally:
             producer.stop()
             self._active = False
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -51,7 +51,6 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
         if workers > 1 and self._kwargs.get("job"):
             raise InvalidArgumentError("job cursors need num_workers=0 (the Loader already prefetches)")
         loader = Loader(*self._args, **self._kwargs)
-        loader._stride = (worker, workers)
         self._worker = (worker, workers)
         try:
             self._restore(loader, worker, workers)
@@ -63,15 +62,15 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
     def _restore(self, loader: Loader, worker: int, workers: int) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
-            if workers > 1:  # a fresh worker starts at its own first step
-                loader._offset = loader._epoch_start_offset()
+            loader.split_steps(worker, workers)  # a fresh worker starts at its own first step
             return
         if pending.get("kind") != _STATE_KIND:
             raise InvalidArgumentError("not a ShardStreamDataset state")
         saved_workers = int(pending.get("num_workers", 1))
         state = LoaderState.from_dict(pending["loader"])
         if saved_workers == workers and int(pending.get("worker", 0)) == worker:
-            loader.load_state_dict(state.to_dict())
+            loader.split_steps(worker, workers)
+            loader.load_state_dict(state.to_dict())  # this worker's own cursor
             return
         if saved_workers > 1:
             raise InvalidArgumentError(
@@ -79,9 +78,7 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
                 f"num_workers={saved_workers} (or from a state saved with num_workers=0)"
             )
         loader.load_state_dict(state.to_dict())
-        if workers > 1:  # a global cursor: this worker's first step is `worker` steps further
-            step = loader.world_size * loader.batch_size
-            loader._offset = min(state.offset + worker * step, loader.target.num_rows)
+        loader.split_steps(worker, workers)  # a global cursor: this worker's first step is `worker` steps on
 
     def state_dict(self) -> dict[str, Any]:
         if self.loader is None:

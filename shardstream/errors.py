@@ -12,7 +12,8 @@
     └── InternalError                            INTERNAL / anything unmapped
 
 gRPC itself never produces INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE or
-DATA_LOSS, so when a client sees one the server sent it on purpose.
+DATA_LOSS, so when a client sees one the server sent it on purpose. `RETRYABLE_CODES` are the codes
+on which a client resumes a stream elsewhere instead of failing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "PermissionDeniedError",
+    "RETRYABLE_CODES",
     "ResourceExhaustedError",
     "ShardstreamError",
     "UnauthenticatedError",
@@ -92,6 +94,18 @@ _BY_CODE: dict[grpc.StatusCode, type[ShardstreamError]] = {
 }
 # Codes gRPC produces itself on transport trouble: all mean "try another server".
 _BY_CODE[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
+
+
+# A stream that ends with one of these is resumed — on the next endpoint — at its first missing step.
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,  # no server there, or it is stopping
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,  # an overloaded server: another may have room
+        grpc.StatusCode.CANCELLED,  # a draining server cancels its streams
+        grpc.StatusCode.UNKNOWN,  # a connection cut mid-stream
+    }
+)
 
 
 def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError:

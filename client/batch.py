@@ -1,0 +1,40 @@
+"""What the training loop learns about each batch: its positions and every row's provenance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["PROVENANCE", "BatchInfo", "SkippedSample"]
+
+# The provenance columns every Read message carries (dropped from batches unless provenance=True).
+PROVENANCE = ("_shard", "_row", "_source")
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A sample left out of a batch because a transform could not process it (on_error="skip")."""
+
+    position: int  # global position in the epoch's order
+    shard: int
+    row: int
+    source: int | None  # mixture source index (mixtures only)
+    reason: str
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Where a batch came from: epoch, global positions, and each row's (source,) shard and row."""
+
+    epoch: int
+    step: int  # global step index in the epoch, counted from the stream's start offset
+    position_start: int  # this rank's global positions [position_start, position_end)
+    position_end: int
+    global_start: int  # the global step's positions over all ranks
+    global_end: int
+    shards: np.ndarray  # int32 index into the manifest's shard list, per row
+    rows: np.ndarray  # int64 row within the shard, per row
+    sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
+    # Samples of this step a server-side transform could not process (on_error="skip"): left out.
+    skipped: tuple[SkippedSample, ...] = ()

@@ -1,0 +1,108 @@
+"""A received Read message -> the items the prefetch thread queues: batch, provenance, next cursor.
+
+Each item carries the cursor the Loader moves to once the item is handed to the training loop
+(`cursor_math.cursor_after`), so a batch that was received but never handed over is read again after
+a restart, and one handed over is never read twice. The message is checked against what was asked
+for: its epoch, its steps in order, their rows, and where the epoch ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from shardstream.cursor_math import cursor_after, is_last_step
+from shardstream.errors import DataLossError
+from shardstream.framing import read_ipc
+from shardstream.plan import StepLayout
+from shardstream.v1 import shardstream_pb2 as pb
+
+from . import metrics
+from .batch import PROVENANCE, BatchInfo, SkippedSample
+from .convert import splitter
+from .spec import ReadSpec
+
+__all__ = ["Item", "decode_message", "empty_epoch"]
+
+
+@dataclass
+class Item:
+    """One step for the training loop (or, without a batch, an epoch with no steps left)."""
+
+    epoch: int
+    next_epoch: int  # the cursor once this item is handed over
+    next_offset: int
+    dropped: int = 0  # samples drop_last left out of the epoch (on its last item)
+    batch: Any = None
+    info: BatchInfo | None = None
+
+
+def empty_epoch(spec: ReadSpec, epoch: int, dropped: int) -> Item:
+    """The item of an epoch with no steps left for this reader: only the cursor moves on."""
+    return Item(epoch, epoch + 1, spec.epoch_start(), dropped)
+
+
+def decode_message(
+    spec: ReadSpec,
+    epoch: int,
+    layout: StepLayout,
+    first_step: int,
+    step_stride: int,
+    header: pb.ReadHeader,
+    payload: pa.Buffer,
+) -> Iterator[Item]:
+    """The items of one message whose steps must be first_step, first_step + step_stride, ...
+
+    A generator: each step is made just before it is queued, so the prefetch thread never holds the
+    GIL for a whole message of small steps while the training loop waits for it."""
+    if header.epoch != epoch:
+        raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
+    metrics.BYTES.inc(payload.size)
+    batch = read_ipc(payload)
+    covered = sum(st.rows for st in header.steps)
+    if covered != batch.num_rows:
+        raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {covered}")
+    # Per message, not per step: provenance as numpy, columns converted once and sliced per step.
+    names = batch.schema.names
+    prov = {c: batch.column(c).to_numpy() for c in PROVENANCE if c in names}
+    if not spec.provenance:
+        batch = batch.drop_columns([c for c in PROVENANCE if c in names])
+    split = splitter(batch, spec.output)
+    row = 0
+    for i, st in enumerate(header.steps):
+        if st.step != first_step + i * step_stride:
+            raise DataLossError(
+                f"server sent step {st.step}, expected {first_step + i * step_stride} (epoch {epoch})"
+            )
+        n = st.rows
+        end = row + n
+        info = BatchInfo(
+            epoch=epoch,
+            step=st.step,
+            position_start=st.position_start,
+            position_end=st.position_end,
+            global_start=st.global_start,
+            global_end=st.global_end,
+            shards=prov["_shard"][row:end],
+            rows=prov["_row"][row:end],
+            sources=prov["_source"][row:end] if "_source" in prov else None,
+            skipped=tuple(
+                SkippedSample(s.position, s.shard, s.row, s.source if "_source" in prov else None, s.reason)
+                for s in st.skipped
+            ),
+        )
+        out = split(row, n)
+        row = end
+        if spec.pin_memory:
+            out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
+        last = is_last_step(layout, st.step, spec.split)  # this reader's last step of the epoch
+        if last and not (header.end_of_epoch and i == len(header.steps) - 1):
+            raise DataLossError(f"step {st.step} ends epoch {epoch} but the server's stream goes on")
+        yield Item(
+            epoch, *cursor_after(layout, epoch, st.step, spec.split), header.dropped if last else 0, out, info
+        )
+    if header.end_of_epoch and not header.steps:
+        yield empty_epoch(spec, epoch, header.dropped)

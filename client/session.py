@@ -1,0 +1,163 @@
+"""One Read stream with its retries, backoff, failover and idle watchdog — the only such loop.
+
+A `StreamSession` reads the steps first_step, first_step + stride, ... of one epoch. When the stream
+breaks, ends before the steps it owes, or its server is unavailable, overloaded or draining, the
+session reopens it — on the next endpoint — at the first step not yet received, after a jittered
+exponential backoff, within a retry budget that any progress resets. Any other error is the caller's.
+Both the single stream of a rank (prefetch.py) and each of its striped streams (striped.py) are one.
+
+`CallRegistry` holds the calls of one prefetch thread: `stop()` cancels them all, and the consumer's
+`check_idle()` cancels the one the thread has waited on for longer than the idle timeout (a hung
+server that still answers keepalive pings), which the session then treats as a broken stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pyarrow as pa
+
+from shardstream.errors import RETRYABLE_CODES, ShardstreamError, UnavailableError, from_grpc_error
+from shardstream.v1 import shardstream_pb2 as pb
+
+from . import metrics
+from .spec import RetryPolicy
+
+__all__ = ["CallRegistry", "Message", "StreamSession"]
+
+log = logging.getLogger("shardstream.client")
+
+Message = tuple[pb.ReadHeader, pa.Buffer]
+OpenCall = Callable[[str, pb.ReadRequest], Any]  # (endpoint, request) -> a cancellable call iterator
+
+
+class CallRegistry:
+    """The Read calls in progress of one prefetch thread; cancels them on stop or when one idles."""
+
+    def __init__(self, open_call: OpenCall) -> None:
+        self._open_call = open_call
+        self._lock = threading.Lock()
+        self._calls: set[Any] = set()
+        self._waiting: tuple[Any, float] | None = None  # (call, since when the thread waits on it)
+        self.stopped = threading.Event()
+
+    def open(self, endpoint: str, request: pb.ReadRequest) -> Any:
+        call = self._open_call(endpoint, request)
+        with self._lock:
+            self._calls.add(call)
+        if self.stopped.is_set():
+            call.cancel()
+        return call
+
+    def close(self, call: Any) -> None:
+        call.cancel()
+        with self._lock:
+            self._calls.discard(call)
+
+    @contextlib.contextmanager
+    def waiting(self, call: Any) -> Iterator[None]:
+        """Mark the thread as blocked on `call` (see check_idle)."""
+        self._waiting = (call, time.monotonic())
+        try:
+            yield
+        finally:
+            self._waiting = None
+
+    def check_idle(self, timeout_s: float) -> None:
+        """Cancel the call the thread has waited on for more than timeout_s (called by the consumer)."""
+        waiting = self._waiting
+        if waiting is not None and time.monotonic() - waiting[1] > timeout_s:
+            self._waiting = None
+            log.warning("no data from the server for %.0f s: switching endpoints", timeout_s)
+            waiting[0].cancel()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with self._lock:
+            for call in self._calls:
+                call.cancel()
+
+
+class StreamSession:
+    """One epoch's Read stream of steps first_step, first_step + stride, ..., resumed where it broke."""
+
+    def __init__(
+        self,
+        calls: CallRegistry,
+        request_at: Callable[[int], pb.ReadRequest],
+        *,
+        endpoints: tuple[str, ...],
+        endpoint: int,
+        first_step: int,
+        step_stride: int,
+        retry: RetryPolicy,
+        what: str,
+    ) -> None:
+        self._calls = calls
+        self._request_at = request_at  # the Read that starts at a given step
+        self.endpoints = endpoints
+        self.endpoint = endpoint  # index of the endpoint in use
+        self.next_step = first_step  # the first of its steps not yet received
+        self.step_stride = step_stride
+        self._retry = retry
+        self._what = what  # for errors: "web@3 epoch 2", "... (stream 1 of 4)"
+        self._call: Any = None
+        self._it: Iterator[Message] | None = None
+        self.failures = 0
+
+    def next_message(self) -> Message | None:
+        """The stream's next message (None once stopped); reopens the stream as needed."""
+        while not self._calls.stopped.is_set():
+            endpoint = self.endpoints[self.endpoint]
+            error: ShardstreamError | None = None
+            try:
+                if self._call is None:
+                    self._call = self._calls.open(endpoint, self._request_at(self.next_step))
+                    self._it = iter(self._call)
+                assert self._it is not None
+                with self._calls.waiting(self._call):
+                    header, payload = next(self._it)
+            except StopIteration:
+                pass  # the stream ended before the steps it owes
+            except grpc.RpcError as exc:
+                if self._calls.stopped.is_set():
+                    return None
+                if exc.code() not in RETRYABLE_CODES:
+                    raise from_grpc_error(exc, target=endpoint) from exc
+                error = from_grpc_error(exc, target=endpoint)
+            else:
+                if header.steps:
+                    self.next_step += len(header.steps) * self.step_stride
+                    self.failures = 0  # progress resets the retry budget
+                return header, payload
+            if not self.retry(error):
+                return None
+        return None
+
+    def retry(self, error: BaseException | None) -> bool:
+        """Give up on the current call and back off before the next endpoint; False when stopped.
+
+        Raises UnavailableError once the retry budget is spent."""
+        self.close()
+        self.failures += 1
+        metrics.RETRIES.inc()
+        if self.failures > self._retry.max_retries:
+            raise UnavailableError(
+                f"gave up on {self._what} at step {self.next_step} after {self._retry.max_retries} retries "
+                f"over {', '.join(self.endpoints)} (last error: {error or 'stream ended early'})"
+            )
+        if len(self.endpoints) > 1:
+            metrics.FAILOVERS.inc()
+        self.endpoint = (self.endpoint + 1) % len(self.endpoints)
+        return not self._calls.stopped.wait(self._retry.backoff_s(self.failures))
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._calls.close(self._call)
+        self._call = self._it = None

@@ -1,0 +1,106 @@
+"""What one iteration of a Loader reads and how it retries: small immutable values, fixed when it starts.
+
+The prefetch thread, its stream sessions and the message decoder get a `ReadSpec` — never the Loader —
+so they can be read and tested alone, and nothing the training loop does to the Loader while it
+iterates reaches the thread.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from shardstream.cursor_math import NO_SPLIT, WorkerSplit, epoch_start
+from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .target import Target
+
+__all__ = [
+    "DEFAULT_BACKOFF_BASE_S",
+    "DEFAULT_BACKOFF_MAX_S",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_STREAM_IDLE_TIMEOUT_S",
+    "ReadSpec",
+    "RetryPolicy",
+]
+
+DEFAULT_MAX_RETRIES = 6
+DEFAULT_BACKOFF_BASE_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 2.0
+# A stream that delivers nothing this long while the training loop waits is abandoned for another
+# endpoint (a hung server that still answers keepalive pings).
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a broken stream is resumed: attempts in a row without progress, backoff, idleness allowed."""
+
+    max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row; any progress resets the count
+    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S
+    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
+    idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S
+
+    def backoff_s(self, failures: int) -> float:
+        """The wait before attempt `failures` + 1: exponential, capped, with full jitter."""
+        return random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (failures - 1)))
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """One rank's read: the pinned target, the plan parameters, the output and the retry policy."""
+
+    target: Target
+    endpoints: tuple[str, ...]
+    rank: int
+    world_size: int
+    batch_size: int
+    seed: int
+    shuffle: ShuffleSpec
+    drop_last: bool
+    columns: tuple[str, ...]  # empty: every column
+    max_message_bytes: int
+    transforms: tuple[pb.Transform, ...]
+    on_error: str
+    output: str  # "numpy", "torch" or "arrow"
+    provenance: bool  # keep the _shard/_row/_source columns in the batches
+    pin_memory: bool
+    prefetch: int  # batches decoded ahead of the training loop
+    streams: int  # streams per rank, striped by step (client/striped.py)
+    epochs: int | None  # None: endless
+    split: WorkerSplit = NO_SPLIT  # data-loader workers sharing this rank's stream
+    retry: RetryPolicy = RetryPolicy()
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    def layout(self, offset: int) -> StepLayout:
+        """The steps of an epoch that starts (for this reader) at `offset`."""
+        return StepLayout(self.target.num_rows, offset, self.world_size, self.batch_size, self.drop_last)
+
+    def epoch_start(self) -> int:
+        """Where this reader's first step of every epoch after the first starts."""
+        return epoch_start(self.target.num_rows, self.world_size * self.batch_size, self.split)
+
+    def request(self, epoch: int, offset: int, first_step: int, step_stride: int) -> pb.ReadRequest:
+        """The Read of steps first_step, first_step + step_stride, ... of the epoch from `offset`."""
+        request = pb.ReadRequest(
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=pb.Shuffle(mode=self.shuffle.mode, window=self.shuffle.window),
+            start_offset=offset,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            first_step=first_step,
+            step_stride=step_stride,
+            drop_last=self.drop_last,
+            columns=list(self.columns),
+            max_message_bytes=self.max_message_bytes,
+            transforms=list(self.transforms),
+            on_error=self.on_error if self.transforms else "",
+        )
+        self.target.fill(request)
+        return request
