@@ -1,6 +1,7 @@
 """`shardstream cursor list|show|migrate`: what jobs committed, and moving a job to a new version.
 
-`cli.py` only calls `add_cursor_commands`.
+`list` and `show` only read: an embedded (sqlite) store that does not exist yet holds no jobs and is
+not created by looking at it.
 """
 
 from __future__ import annotations
@@ -8,21 +9,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from shardstream._table import print_table
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.manifest import DatasetRef
+from shardstream.mixture import is_mixture
 
-__all__ = ["add_cursor_commands"]
+from . import common
+
+__all__ = ["add_commands"]
+
+
+def _open_for_reading(url: str | None) -> tuple[Any, str]:
+    """(the store, its URL), or (None, URL) for an embedded store file that does not exist."""
+    from shardstream.client.stores import DEFAULT_STORE_URL, open_store
+
+    url = url or DEFAULT_STORE_URL
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else ""
+    if path and not Path(path).is_file():
+        return None, url  # opening it would create the file (and its directory)
+    return open_store(url), url
 
 
 def _cmd_cursor_list(args: argparse.Namespace) -> int:
-    from shardstream.client.stores import open_store
-
-    store = open_store(args.store)
+    store, url = _open_for_reading(args.store)
+    rows: list[dict[str, Any]] = []
     try:
-        rows = []
-        for job in store.jobs():
+        for job in store.jobs() if store is not None else ():
             committed = store.committed(job)
             rows.append(
                 {
@@ -33,11 +47,12 @@ def _cmd_cursor_list(args: argparse.Namespace) -> int:
                 }
             )
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     if args.json:
         print(json.dumps(rows, indent=1))
     elif not rows:
-        print(f"no jobs in {store.url}", file=sys.stderr)
+        print(f"no jobs in {url}", file=sys.stderr)
     else:
         table = [("JOB", "LATEST", "COMMITTED", "WRITTEN")] + [
             (
@@ -48,16 +63,17 @@ def _cmd_cursor_list(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
-        print_table(table)
+        common.print_table(table)
     return 0
 
 
 def _cmd_cursor_show(args: argparse.Namespace) -> int:
     from shardstream.client.cursor import CursorRecord, NoCommittedStepError, validate_job
-    from shardstream.client.stores import open_store
 
     validate_job(args.job)
-    store = open_store(args.store)
+    store, url = _open_for_reading(args.store)
+    if store is None:
+        raise NoCommittedStepError(f"job {args.job!r} has no cursors in {url}")
     try:
         steps = store.steps(args.job)
         committed = store.committed(args.job)
@@ -100,14 +116,11 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
 
 def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
     from shardstream.client.cursor import CursorRecord, Migration, NoCommittedStepError, validate_job
-    from shardstream.client.stores import open_store
-    from shardstream.errors import FailedPreconditionError, InvalidArgumentError
-    from shardstream.manifest import DatasetRef
-    from shardstream.mixture import is_mixture
-    from shardstream.server.roots import open_registry
 
     validate_job(args.job)
-    store = open_store(args.store)
+    store, url = _open_for_reading(args.store)
+    if store is None:
+        raise NoCommittedStepError(f"job {args.job!r} has no committed step in {url}: nothing to migrate")
     try:
         committed = store.committed(args.job)
         if not committed:
@@ -121,7 +134,7 @@ def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
         if is_mixture(state.dataset):
             raise InvalidArgumentError("moving a mixture job to new versions is not supported yet")
         old = DatasetRef.parse(state.dataset)
-        with open_registry(args.root, s3_endpoint=args.s3_endpoint) as reg:
+        with common.open_registry(args) as reg:
             new = reg.resolve(args.to)
             if new.name != old.name:
                 raise InvalidArgumentError(
@@ -158,35 +171,68 @@ def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cursor_commands(sub: Any, root_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    cur = sub.add_parser(
+def add_commands(sub: Any) -> None:
+    cur = common.add_command(
+        sub,
         "cursor",
-        help="job cursors: list jobs, show a job's committed steps",
+        None,
+        help="job cursors: list jobs, show a job's committed steps, move a job to a new version",
         description="Inspect the cursors jobs commit per checkpoint step (Loader(job=..., "
         "cursor_store=...)). --store defaults to $SHARDSTREAM_CURSOR_STORE or "
         "sqlite:///.shardstream/cursors.db.",
+        epilog=common.examples(
+            "shardstream cursor list --store redis://localhost:6379/0",
+            "shardstream cursor show my-job --store sqlite:///.shardstream/cursors.db",
+            "shardstream cursor --store redis://localhost:6379/0 migrate my-job --to toy@2 --root ./datasets",
+        ),
     )
     csub = cur.add_subparsers(dest="cursor_command", metavar="SUBCOMMAND", required=True)
-    sp = csub.add_parser("list", help="every job with its latest committed step")
-    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
-    sp.set_defaults(fn=_cmd_cursor_list)
-    sp = csub.add_parser("show", help="one job: committed steps and every rank's cursor at a step")
+    sp = common.add_command(
+        csub,
+        "list",
+        _cmd_cursor_list,
+        help="every job with its latest committed step",
+        description="Every job in the cursor store with its latest committed step, its number of committed "
+        "steps and of steps written by at least one rank.",
+        epilog=common.examples(
+            "shardstream cursor list",
+            "shardstream cursor list --store redis://localhost:6379/0 --json",
+        ),
+    )
+    common.store_option(sp)
+    common.json_option(sp)
+    sp = common.add_command(
+        csub,
+        "show",
+        _cmd_cursor_show,
+        help="one job: committed steps and every rank's cursor at a step",
+        description="The committed and partial steps of JOB, and every rank's cursor (dataset version, epoch, "
+        "offset, batch size) at --step, by default the latest committed one.",
+        epilog=common.examples(
+            "shardstream cursor show my-job",
+            "shardstream cursor show my-job --step 1200 --store redis://localhost:6379/0 --json",
+        ),
+    )
     sp.add_argument("job", help="job name")
-    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
+    common.store_option(sp)
     sp.add_argument("--step", type=int, help="which step (default: the latest committed)")
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
-    sp.set_defaults(fn=_cmd_cursor_show)
-    sp = csub.add_parser(
+    common.json_option(sp)
+    sp = common.add_command(
+        csub,
         "migrate",
+        _cmd_cursor_migrate,
         help="move a job to a newer version of its dataset, at its next epoch boundary",
         description="Record that JOB moves from the dataset version of its latest committed cursor to --to, "
         "which must descend from it (its parent chain in the registry). The move takes effect at the job's next "
         "epoch boundary; a Loader on the new version then resumes the job. Without it, resuming on another "
         "version is refused.",
+        epilog=common.examples(
+            "shardstream cursor migrate my-job --to toy@2 --root ./datasets",
+            "shardstream --root s3://bucket/registry cursor migrate my-job --to web@prod --store redis://localhost:6379/0",
+        ),
     )
     sp.add_argument("job", help="job name")
     sp.add_argument("--to", required=True, help="NAME@VERSION to move to")
-    sp.add_argument("--store", help="cursor store URL (redis://…, sqlite:///…)")
-    root_arg(sp)
-    sp.set_defaults(fn=_cmd_cursor_migrate)
+    common.store_option(sp)
+    common.root_options(sp)
+    common.add_global_options(cur, common.accepted_globals(list(csub.choices.values())))

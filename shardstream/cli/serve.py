@@ -1,0 +1,109 @@
+"""`shardstream serve`: run a shard-reader server (needs the server extra)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import common
+
+__all__ = ["add_commands"]
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from shardstream.server.app import ServerConfig, run
+    from shardstream.server.workers import usable_cpus
+
+    run(
+        ServerConfig(
+            root=args.root,
+            port=args.port,
+            host=args.host,
+            metrics_port=args.metrics_port,
+            cache_bytes=args.cache_mib << 20,
+            grace_s=args.grace,
+            ready_file=args.ready_file,
+            s3_endpoint=args.s3_endpoint,
+            workers=args.workers or usable_cpus(),
+            # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
+            read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
+            cache_dir=args.cache_dir,
+            cache_dir_bytes=args.cache_dir_mib << 20,
+            transform_threads=args.transform_threads or usable_cpus(),
+        )
+    )
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    sp = common.add_command(
+        sub,
+        "serve",
+        _cmd_serve,
+        help="run a shard-reader server",
+        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, "
+        "reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
+        "streams get --grace seconds to finish. With --workers N > 1, N worker processes share the "
+        "port (SO_REUSEPORT among themselves; the port must be free) under a supervisor that restarts "
+        "a worker that dies, drains them all on SIGTERM and serves their summed /metrics.",
+        epilog=common.examples(
+            "shardstream serve --root ./datasets",
+            "shardstream serve --root ./datasets --port 7070 --metrics-port 9090 --workers 4",
+            "shardstream serve --root s3://bucket/registry --cache-dir /var/cache/shardstream --host 0.0.0.0",
+            "shardstream --root ./datasets serve --port 0 --ready-file ready.json",
+        ),
+    )
+    common.root_options(sp)
+    sp.add_argument(
+        "--port", type=common.port, default=7070, help="gRPC port (default 7070; 0 picks a free one)"
+    )
+    sp.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)"
+    )
+    sp.add_argument(
+        "--metrics-port", type=common.port, help="serve Prometheus /metrics on this port (0 picks one)"
+    )
+    sp.add_argument(
+        "--workers",
+        type=common.positive_int,
+        help="server processes sharing the port (default: the usable CPUs, affinity and cgroup "
+        "quota; 1 = a single process)",
+    )
+    sp.add_argument(
+        "--cache-mib",
+        type=common.positive_int,
+        default=1024,
+        help="row-group cache size of the server, split evenly between its workers (default 1024)",
+    )
+    sp.add_argument(
+        "--cache-dir",
+        help="local-disk tier under the memory cache, shared by the workers (and later runs): row groups "
+        "read from storage are kept here as Arrow files named by shard content hash (default: none)",
+    )
+    sp.add_argument(
+        "--cache-dir-mib",
+        type=common.positive_int,
+        default=8192,
+        help="size bound of --cache-dir (default 8192)",
+    )
+    sp.add_argument(
+        "--read-ahead",
+        type=int,
+        choices=range(0, 9),
+        metavar="{0..8}",
+        help="messages of each stream whose row groups are fetched before they are built (0 = off; "
+        "default 1 for s3:// roots, 0 for local ones, where reads cost CPU and hide no latency)",
+    )
+    sp.add_argument(
+        "--grace", type=float, default=10.0, help="seconds in-flight streams get on shutdown (default 10)"
+    )
+    sp.add_argument(
+        "--ready-file", help="write {port, metrics_port, pid, workers} as JSON here once every worker serves"
+    )
+    sp.add_argument(
+        "--transform-threads",
+        type=common.positive_int,
+        default=None,
+        help="threads per worker for server-side transforms (image/audio/video decode, tokenizing; they "
+        "run without the GIL): default = the usable CPUs",
+    )
