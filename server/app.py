@@ -10,13 +10,10 @@ With `workers > 1`, `run` becomes a supervisor (workers.py) of that many process
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,18 +24,17 @@ from shardstream import allocator
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
-from .readahead import DEFAULT_READ_AHEAD_MESSAGES
+from .config import ServerConfig
 from .reader import new_row_group_cache
+from .ready import write_ready_file
 from .roots import open_registry
 from .service import SERVICE_NAME, ShardStreamService
-from .spill import DEFAULT_SPILL_BYTES, SpillTier
+from .spill import SpillTier
 
-__all__ = ["SERVER_OPTIONS", "ServerConfig", "WORKER_OPTIONS", "run", "serve", "write_ready_file"]
+# ServerConfig is named here as well as in config.py: `run` and `serve` take one.
+__all__ = ["SERVER_OPTIONS", "ServerConfig", "WORKER_OPTIONS", "run", "serve"]
 
 log = logging.getLogger("shardstream.server")
-
-DEFAULT_CACHE_BYTES = 1 << 30
-DEFAULT_GRACE_S = 10.0
 
 # Server channel options, one comment each (units in the comments).
 SERVER_OPTIONS = [
@@ -53,24 +49,6 @@ SERVER_OPTIONS = [
 # The workers of one supervisor share its port; the supervisor checked it was free and holds it
 # (workers.py), so another server still fails loudly on it.
 WORKER_OPTIONS = [("grpc.so_reuseport", 1), *(o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport")]
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    root: str
-    port: int
-    host: str = "127.0.0.1"
-    metrics_port: int | None = None
-    cache_bytes: int = DEFAULT_CACHE_BYTES
-    grace_s: float = DEFAULT_GRACE_S
-    ready_file: str | None = None
-    s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
-    workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (workers.py)
-    read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
-    reuse_port: bool = False  # set by the supervisor for its workers only
-    cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
-    cache_dir_bytes: int = DEFAULT_SPILL_BYTES
-    transform_threads: int = 1  # per-sample transform work (server/transforms/)
 
 
 async def serve(cfg: ServerConfig) -> None:
@@ -134,12 +112,6 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     finally:
         await server.stop(cfg.grace_s)
     log.info("stopped")
-
-
-def write_ready_file(path: str, info: dict[str, object]) -> None:
-    tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(path)  # atomic: a watcher sees all of it or nothing
 
 
 def run(cfg: ServerConfig) -> None:

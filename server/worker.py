@@ -16,7 +16,8 @@ import sys
 
 from shardstream.errors import ShardstreamError
 
-from .app import ServerConfig, run
+from .app import run
+from .config import ServerConfig
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

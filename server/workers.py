@@ -46,18 +46,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
+from .config import ServerConfig
+from .ready import write_ready_file
 from .roots import open_registry
 from .spill import SpillTier
-
-if TYPE_CHECKING:
-    from .app import ServerConfig
 
 __all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise", "usable_cpus"]
 
@@ -291,8 +289,6 @@ class Supervisor:
                 self.metrics_port or "-",
             )
         if self.cfg.ready_file:
-            from .app import write_ready_file
-
             info = {
                 "port": self.port,
                 "metrics_port": self.metrics_port,

@@ -1,0 +1,20 @@
+"""The ready file: how a server tells whoever started it that it serves, and where.
+
+A JSON object (`port`, `metrics_port`, `pid`, `workers`: the pids serving; a supervisor adds
+`restarts`) written by the serving process (app.py) or, for several workers, by their supervisor
+(workers.py) once all of them serve, and rewritten when a worker is replaced. Launchers
+(`serve --ready-file`: fleet.py, the tests, the load test) wait for it instead of polling the port.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["write_ready_file"]
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)  # atomic: a watcher sees all of it or nothing
