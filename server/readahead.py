@@ -3,7 +3,7 @@
 A stream builds message k+1 while message k is sent; without read-ahead, building k+1 starts by
 waiting for its row groups. `ReadAhead.schedule(plan, steps)` is called as message k is submitted
 with the steps the next message(s) will likely cover: in a background pool it selects their rows
-(the same pure plan functions `_build` uses) and reads their row groups into the shared cache, where
+(the same pure plan functions `MessageBuilder.build` uses) and reads their row groups into the shared cache, where
 the build finds them held or in flight (a coalesced wait, never a second read). It changes no byte:
 it only warms the cache, and a guess that misses (the next message covers other steps) costs reads.
 It looks up at most SAMPLE_POSITIONS evenly spaced positions of those steps (a block-shuffled lookup
@@ -44,7 +44,7 @@ READ_AHEAD_SKIPPED = Counter(
 
 
 class _Plan(Protocol):
-    """What read-ahead needs of the servicer's read plan."""
+    """What read-ahead needs of a stream's `ReadPlan` (read_plan.py)."""
 
     readers: list[DatasetReader]
     selector: Any  # DatasetOrder | MixtureOrder: select(epoch, positions) -> (source, row)

@@ -1,0 +1,179 @@
+"""Request -> read plan: everything a stream needs to build its messages, decided before a row is read.
+
+`ReadPlanner.plan(request)` validates a `ReadRequest` against the registry and turns it into a
+`ReadPlan`: the dataset readers (one per mixture source), the sample order (DESIGN §4), the step
+layout of this slice, the columns, the steps to send and the transform pipeline. A bad request
+fails here, as the ShardstreamError that says what is wrong (INVALID_ARGUMENT, NOT_FOUND,
+FAILED_PRECONDITION), before a byte is read.
+
+Blocking (manifests are read from storage, a pipeline may load a tokenizer or import a codec): the
+servicer calls it in a worker thread; tests and tools call it directly. The planner keeps what
+streams share: one DatasetReader per dataset version (its opened and checked shards) and the epoch
+orders of the last MAX_CACHED_ORDERS (dataset, seed, shuffle).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.manifest import DatasetRef, Manifest
+from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, parse_mixture
+from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
+from shardstream.registry import Registry
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .reader import DatasetReader, RowGroupCache
+from .selection import check_mixture_columns
+from .transforms import Pipeline, build_pipeline
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_CACHED_ORDERS", "ReadPlan", "ReadPlanner"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 2 << 20  # several small steps travel together up to ~2 MiB
+MAX_CACHED_ORDERS = 64
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """One Read stream, planned: steps `range(first_step, end_step, stride)` of `layout` for `rank`."""
+
+    readers: list[DatasetReader]  # one per source (one for a plain dataset)
+    selector: DatasetOrder | MixtureOrder
+    mixture: bool
+    layout: StepLayout
+    columns: list[str]
+    rank: int
+    epoch: int
+    first_step: int
+    end_step: int
+    stride: int
+    max_message_bytes: int
+    seed: int = 0
+    pipeline: Pipeline | None = None
+
+    @property
+    def nothing_left(self) -> bool:
+        """No step to send: the stream is one message telling the client the epoch is over."""
+        return self.first_step >= self.end_step and self.end_step == self.layout.num_steps
+
+
+class ReadPlanner:
+    """Resolves datasets and plans Read requests over one registry, for all the streams of a server."""
+
+    def __init__(self, registry: Registry, cache: RowGroupCache) -> None:
+        self.registry = registry
+        self._cache = cache
+        self._readers: dict[tuple[str, int], DatasetReader] = {}
+        self._lock = threading.Lock()
+        # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).
+        self._orders: OrderedDict[tuple[str, int, ShuffleSpec], DatasetOrder] = OrderedDict()
+
+    def resolve(self, dataset: str) -> Manifest:
+        """The manifest `dataset` (`name@version|tag`) names; a pinned version already read is not re-read."""
+        ref = DatasetRef.parse(dataset)
+        if ref.version is not None:
+            with self._lock:
+                cached = self._readers.get((ref.name, ref.version))
+            if cached is not None:
+                return cached.manifest
+        return self.registry.resolve(ref)
+
+    def latest(self) -> list[Manifest]:
+        """The latest manifest of every dataset of the registry (ListDatasets)."""
+        return [self.registry.resolve(name) for name in self.registry.names()]
+
+    def reader(self, manifest: Manifest) -> DatasetReader:
+        key = (manifest.name, manifest.version)
+        with self._lock:
+            r = self._readers.get(key)
+            if r is None or r.manifest.fingerprint != manifest.fingerprint:
+                paths = [self.registry.shard_path(manifest, s.uri) for s in manifest.shards]
+                r = self._readers[key] = DatasetReader(manifest, paths, self._cache)
+            return r
+
+    def _order(self, reader: DatasetReader, seed: int, spec: ShuffleSpec) -> DatasetOrder:
+        key = (reader.manifest.fingerprint, seed, spec)
+        with self._lock:
+            order = self._orders.get(key)
+            if order is None:
+                order = self._orders[key] = DatasetOrder(key[0], reader.locator.block_sizes, seed, spec)
+                while len(self._orders) > MAX_CACHED_ORDERS:
+                    self._orders.popitem(last=False)
+            self._orders.move_to_end(key)
+            return order
+
+    def _pinned(self, dataset: str, fingerprint: str) -> Manifest:
+        manifest = self.resolve(dataset)
+        if fingerprint and fingerprint != manifest.fingerprint:
+            raise FailedPreconditionError(
+                f"{manifest.ref} has fingerprint {manifest.fingerprint[:12]}…, the request pins "
+                f"{fingerprint[:12]}…: the dataset changed under this job"
+            )
+        return manifest
+
+    def plan(self, req: pb.ReadRequest) -> ReadPlan:
+        if req.world_size < 1 or req.rank >= req.world_size:
+            raise InvalidArgumentError(
+                f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}"
+            )
+        spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
+        selector: DatasetOrder | MixtureOrder
+        if req.mixture:
+            weights = parse_mixture([(s.dataset, s.weight) for s in req.mixture])
+            manifests = [self._pinned(s.dataset, s.fingerprint) for s in req.mixture]
+            readers = [self.reader(m) for m in manifests]
+            mixture = MixturePlan(
+                [
+                    SourceInfo(m.ref, m.fingerprint, m.num_rows, w)
+                    for m, (_, w) in zip(manifests, weights, strict=True)
+                ],
+                req.seed,
+                req.mixture_block,
+                req.mixture_epoch_samples,
+            )
+            selector = MixtureOrder(mixture, [self._order(r, req.seed, spec) for r in readers])
+            columns = check_mixture_columns(readers, list(req.columns))
+        else:
+            manifest = self._pinned(req.dataset, req.fingerprint)
+            readers = [self.reader(manifest)]
+            selector = self._order(readers[0], req.seed, spec)
+            columns = readers[0].check_columns(list(req.columns))
+        pipeline = None
+        if req.transforms or req.on_error:
+            first = readers[0]
+            schema = pa.schema([first.manifest.schema.field(c) for c in columns])
+
+            def describe(source: int, shard: int, row: int) -> str:
+                m = readers[source].manifest
+                return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
+
+            pipeline = build_pipeline(list(req.transforms), req.on_error, schema, describe)
+        layout = StepLayout(
+            selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
+        )
+        if req.first_step > layout.num_steps:
+            raise InvalidArgumentError(
+                f"first_step {req.first_step} is past the epoch's {layout.num_steps} steps"
+            )
+        end = (
+            layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
+        )
+        return ReadPlan(
+            readers=readers,
+            selector=selector,
+            mixture=bool(req.mixture),
+            layout=layout,
+            columns=columns,
+            rank=req.rank,
+            epoch=req.epoch,
+            first_step=req.first_step,
+            end_step=end,
+            stride=max(1, req.step_stride),
+            max_message_bytes=req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES,
+            seed=req.seed,
+            pipeline=pipeline,
+        )
