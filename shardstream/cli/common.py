@@ -23,8 +23,13 @@ from shardstream.registry import Registry
 from shardstream.storage import open_local_storage
 
 __all__ = [
-    "SERVER_EXTRA_HINT",
+    "EXIT_CLOSED_PIPE",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
     "HelpFormatter",
+    "SERVER_EXTRA_HINT",
+    "SERVER_EXTRA_MODULES",
+    "accepted_globals",
     "add_command",
     "add_global_options",
     "apply_global_options",
@@ -40,6 +45,7 @@ __all__ = [
     "quiet_option",
     "root_options",
     "store_option",
+    "threads",
 ]
 
 # Exit codes (the `shardstream` docstring lists them).

@@ -1,7 +1,7 @@
 """`shardstream cursor list|show|migrate`: what jobs committed, and moving a job to a new version.
 
-`list` and `show` only read: an embedded (sqlite) store that does not exist yet holds no jobs and is
-not created by looking at it.
+`list` and `show` only read. An embedded (sqlite) store that does not exist yet holds no jobs, and no
+cursor command creates it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError
 from shardstream.manifest import DatasetRef
@@ -18,10 +18,13 @@ from shardstream.mixture import is_mixture
 
 from . import common
 
+if TYPE_CHECKING:
+    from shardstream.client.stores import CursorStore
+
 __all__ = ["add_commands"]
 
 
-def _open_for_reading(url: str | None) -> tuple[Any, str]:
+def _open_for_reading(url: str | None) -> tuple[CursorStore | None, str]:
     """(the store, its URL), or (None, URL) for an embedded store file that does not exist."""
     from shardstream.client.stores import DEFAULT_STORE_URL, open_store
 
