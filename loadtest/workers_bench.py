@@ -20,7 +20,8 @@ stream of one epoch (window 16, batch --batch-rows), C and D alternating for --p
 seed per pair. Reported from the server's /metrics: cache misses, prefetches (and those wasted:
 evicted unused), hit ratio, and read amplification = row-group bytes read from storage / decoded
 bytes of the dataset (1.0 = every row group read once in the epoch). With --ra-s3 the same is run
-again from an S3 root: a SeaweedFS (`weed mini`, started as the tests start it) on loopback.
+again from an S3 root: a SeaweedFS (`weed mini`, started by loadtest/seaweed.py as the tests start
+it) on loopback.
 
 Figures only: it asserts nothing about speed and exits 0 unless something crashed.
 """
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -44,12 +44,10 @@ import psutil
 import pyarrow.parquet as pq
 
 from loadtest.common import log, versions, write_json, write_vectors
+from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.seaweed, from the repo root
-from tests.seaweed import BUCKET, start_seaweed  # noqa: E402
 
 __all__ = ["main"]
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +17,8 @@ from shardstream.client.state import LoaderState
 from shardstream.client.stores import MemoryStore, SqliteStore, open_store
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
+from .support.rank_worker import RankProcs, steps_logged
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -264,7 +263,6 @@ def test_job_arguments_are_validated_before_any_network_call() -> None:
 
 
 def test_cursor_cli_list_and_show(endpoints, tmp_path: Path) -> None:
-    import json
     import subprocess
     import sys
 
@@ -287,60 +285,6 @@ def test_cursor_cli_list_and_show(endpoints, tmp_path: Path) -> None:
     assert r.returncode == 0 and "committed steps  3, 6" in r.stdout
     r = cli("show", "ghost")
     assert r.returncode == 1 and "no cursors" in r.stderr and "Traceback" not in r.stderr
-
-
-def steps_logged(log: Path) -> list[dict]:  # type: ignore[type-arg]
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
-class RankProcs:
-    """Training ranks as processes (tests/rank_worker.py); all killed at teardown."""
-
-    def __init__(self, endpoints: list[str], store: str, job: str, every: int) -> None:
-        self.base = [
-            "--endpoints",
-            ",".join(endpoints),
-            "--job",
-            job,
-            "--store",
-            store,
-            "--commit-every",
-            str(every),
-        ]
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(self, rank: int, world: int, batch: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "tests.rank_worker",
-            *self.base,
-            "--rank",
-            str(rank),
-            "--world-size",
-            str(world),
-            "--batch-size",
-            str(batch),
-            "--log",
-            str(log),
-            *extra,
-        ]
-        proc = subprocess.Popen(
-            cmd, start_new_session=True, cwd=Path(__file__).parent.parent, stdin=subprocess.PIPE
-        )
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if proc.stdin:
-            proc.stdin.close()
-
-    def close(self) -> None:
-        for p in self.procs:
-            self.kill(p)
 
 
 @pytest.mark.parametrize("case", range(4))

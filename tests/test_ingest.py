@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +12,8 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 from shardstream.server.ingest import IngestOptions, ingest
 
-from .conftest import make_table
+from .support.data import make_table
+from .support.processes import run_cli
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -94,12 +93,6 @@ def test_bad_inputs(tmp_path: Path, setup, message: str) -> None:  # type: ignor
     setup(src)
     with pytest.raises(InvalidArgumentError, match=message):
         ingest(src, "x", tmp_path / "root", IngestOptions(progress=False))
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardstream", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
 
 
 def test_cli_ingest_list_show(tmp_path: Path) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import struct
-import subprocess
-import sys
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -21,6 +19,8 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
+
+from .support.processes import run_cli
 
 OPTS = IngestOptions(row_group_rows=3, shard_rows=5, progress=False)
 
@@ -234,12 +234,6 @@ def test_mixed_inputs_need_format(tmp_path: Path) -> None:
         ingest(src, "mix", tmp_path / "root", OPTS)
     m = ingest(src, "mix", tmp_path / "root", OPTS, format="episodes")  # the tar is ignored
     assert m.num_rows == 1 and m.metadata["modality"] == "rl_episodes"
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardstream", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
 
 
 def test_cli_format_flag_and_one_line_errors(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from shardstream.client import Loader
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
 
 
 def inspect(data_root: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,7 @@ from shardstream.manifest import Manifest, Shard
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.server.roots import open_registry
 
-from .conftest import make_table
-from .test_registry_cli import put_parquet
+from .support.data import make_table, put_parquet
 
 BASE = [("id", pa.int64()), ("text", pa.string()), ("label", pa.int32())]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import socket
 import time
 
 import grpc
@@ -15,7 +14,8 @@ from shardstream.errors import FailedPreconditionError, InvalidArgumentError, No
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
+from .support.servers import unused_port
 
 
 def run_epoch(endpoints: list[str], world: int, batch: int, **kw) -> list[list[np.ndarray]]:  # type: ignore[no-untyped-def]
@@ -31,12 +31,6 @@ def global_order(per_rank: list[list[np.ndarray]]) -> list[int]:
     steps = len(per_rank[0])
     assert all(len(r) == steps for r in per_rank), "every rank takes the same number of steps"
     return [int(i) for t in range(steps) for r in per_rank for i in r[t]]
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

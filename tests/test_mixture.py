@@ -13,7 +13,7 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, allocate, parse_mixture
 from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
 
-from .conftest import same_output_in_processes
+from .support.processes import same_output_in_processes
 
 
 def plan_of(

@@ -13,7 +13,7 @@ from shardstream.inspect import make_selector
 from shardstream.plan import ShuffleSpec
 from shardstream.registry import Registry
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
 
 MIX = {"toy@1": 0.75, "toy@2": 0.25}
 

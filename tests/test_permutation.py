@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from shardstream.permutation import KeyedPermutation, derive_key
 
-from .conftest import same_output_in_processes
+from .support.processes import same_output_in_processes
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 15, 16, 17, 97, 255, 256, 257, 1009, 4096, 10_007])

@@ -7,13 +7,12 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from shardstream.cli import main
 from shardstream.server.roots import open_registry, open_storage
 
-from .conftest import make_table
+from .support.data import make_table, put_parquet
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -21,13 +20,6 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return str(tmp_path / "root")
     return request.getfixturevalue("s3_root")
-
-
-def put_parquet(root: str, key: str, table: pa.Table, tmp_path: Path, row_group_size: int = 40) -> None:
-    local = tmp_path / f"tmp-{key.replace('/', '_')}"
-    pq.write_table(table, local, row_group_size=row_group_size)
-    with open_storage(root) as st:
-        st.put_file(key, local)
 
 
 def spark_like(root: str, tmp_path: Path, name: str = "bring") -> None:

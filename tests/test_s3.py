@@ -20,7 +20,8 @@ from shardstream.server.roots import open_registry
 from shardstream.server.shards import STORAGE_FETCHED_BYTES
 from shardstream.storage import ObjectRef
 
-from .conftest import make_table
+from .support.data import make_table
+from .support.faults import CuttingProxy
 
 
 def ingest_both(tmp_path: Path, s3_root: str, n: int = 1009, **opts: int) -> tuple[Path, str]:
@@ -139,7 +140,6 @@ def test_wrong_credentials_in_process(s3_root: str, monkeypatch: pytest.MonkeyPa
 def test_a_body_cut_mid_read_is_resumed(s3_server, s3_root: str) -> None:  # type: ignore[no-untyped-def]
     from shardstream.server.s3 import S3_RESUMES, S3Storage
 
-    from .faults import CuttingProxy
 
     payload = np.random.default_rng(0).bytes(600_000)
     with S3Storage(s3_root) as direct:

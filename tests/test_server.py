@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,8 @@ from shardstream.client import Loader
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS, write_dataset
+from .support.servers import scrape
 
 
 def test_health_and_reflection(endpoints: list[str]) -> None:
@@ -56,18 +56,6 @@ def test_get_and_list_datasets(endpoints: list[str]) -> None:
         with pytest.raises(grpc.RpcError) as err:
             get(pb.GetDatasetRequest(dataset="toy@5"), timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-
-
-def scrape(server: LocalServer) -> dict[str, float]:
-    text = (
-        urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    )
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_metrics_count_streams_batches_bytes_and_errors(server_factory) -> None:  # type: ignore[no-untyped-def]
@@ -165,7 +153,6 @@ def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
 def test_corrupt_shard_is_data_loss_naming_the_shard(tmp_path: Path, server_factory) -> None:  # type: ignore[no-untyped-def]
     from shardstream.errors import DataLossError
 
-    from .conftest import write_dataset
 
     root = tmp_path / "root"
     m = write_dataset(root, "fragile", 300, row_group_rows=50, shard_rows=100)

@@ -11,7 +11,7 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec
 from shardstream.shuffle import SHUFFLES
 
-from .conftest import same_output_in_processes
+from .support.processes import same_output_in_processes
 
 # shards -> row groups -> rows; empty shards and empty row groups included
 layouts = st.lists(st.lists(st.integers(0, 40), max_size=6), max_size=8)

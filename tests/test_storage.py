@@ -15,7 +15,7 @@ from shardstream.registry import Registry
 from shardstream.server.roots import open_storage
 from shardstream.storage import LocalStorage, check_key
 
-from .conftest import make_table, write_dataset
+from .support.data import make_table, write_dataset
 
 TRAVERSALS = [
     "..",

@@ -15,8 +15,8 @@ import pytest
 from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 
-from .conftest import N_ROWS
-from .test_loader_e2e import unused_port
+from .support.data import N_ROWS
+from .support.servers import unused_port
 
 
 def trace(

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from shardstream.client.torch import ShardStreamDataset
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
 
 
 def ids_of(batches) -> list[int]:  # type: ignore[no-untyped-def]

@@ -22,7 +22,7 @@ from shardstream.client import Loader
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.server.fleet import LocalServer
 
-from . import media
+from .support import media
 
 EOS = 100257  # cl100k_base <|endoftext|>
 

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,28 +23,10 @@ from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .conftest import N_ROWS
+from .support.data import N_ROWS
+from .support.servers import scrape, wait_for
 
 Factory = Callable[..., LocalServer]
-
-
-def scrape(server: LocalServer) -> dict[str, float]:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    out = {}
-    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Poll a readiness condition (never a fixed sleep); fail naming it after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def delivered(target: str, **kw: object) -> list[pa.RecordBatch]:

@@ -1,16 +1,27 @@
-"""A training rank as a process, for crash tests: python -m tests.rank_worker ARGS.
+"""A training rank as a process, for crash tests: python -m tests.support.rank_worker ARGS.
 
 Appends one JSON line per consumed step to --log (flushed, so a SIGKILL loses nothing written) and
 commits its cursor every --commit-every steps (checkpoint step numbers count from the job start).
+With --pause-at N it creates LOG.paused after step N and blocks until killed.
+
+RankProcs starts such ranks (and kills them with their process group); steps_logged reads a log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 from shardstream.client import Loader
+
+__all__ = ["RankProcs", "main", "steps_logged"]
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
@@ -52,6 +63,59 @@ def main() -> None:
                 open(a.log + ".paused", "w").close()  # noqa: SIM115 — tells the test to kill us now
                 sys.stdin.read()  # blocks: the test kills this process here (its threads keep running)
         ld.flush_commits()
+
+
+def steps_logged(log: Path) -> list[dict]:  # type: ignore[type-arg]
+    """The records a rank appended to `log` (none if it never wrote one)."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+class RankProcs:
+    """Training ranks as processes (this module as a script); all killed at teardown."""
+
+    def __init__(self, endpoints: list[str], store: str, job: str, every: int) -> None:
+        self.base = [
+            "--endpoints",
+            ",".join(endpoints),
+            "--job",
+            job,
+            "--store",
+            store,
+            "--commit-every",
+            str(every),
+        ]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, rank: int, world: int, batch: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.rank_worker",
+            *self.base,
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(world),
+            "--batch-size",
+            str(batch),
+            "--log",
+            str(log),
+            *extra,
+        ]
+        proc = subprocess.Popen(cmd, start_new_session=True, cwd=REPO, stdin=subprocess.PIPE)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdin:
+            proc.stdin.close()
+
+    def close(self) -> None:
+        for p in self.procs:
+            self.kill(p)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,15 @@
+"""Support code for the tests, in one place; test modules import from here, never from each other.
+
+    data          the toy datasets (N_ROWS, make_table, write_dataset) and put_parquet
+    servers       shardstream servers as real processes (Servers), free ports, /metrics, waits
+    redis_server  a private redis-server on a free port
+    seaweed       the real S3 server (the launcher is loadtest/seaweed.py) and private roots on it
+    faults        FAULT INJECTORS (not mocks): a TCP proxy that cuts S3 responses
+    media         real media files (text, images, audio, video, RL episodes) and datasets of them
+    rank_worker   a training rank as a process (`python -m tests.support.rank_worker`) and RankProcs
+    processes     the command line and fresh interpreters as subprocesses
+    resume        the one resume harness (check_resume) and the multi-rank job it drives (Ranks)
+
+tests/conftest.py only defines fixtures, from these. loadtest/ never imports tests/; tests may import
+loadtest/ (the SeaweedFS launcher lives there so that both can use one copy).
+"""
