@@ -3,9 +3,9 @@ Parquet shards + a new manifest version out.
 
 Two passes: the first reads every input's schema (Parquet: the footer; JSON Lines: a parse, kept in
 memory up to a budget) and unifies them, naming the files and fields that disagree; the second
-writes shards of about `shard_bytes` with row groups of about `row_group_bytes` (uncompressed), then
-hashes each shard and registers the version. Nothing is registered unless everything succeeded;
-shards of a failed ingest are removed. Image folders, WebDataset tars and RL episodes
+writes shards of about `shard_bytes` with row groups of about `row_group_bytes` (uncompressed;
+shard_writer.py), hashing each shard, and registers the version. Nothing is registered unless
+everything succeeded; shards of a failed ingest are removed. Image folders, WebDataset tars and RL episodes
 (`ingest_sources`) have a schema known up front: one pass, through the same writer and registration.
 
 Lineage: the registry checks the claimed change against the parent (or infers it). `append` is
@@ -15,7 +15,6 @@ parent's schema (missing fields become nulls; a field the parent lacks is refuse
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ from shardstream.registry import Registry
 from .ingest_sources import FORMATS, JSONL_SUFFIXES, PARQUET_SUFFIXES, Source, detect_format, open_source
 from .reader import PROVENANCE_COLUMNS
 from .roots import open_registry
+from .shard_writer import ShardWriter
 
 __all__ = ["IngestOptions", "ingest"]
 
@@ -137,78 +137,6 @@ def _unify(schemas: list[tuple[Path, pa.Schema]]) -> pa.Schema:
     if not schema.names:
         raise InvalidArgumentError("the inputs have no columns")
     return schema
-
-
-class _ShardWriter:
-    """Writes batches into Parquet shards with row groups of a fixed row count."""
-
-    def __init__(self, out_dir: Path, schema: pa.Schema, opts: IngestOptions) -> None:
-        self._dir = out_dir
-        self._schema = schema
-        self._opts = opts
-        self._rows_per_group: int | None = opts.row_group_rows
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_rows = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._path: Path | None = None
-        self._shard_rows = 0
-        self._shard_bytes = 0
-        self.shards: list[Shard] = []
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        if self._rows_per_group is None:
-            per_row = max(1, batch.nbytes // batch.num_rows)
-            self._rows_per_group = max(1, min(1 << 20, self._opts.row_group_bytes // per_row))
-        self._pending.append(batch)
-        self._pending_rows += batch.num_rows
-        while self._pending_rows >= self._rows_per_group:
-            self._flush_group(self._rows_per_group)
-
-    def _flush_group(self, rows: int) -> None:
-        table = pa.Table.from_batches(self._pending, schema=self._schema)
-        group, rest = table.slice(0, rows), table.slice(rows)
-        self._pending = rest.to_batches()
-        self._pending_rows = rest.num_rows
-        if self._writer is None:
-            self._path = self._dir / f"part-{len(self.shards):05d}.parquet"
-            self._writer = pq.ParquetWriter(self._path, self._schema)
-        self._writer.write_table(group, row_group_size=rows)
-        self._shard_rows += group.num_rows
-        self._shard_bytes += group.nbytes
-        full_rows = self._opts.shard_rows is not None and self._shard_rows >= self._opts.shard_rows
-        full_bytes = self._opts.shard_rows is None and self._shard_bytes >= self._opts.shard_bytes
-        if full_rows or full_bytes:
-            self._close_shard()
-
-    def _close_shard(self) -> None:
-        assert self._writer is not None and self._path is not None
-        self._writer.close()
-        meta = pq.read_metadata(self._path)
-        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        digest = hashlib.sha256()
-        with self._path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        self.shards.append(
-            Shard(
-                uri=self._path.relative_to(self._dir.parent.parent).as_posix(),
-                rows=sum(groups),
-                bytes=self._path.stat().st_size,
-                row_groups=groups,
-                sha256=digest.hexdigest(),
-            )
-        )
-        self._writer = None
-        self._shard_rows = self._shard_bytes = 0
-
-    def finish(self) -> list[Shard]:
-        if self._pending_rows:
-            self._flush_group(self._pending_rows)
-        if self._writer is not None:
-            self._close_shard()
-        return self.shards
 
 
 def _batches(path: Path, schema: pa.Schema, parsed: dict[Path, pa.Table]) -> Iterator[pa.RecordBatch]:
@@ -356,7 +284,14 @@ def ingest(
     out_dir.mkdir(parents=True)
     uploaded: list[str] = []
     try:
-        writer = _ShardWriter(out_dir, schema, opts)
+        writer = ShardWriter(
+            out_dir,
+            schema,
+            row_group_rows=opts.row_group_rows,
+            row_group_bytes=opts.row_group_bytes,
+            shard_rows=opts.shard_rows,
+            shard_bytes=opts.shard_bytes,
+        )
         for batch in source.batches(bar.update):
             writer.write(batch if batch.schema.equals(schema) else _conform(batch, schema, src_path))
         shards = tuple(writer.finish())

@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 
 class ShardStreamService:
+    """One per server process, shared by all its streams (the planner's readers and orders too)."""
+
     def __init__(
         self,
         registry: Registry,
