@@ -1,0 +1,212 @@
+"""DESIGN §2: one-way layers and no import cycles, checked over the AST of every product module.
+
+The rule (imports inside functions and under TYPE_CHECKING count: they are edges all the same):
+
+    shardstream (shared: plan, manifest, errors, ...)  ->  nothing of client/ or server/
+    shardstream.client  (client/)                       ->  shardstream only
+    shardstream.server  (server/)                       ->  shardstream only
+    shardstream.cli.*, shardstream.demo                 ->  anything (the only code that sees both sides)
+
+and no cycle between modules. An edge goes to the module an import names: `from a.b import c` is an
+edge to `a.b.c` when that is a module, else to `a.b`; importing a submodule does not count as an
+edge to its parent package.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# import name -> folder (pyproject's package-dir)
+PACKAGES = {
+    "shardstream": REPO / "shardstream",
+    "shardstream.client": REPO / "client",
+    "shardstream.server": REPO / "server",
+}
+GENERATED = ("shardstream.v1.",)  # protoc's stubs: not ours to arrange
+
+
+def product_sources() -> dict[str, str]:
+    """module name -> source, for every module of the distribution."""
+    out: dict[str, str] = {}
+    for pkg, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([pkg, *parts])
+            if name.startswith(GENERATED):
+                continue
+            out[name] = path.read_text()
+    return out
+
+
+def is_package(name: str, sources: Mapping[str, str]) -> bool:
+    return any(m.startswith(name + ".") for m in sources) or name in PACKAGES
+
+
+def edges(sources: Mapping[str, str]) -> dict[str, set[str]]:
+    """module -> the product modules it imports (anywhere in its body)."""
+    out: dict[str, set[str]] = {}
+    for mod, text in sources.items():
+        pkg = mod if is_package(mod, sources) else mod.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(text)):
+            names: Iterable[str]
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = pkg.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in sources:  # `import a.b.c` of an attribute path: its module
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    targets.add(name)
+        out[mod] = targets
+    return out
+
+
+def layer(mod: str) -> str:
+    if (
+        mod in ("shardstream.demo", "shardstream.__main__")
+        or mod.startswith(("shardstream.cli.",))
+        or mod == "shardstream.cli"
+    ):
+        return "cli"
+    for side in ("client", "server"):
+        if mod == f"shardstream.{side}" or mod.startswith(f"shardstream.{side}."):
+            return side
+    return "shared"
+
+
+ALLOWED = {
+    "shared": {"shared"},
+    "client": {"shared", "client"},
+    "server": {"shared", "server"},
+    "cli": {"shared", "client", "server", "cli"},
+}
+
+
+def forbidden_edges(graph: Mapping[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} ({layer(a)}) imports {b} ({layer(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if layer(b) not in ALLOWED[layer(a)]
+    )
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+# --- the product ----------------------------------------------------------------------------------
+def test_the_tree_is_read_as_expected() -> None:
+    sources = product_sources()
+    for mod in (
+        "shardstream.plan",
+        "shardstream.errors",
+        "shardstream.client.loader",
+        "shardstream.server.service",
+    ):
+        assert mod in sources
+    graph = edges(sources)
+    # the checker sees relative imports, imports inside functions and `from pkg import module`
+    assert "shardstream.client.loader" in graph["shardstream.client"]
+    assert "shardstream.errors" in graph["shardstream.plan"]
+
+
+def test_no_forbidden_import_between_layers() -> None:
+    bad = forbidden_edges(edges(product_sources()))
+    assert not bad, "forbidden imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    found = cycles(edges(product_sources()))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# --- the checker itself fails where it should -----------------------------------------------------
+def with_extra(module: str, line: str) -> dict[str, str]:
+    sources = product_sources()
+    sources[module] = sources.get(module, "") + "\n" + line + "\n"
+    return sources
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "edge"),
+    [
+        # the shared package reaching into a side, even inside a function
+        (
+            "shardstream.plan",
+            "def f():\n    from shardstream.server import reader",
+            "shardstream.server.reader",
+        ),
+        ("shardstream.storage", "import shardstream.client.loader", "shardstream.client.loader"),
+        # the client importing the server, relatively
+        ("shardstream.client.convert", "from ..server import service", "shardstream.server.service"),
+        # the server importing the client
+        (
+            "shardstream.server.cache",
+            "from shardstream.client.loader import Loader",
+            "shardstream.client.loader",
+        ),
+    ],
+)
+def test_a_forbidden_import_is_reported(module: str, line: str, edge: str) -> None:
+    bad = forbidden_edges(edges(with_extra(module, line)))
+    assert any(b.startswith(f"{module} ") and f" imports {edge} " in b for b in bad), bad
+
+
+def test_the_command_line_may_import_both_sides() -> None:
+    sources = with_extra("shardstream.demo", "from shardstream.server.fleet import LocalServer")
+    graph = edges(sources)
+    assert "shardstream.server.fleet" in graph["shardstream.demo"]
+    assert not [b for b in forbidden_edges(graph) if b.startswith("shardstream.demo ")]
+
+
+def test_a_cycle_is_reported() -> None:
+    # errors is imported by plan; errors importing plan closes the loop
+    found = cycles(edges(with_extra("shardstream.errors", "def f():\n    from shardstream import plan")))
+    assert any({"shardstream.errors", "shardstream.plan"} <= set(c) for c in found), found
