@@ -31,8 +31,7 @@ from .roots import open_registry
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import SpillTier
 
-# ServerConfig is named here as well as in config.py: `run` and `serve` take one.
-__all__ = ["SERVER_OPTIONS", "ServerConfig", "WORKER_OPTIONS", "run", "serve"]
+__all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "run", "serve"]
 
 log = logging.getLogger("shardstream.server")
 

@@ -11,7 +11,8 @@ __all__ = ["add_commands"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from shardstream.server.app import ServerConfig, run
+    from shardstream.server.app import run
+    from shardstream.server.config import ServerConfig
     from shardstream.server.workers import usable_cpus
 
     run(
