@@ -170,4 +170,3 @@ def _wait_ready(server: S3Server) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -19,6 +20,7 @@ from shardstream.errors import FailedPreconditionError, InvalidArgumentError, Un
 
 from .support.data import N_ROWS
 from .support.rank_worker import RankProcs, steps_logged
+from .support.resume import CommittingRanks, check_resume, ids
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -136,27 +138,60 @@ def test_crash_after_commits_resumes_exactly_at_the_committed_step(
     every = rng.choice([3, 5])
     total = -(-N_ROWS // (w1 * b1))
     crash_at = rng.randrange(every, total - 1)  # the ranks die here, some steps after their last commit
-    first = consume(
-        endpoints, job=f"job{case}", store=store_url, world=w1, batch=b1, steps=crash_at, commit_every=every
-    )
-    committed_step = (crash_at // every) * every
-    kept = [r[:committed_step] for r in first]  # the model checkpoint is at committed_step
-    rest = consume(
-        endpoints,
-        job=f"job{case}",
-        store=store_url,
-        world=w2,
-        batch=b2,
-        steps=None,
-        commit_every=10**9,
-        resume="latest",
+    committed_step = (crash_at // every) * every  # the model checkpoint is at committed_step
+    runs = itertools.count()
+
+    def job() -> CommittingRanks:
+        name = f"job{case}-{next(runs)}"  # each run a job of its own
+        return CommittingRanks(
+            lambda rank: Loader(
+                endpoints,
+                "toy@1",
+                batch_size=b1,
+                rank=rank,
+                world_size=w1,
+                seed=0,
+                job=name,
+                cursor_store=store_url,
+            ),
+            w1,
+            commit_every=every,
+        )
+
+    def restarted(state: dict) -> CommittingRanks:  # type: ignore[type-arg]
+        return CommittingRanks(
+            lambda rank: Loader(
+                endpoints,
+                "toy@1",
+                batch_size=b2,
+                rank=rank,
+                world_size=w2,
+                seed=0,
+                job=state["job"],
+                cursor_store=store_url,
+                resume="latest",
+            ),
+            w2,
+            commit_every=10**9,
+            resumed_from=state["step"],  # exactly the committed step
+        )
+
+    # Commits every `every` steps, dies `crash_at - committed_step` steps after the last one, and
+    # resumes "latest" with another world size and batch size (also from step 0 and the epoch's end).
+    res = check_resume(
+        job,
+        cuts=[committed_step],
+        overrun=crash_at - committed_step,
+        item=ids,
+        flatten=True,
+        resume=restarted,
     )
     whole = flat(
         consume(
             endpoints, job=f"ref{case}", store="memory://", world=1, batch=64, steps=None, commit_every=10**9
         )
     )
-    assert flat(kept) + flat(rest) == whole
+    assert [i for step in res.full for i in step] == whole
     assert sorted(whole) == list(range(N_ROWS))
 
 

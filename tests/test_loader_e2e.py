@@ -15,6 +15,7 @@ from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
+from .support.resume import Ranks, as_json, check_resume, ids
 from .support.servers import unused_port
 
 
@@ -95,37 +96,40 @@ def test_resume_from_state_dict_with_other_world_and_batch_size(endpoints: list[
     steps_total = -(-N_ROWS // (w1 * b1))
     stop_after = rng.randrange(1, steps_total)
 
-    first: list[list[np.ndarray]] = []
-    states = []
-    for rank in range(w1):
-        with Loader(endpoints, "toy@1", batch_size=b1, rank=rank, world_size=w1, seed=case) as ld:
-            it = iter(ld)
-            first.append([next(it)["id"].copy() for _ in range(stop_after)])
-            states.append(ld.state_dict())
-    assert all(s == states[0] for s in states), "every rank saves the same state"
-    assert states[0]["offset"] == stop_after * w1 * b1
+    def job(world: int, batch: int) -> Ranks:
+        return Ranks(
+            lambda rank: Loader(endpoints, "toy@1", batch_size=batch, rank=rank, world_size=world, seed=case),
+            world,
+        )
 
-    second: list[list[np.ndarray]] = []
-    for rank in range(w2):
-        with Loader(endpoints, "toy@1", batch_size=b2, rank=rank, world_size=w2, seed=case) as ld:
-            ld.load_state_dict(states[rank % w1])
-            second.append([b["id"].copy() for b in ld])
-    assert global_order(first) + global_order(second) == uninterrupted
+    # Saved by w1 ranks of b1 (every rank saves the same state), resumed by w2 ranks of b2.
+    res = check_resume(
+        lambda: job(w1, b1),
+        cuts=[stop_after],
+        remake=lambda: job(w2, b2),
+        item=ids,
+        flatten=True,
+        checkpoint=as_json,
+    )
+    assert res.states[stop_after]["offset"] == stop_after * w1 * b1
+    assert [i for step in res.full for i in step] == uninterrupted
 
 
 def test_state_at_epoch_end_and_initial_state(endpoints: list[str]) -> None:
-    with Loader(endpoints, "toy@1", batch_size=300, epochs=2) as ld:
-        initial = ld.state_dict()
-        assert (initial["epoch"], initial["offset"]) == (0, 0)
-        it = iter(ld)
-        for _ in range(4):  # 1009 rows / 300 = 4 steps: the epoch's end
-            next(it)
-        at_end = ld.state_dict()
+    res = check_resume(
+        lambda: Loader(endpoints, "toy@1", batch_size=300, epochs=2),
+        cuts=[2, 5],
+        epochs=2,
+        item=ids,
+        checkpoint=as_json,
+    )
+    assert res.cuts == [0, 2, 4, 5, 8]  # 1009 rows / 300 = 4 steps: the epoch's end
+    initial, at_end = res.states[0], res.states[4]
+    assert (initial["epoch"], initial["offset"]) == (0, 0)
     assert (at_end["epoch"], at_end["offset"]) == (1, 0)
-    with Loader(endpoints, "toy@1", batch_size=300, epochs=2) as ld:
-        ld.load_state_dict(at_end)
-        rest = [b["id"] for b in ld]
-    assert len(rest) == 4 and sorted(np.concatenate(rest).tolist()) == list(range(N_ROWS))
+    rest = res.tails[4]
+    assert len(rest) == 4 and sorted(i for b in rest for i in b) == list(range(N_ROWS))
+    assert res.tails[8] == []
 
 
 def test_state_from_another_version_is_refused(endpoints: list[str]) -> None:

@@ -14,6 +14,7 @@ from shardstream.plan import ShuffleSpec
 from shardstream.registry import Registry
 
 from .support.data import N_ROWS
+from .support.resume import Ranks, as_json, check_resume, ids
 
 MIX = {"toy@1": 0.75, "toy@2": 0.25}
 
@@ -27,19 +28,11 @@ def expected_ids(data_root, spec: ShuffleSpec, seed: int, epoch: int, block: int
     return (rows + 10_000 * src).tolist()
 
 
-def run(endpoints, world: int, batch: int, *, seed: int = 0, state=None, stop_after: int | None = None, **kw):  # type: ignore[no-untyped-def]
+def run(endpoints, world: int, batch: int, *, seed: int = 0, **kw):  # type: ignore[no-untyped-def]
     per_rank, states = [], []
     for rank in range(world):
         with Loader(endpoints, MIX, batch_size=batch, rank=rank, world_size=world, seed=seed, **kw) as ld:
-            if state is not None:
-                ld.load_state_dict(state)
-            it = iter(ld)
-            got = []
-            for b in it:
-                got.append(b["id"].tolist())
-                if stop_after is not None and len(got) == stop_after:
-                    break
-            per_rank.append(got)
+            per_rank.append([b["id"].tolist() for b in ld])
             states.append(ld.state_dict())
     order = [i for t in range(len(per_rank[0])) for r in per_rank for i in r[t]]
     return order, states
@@ -61,10 +54,23 @@ def test_mixture_resume_with_other_world_and_batch_size(endpoints, data_root, ca
     rng = random.Random(case)
     w1, b1, w2, b2 = rng.choice([1, 2, 4]), rng.choice([8, 25]), rng.choice([1, 3]), rng.choice([5, 40])
     stop = rng.randrange(1, 2 * N_ROWS // (w1 * b1))
-    first, states = run(endpoints, w1, b1, seed=case, stop_after=stop)
-    assert all(s == states[0] for s in states)
-    rest, _ = run(endpoints, w2, b2, seed=case, state=states[0])
-    assert first + rest == expected_ids(data_root, ShuffleSpec(), case, 0)
+
+    def job(world: int, batch: int) -> Ranks:
+        return Ranks(
+            lambda rank: Loader(endpoints, MIX, batch_size=batch, rank=rank, world_size=world, seed=case),
+            world,
+        )
+
+    # every rank saves the same state (Ranks asserts it); w2 ranks of b2 resume it
+    res = check_resume(
+        lambda: job(w1, b1),
+        cuts=[stop],
+        remake=lambda: job(w2, b2),
+        item=ids,
+        flatten=True,
+        checkpoint=as_json,
+    )
+    assert [i for step in res.full for i in step] == expected_ids(data_root, ShuffleSpec(), case, 0)
 
 
 def test_mixture_provenance_and_endless_source_epochs(endpoints) -> None:  # type: ignore[no-untyped-def]

@@ -140,7 +140,6 @@ def test_wrong_credentials_in_process(s3_root: str, monkeypatch: pytest.MonkeyPa
 def test_a_body_cut_mid_read_is_resumed(s3_server, s3_root: str) -> None:  # type: ignore[no-untyped-def]
     from shardstream.server.s3 import S3_RESUMES, S3Storage
 
-
     payload = np.random.default_rng(0).bytes(600_000)
     with S3Storage(s3_root) as direct:
         direct.put("blob", payload)

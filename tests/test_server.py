@@ -153,7 +153,6 @@ def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
 def test_corrupt_shard_is_data_loss_naming_the_shard(tmp_path: Path, server_factory) -> None:  # type: ignore[no-untyped-def]
     from shardstream.errors import DataLossError
 
-
     root = tmp_path / "root"
     m = write_dataset(root, "fragile", 300, row_group_rows=50, shard_rows=100)
     victim = root / "fragile" / m.shards[1].uri

@@ -7,6 +7,7 @@ a server killed mid-epoch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,35 +17,62 @@ from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 
 from .support.data import N_ROWS
+from .support.resume import as_json, check_resume
 from .support.servers import unused_port
+
+
+def observed(ld: Loader) -> Iterator[Any]:
+    """Everything a training loop can observe, batch by batch."""
+    for batch in ld:
+        info = ld.last_batch
+        assert info is not None
+        yield (
+            info.epoch,
+            info.step,
+            info.position_start,
+            info.position_end,
+            {k: (v.dtype.str, v.shape, v.tolist()) for k, v in batch.items()},
+            info.shards.tolist(),
+            info.rows.tolist(),
+            ld.state_dict(),
+        )
 
 
 def trace(
     endpoints: list[str], state: dict[str, Any] | None = None, steps: int | None = None, **kw: Any
 ) -> Any:
-    """Everything a training loop can observe, batch by batch."""
     out = []
     with Loader(endpoints, "toy@1", provenance=True, **kw) as ld:
         if state is not None:
             ld.load_state_dict(state)
-        for batch in ld:
-            info = ld.last_batch
-            assert info is not None
-            out.append(
-                (
-                    info.epoch,
-                    info.step,
-                    info.position_start,
-                    info.position_end,
-                    {k: (v.dtype.str, v.shape, v.tolist()) for k, v in batch.items()},
-                    info.shards.tolist(),
-                    info.rows.tolist(),
-                    ld.state_dict(),
-                )
-            )
+        for seen in observed(ld):
+            out.append(seen)
             if steps is not None and len(out) == steps:
                 break
         return out, dict(ld.dropped)
+
+
+class Observed:
+    """A Loader whose items are what `observed` sees: a component for the resume harness."""
+
+    def __init__(self, endpoints: list[str], **kw: Any) -> None:
+        self.loader = Loader(endpoints, "toy@1", provenance=True, **kw)
+
+    def __enter__(self) -> Observed:
+        self.loader.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loader.__exit__(*exc)
+
+    def __iter__(self) -> Iterator[Any]:
+        return observed(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
 
 
 @pytest.mark.parametrize(
@@ -70,9 +98,21 @@ def test_striped_streams_deliver_exactly_what_one_stream_does(
 
 
 def test_striped_resume_mid_epoch(endpoints: list[str]) -> None:
-    kw = dict(batch_size=9, world_size=2, rank=1, shuffle="block", seed=5, epochs=2)
-    head, _ = trace(endpoints, steps=37, streams=2, **kw)
-    state = head[-1][-1]
+    kw: dict[str, Any] = dict(batch_size=9, world_size=2, rank=1, shuffle="block", seed=5, epochs=2)
+    # Saved from 2 streams, resumed over 3, at 0, mid-epoch, at each epoch's end (57 steps an epoch):
+    # everything observed but `step`, which counts from where the stream started (client/batch.py),
+    # so a resumed stream numbers its steps from 0 (the positions say which global step it is).
+    res = check_resume(
+        lambda: Observed(endpoints, streams=2, **kw),
+        cuts=[37, 80],
+        epochs=2,
+        remake=lambda: Observed(endpoints, streams=3, **kw),
+        item=lambda seen: seen[:1] + seen[2:],
+        checkpoint=as_json,
+    )
+    assert res.cuts == [0, 37, 57, 80, 114]
+    state = res.full[36][-1]
+    assert res.states[37] == state  # the state a training loop sees after the 37th batch
     assert trace(endpoints, state=state, streams=3, **kw) == trace(endpoints, state=state, **kw)
 
 

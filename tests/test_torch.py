@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -9,6 +11,7 @@ from torch.utils.data import DataLoader
 from shardstream.client.torch import ShardStreamDataset
 
 from .support.data import N_ROWS
+from .support.resume import as_json, check_resume, ids
 
 
 def ids_of(batches) -> list[int]:  # type: ignore[no-untyped-def]
@@ -48,40 +51,37 @@ def test_stateful_dataloader_resumes_exactly(endpoints: list[str], workers: int)
 
     kw = dict(multiprocessing_context="spawn") if workers else {}
     whole = reference(endpoints)
-    dl = StatefulDataLoader(
-        ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
-        batch_size=None,
-        num_workers=workers,
-        **kw,
-    )
-    first = []
-    for i, b in enumerate(dl):
-        first.append(b)
-        if i == 20:
-            break
-    state = dl.state_dict()
-    del dl
-    dl2 = StatefulDataLoader(
-        ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
-        batch_size=None,
-        num_workers=workers,
-        **kw,
-    )
-    dl2.load_state_dict(state)
-    assert ids_of(first) + ids_of(dl2) == whole
+
+    def stateful() -> StatefulDataLoader:
+        return StatefulDataLoader(
+            ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
+            batch_size=None,
+            num_workers=workers,
+            **kw,
+        )
+
+    # a fresh StatefulDataLoader loads the state taken after 21 batches (and at 0, at the end)
+    res = check_resume(stateful, cuts=[21], item=ids)
+    assert [i for b in res.full for i in b] == whole
 
 
 def test_a_global_state_resumes_under_workers(endpoints: list[str]) -> None:
     whole = reference(endpoints)
-    ds = ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2)
-    it = iter(ds)
-    first = [next(it) for _ in range(7)]
-    state = ds.state_dict()
-    it.close()
-    ds2 = ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2)
-    ds2.load_state_dict(state)
-    rest = ids_of(DataLoader(ds2, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
-    assert ids_of(first) + rest == whole
+
+    def under_workers(state: dict[str, Any]) -> DataLoader:  # type: ignore[type-arg]
+        ds2 = ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2)
+        ds2.load_state_dict(state)
+        return DataLoader(ds2, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+
+    # the state of the dataset iterated on its own (after 7 batches, at 0, at the end) under 2 workers
+    res = check_resume(
+        lambda: ShardStreamDataset(endpoints, "toy@1", batch_size=16, seed=2),
+        cuts=[7],
+        item=ids,
+        resume=under_workers,
+        checkpoint=as_json,
+    )
+    assert [i for b in res.full for i in b] == whole
 
 
 def test_tensors_and_pin_memory_flag(endpoints: list[str]) -> None:

@@ -8,7 +8,6 @@ itself across resume and world sizes.
 from __future__ import annotations
 
 import io
-import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.server.fleet import LocalServer
 
 from .support import media
+from .support.resume import as_json, check_resume, plain
 
 EOS = 100257  # cl100k_base <|endoftext|>
 
@@ -634,21 +634,15 @@ def test_resume_is_exact_through_every_transform(
         on_error="skip",
         epochs=2,
     )
-    full = read_all(server, dataset, **kwargs)
-    cut = min(cut, len(full) - 1)  # a small dataset may have few steps
-    with Loader([server.target], dataset, **kwargs) as loader:
-        it = iter(loader)
-        head = [dict(next(it)) for _ in range(cut)]
-        state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint would store it
-    with Loader([server.target], dataset, **kwargs) as loader:
-        loader.load_state_dict(state)
-        tail = [dict(b) for b in loader]
-    resumed = head + tail
-    assert len(resumed) == len(full)
-    for a, b in zip(full, resumed, strict=True):
-        assert a.keys() == b.keys()
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k])
+    # Every column's name, dtype, shape and bytes of every batch, resumed at 0, after `cut` batches
+    # (fewer when the dataset has few steps), at each epoch's end; the state as a checkpoint stores it.
+    check_resume(
+        lambda: Loader([server.target], dataset, **kwargs),
+        cuts=lambda n: [min(cut, n - 1)],
+        epochs=2,
+        item=plain,
+        checkpoint=as_json,
+    )
 
 
 @pytest.mark.parametrize("name", ["pack", "skip", "rl"])
