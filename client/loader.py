@@ -329,7 +329,9 @@ class Loader:
             streams=self.streams,
             epochs=self.epochs,
             split=self._split,
-            retry=RetryPolicy(max_retries=self.max_retries, idle_timeout_s=self.stream_idle_timeout_s),
+            retry=RetryPolicy(
+                max_retries=self.max_retries, budget_s=self.timeout_s, idle_timeout_s=self.stream_idle_timeout_s
+            ),
         )
 
     # --- job cursors -------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 A `StreamSession` reads the steps first_step, first_step + stride, ... of one epoch. When the stream
 breaks, ends before the steps it owes, or its server is unavailable, overloaded or draining, the
 session reopens it — on the next endpoint — at the first step not yet received, after a jittered
-exponential backoff, within a retry budget that any progress resets. Any other error is the caller's.
+exponential backoff, within a retry budget (`RetryPolicy`: a number of failures in a row and a time)
+that any progress resets. DATA_LOSS and INTERNAL are tried once more on the next endpoint (that
+server's copy may be the bad one); any other error, or a second one of those, is the caller's.
 Both the single stream of a rank (prefetch.py) and each of its striped streams (striped.py) are one.
 
 `CallRegistry` holds the calls of one prefetch thread: `stop()` cancels them all, and the consumer's
@@ -23,7 +25,13 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
-from shardstream.errors import RETRYABLE_CODES, ShardstreamError, UnavailableError, from_grpc_error
+from shardstream.errors import (
+    RETRY_ONCE_CODES,
+    RETRYABLE_CODES,
+    ShardstreamError,
+    UnavailableError,
+    from_grpc_error,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
@@ -109,7 +117,9 @@ class StreamSession:
         self._what = what  # for errors: "web@3 epoch 2", "... (stream 1 of 4)"
         self._call: Any = None
         self._it: Iterator[Message] | None = None
-        self.failures = 0
+        self.failures = 0  # in a row, without progress
+        self._failing_since = 0.0  # when the first of them happened
+        self._retried_once = False  # a DATA_LOSS/INTERNAL was retried elsewhere since the last progress
 
     def next_message(self) -> Message | None:
         """The stream's next message (None once stopped); reopens the stream as needed."""
@@ -128,13 +138,18 @@ class StreamSession:
             except grpc.RpcError as exc:
                 if self._calls.stopped.is_set():
                     return None
-                if exc.code() not in RETRYABLE_CODES:
+                code = exc.code()
+                if code in RETRY_ONCE_CODES and not self._retried_once:
+                    self._retried_once = True
+                    log.warning("%s from %s: trying another endpoint once", code.name, endpoint)
+                elif code not in RETRYABLE_CODES:
                     raise from_grpc_error(exc, target=endpoint) from exc
                 error = from_grpc_error(exc, target=endpoint)
             else:
                 if header.steps:
                     self.next_step += len(header.steps) * self.step_stride
                     self.failures = 0  # progress resets the retry budget
+                    self._retried_once = False
                 return header, payload
             if not self.retry(error):
                 return None
@@ -143,14 +158,18 @@ class StreamSession:
     def retry(self, error: BaseException | None) -> bool:
         """Give up on the current call and back off before the next endpoint; False when stopped.
 
-        Raises UnavailableError once the retry budget is spent."""
+        Raises UnavailableError once the retry budget (failures in a row and time) is spent."""
         self.close()
+        now = time.monotonic()
+        if self.failures == 0:
+            self._failing_since = now
         self.failures += 1
         metrics.RETRIES.inc()
-        if self.failures > self._retry.max_retries:
+        failing_s = now - self._failing_since
+        if self.failures > self._retry.max_retries and failing_s >= self._retry.budget_s:
             raise UnavailableError(
-                f"gave up on {self._what} at step {self.next_step} after {self._retry.max_retries} retries "
-                f"over {', '.join(self.endpoints)} (last error: {error or 'stream ended early'})"
+                f"gave up on {self._what} at step {self.next_step} after {self.failures - 1} retries in "
+                f"{failing_s:.1f} s over {', '.join(self.endpoints)} (last error: {error or 'stream ended early'})"
             )
         if len(self.endpoints) > 1:
             metrics.FAILOVERS.inc()

@@ -20,12 +20,16 @@ __all__ = [
     "DEFAULT_BACKOFF_BASE_S",
     "DEFAULT_BACKOFF_MAX_S",
     "DEFAULT_MAX_RETRIES",
+    "DEFAULT_RETRY_BUDGET_S",
     "DEFAULT_STREAM_IDLE_TIMEOUT_S",
     "ReadSpec",
     "RetryPolicy",
 ]
 
 DEFAULT_MAX_RETRIES = 6
+# A broken stream is retried for at least this long (and at least max_retries times) before the
+# training loop sees UnavailableError: long enough for the only server to be restarted.
+DEFAULT_RETRY_BUDGET_S = 10.0
 DEFAULT_BACKOFF_BASE_S = 0.05
 DEFAULT_BACKOFF_MAX_S = 2.0
 # A stream that delivers nothing this long while the training loop waits is abandoned for another
@@ -35,9 +39,14 @@ DEFAULT_STREAM_IDLE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How a broken stream is resumed: attempts in a row without progress, backoff, idleness allowed."""
+    """How a broken stream is resumed: how long and how often without progress, backoff, idleness allowed.
+
+    A stream gives up once it has failed more than `max_retries` times in a row AND the first of those
+    failures is at least `budget_s` old (the Loader's `timeout_s`): a few quick failures do not end
+    training while a server restarts, and a dead fleet is reported after about `budget_s`."""
 
     max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row; any progress resets the count
+    budget_s: float = DEFAULT_RETRY_BUDGET_S  # ... and for at least this long
     backoff_base_s: float = DEFAULT_BACKOFF_BASE_S
     backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
     idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S

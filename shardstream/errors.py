@@ -28,6 +28,7 @@ __all__ = [
     "NotFoundError",
     "PermissionDeniedError",
     "RETRYABLE_CODES",
+    "RETRY_ONCE_CODES",
     "ResourceExhaustedError",
     "ShardstreamError",
     "UnauthenticatedError",
@@ -106,6 +107,10 @@ RETRYABLE_CODES = frozenset(
         grpc.StatusCode.UNKNOWN,  # a connection cut mid-stream
     }
 )
+# A stream that ends with one of these is tried once more on another endpoint before the error reaches
+# the training loop: that server's copy may be the bad one (a corrupt disk-cache file, a bug of one
+# build during a rollout), and a second failure is then the data's or the request's, not the server's.
+RETRY_ONCE_CODES = frozenset({grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL})
 
 
 def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError:

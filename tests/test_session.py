@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import grpc
 import pytest
 
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
-from shardstream.errors import NotFoundError, UnavailableError
+from shardstream.errors import DataLossError, InternalError, NotFoundError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 
-NO_WAIT = RetryPolicy(max_retries=3, backoff_base_s=0.0)
+NO_WAIT = RetryPolicy(max_retries=3, backoff_base_s=0.0, budget_s=0.0)
 
 
 class ScriptedError(grpc.RpcError):
@@ -58,7 +58,7 @@ class ScriptedCall:
         return True
 
 
-def session(script: list[ScriptedCall], *, retry: RetryPolicy = NO_WAIT, stride: int = 1):
+def session(script: Iterable[ScriptedCall], *, retry: RetryPolicy = NO_WAIT, stride: int = 1):
     opened: list[tuple[str, int]] = []
     calls_left = iter(script)
 
@@ -109,7 +109,8 @@ def test_the_budget_counts_failures_in_a_row_and_names_where_it_gave_up() -> Non
     )
     assert steps_read(s, 1) == [0]
     with pytest.raises(
-        UnavailableError, match=r"gave up on toy@1 epoch 0 at step 1 after 3 retries over a:1, b:2, c:3"
+        UnavailableError,
+        match=r"gave up on toy@1 epoch 0 at step 1 after 3 retries in [0-9.]+ s over a:1, b:2, c:3",
     ):
         s.next_message()
     assert len(opened) == 4  # the first call (which ended early: failure 1), then 3 retries
@@ -158,3 +159,35 @@ def test_the_idle_watchdog_cancels_a_silent_stream_which_is_then_resumed() -> No
     t.join(10)
     assert silent.cancelled.is_set() and got == [1]
     assert opened == [("b:2", 0), ("c:3", 1)]
+
+
+def test_the_budget_also_lasts_its_time_so_a_restarting_server_is_waited_for() -> None:
+    # max_retries=1 alone would give up at the second failure; the time budget keeps the stream trying
+    policy = RetryPolicy(max_retries=1, backoff_base_s=0.001, backoff_max_s=0.005, budget_s=0.3)
+    down = (ScriptedCall([], then=grpc.StatusCode.UNAVAILABLE) for _ in range(1_000_000))
+    s, _, opened = session(down, retry=policy)
+    t0 = time.monotonic()
+    with pytest.raises(UnavailableError, match="gave up"):
+        s.next_message()
+    assert time.monotonic() - t0 >= 0.3  # reported no earlier than the budget
+    assert len(opened) > 2
+
+
+@pytest.mark.parametrize(
+    ("code", "error"), [(grpc.StatusCode.DATA_LOSS, DataLossError), (grpc.StatusCode.INTERNAL, InternalError)]
+)
+def test_data_loss_and_internal_are_tried_once_more_on_the_next_endpoint(
+    code: grpc.StatusCode, error: type
+) -> None:
+    s, _, opened = session(
+        [
+            ScriptedCall([0], then=code),  # retried once, elsewhere
+            ScriptedCall([1], then=code),  # progress in between: once more
+            ScriptedCall([], then=code),  # a second one in a row: the caller's
+            ScriptedCall([2]),
+        ]
+    )
+    assert steps_read(s, 2) == [0, 1]
+    with pytest.raises(error, match=f"scripted {code.name}"):
+        s.next_message()
+    assert opened == [("b:2", 0), ("c:3", 1), ("a:1", 2)]
