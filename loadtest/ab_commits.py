@@ -30,13 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench import ClientProcess, Layout, build_dataset
-from loadtest.common import log, spread, versions, write_json
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.server.fleet import LocalServer
 
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ab_commits.json"
 
 
 def overlay(commit: str, dest: Path) -> str:
@@ -116,16 +115,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.ab_commits", description=__doc__.splitlines()[0])
-    ap.add_argument("commit", help="the older commit (e.g. HEAD~3)")
-    ap.add_argument("--mib", type=int, default=256, help="dataset payload (default 256)")
-    ap.add_argument("--rounds", type=int, default=4, help="measured rounds after a warm-up (default 4)")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results (default {DEFAULT_JSON})")
-    args = ap.parse_args(argv)
-    res = run(args)
+def print_report(res: dict[str, Any]) -> None:
+    cfg = res["config"]
     print(
-        f"\nold = {res['old_commit'][:10]}, new = working tree, {args.mib} MiB passes, {args.rounds} rounds"
+        f"\nold = {res['old_commit'][:10]}, new = working tree, {cfg['mib']} MiB passes, {cfg['rounds']} rounds"
     )
     print(
         f"{'variant':<14} {'MB/s med (min-max)':>22} {'/ old':>20} {'client CPU s':>13} {'server CPU s':>13}"
@@ -137,8 +130,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['median']:>8.2f} ({r['min']:.2f}-{r['max']:.2f}) {s['client_cpu_s']['median']:>13.3f} "
             f"{s['server_cpu_s']['median']:>13.3f}"
         )
-    write_json(args.json, res)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.ab_commits", __doc__)
+    ap.add_argument("commit", help="the older commit (e.g. HEAD~3)")
+    ap.add_argument("--mib", type=int, default=256, help="dataset payload (default 256)")
+    ap.add_argument("--rounds", type=int, default=4, help="measured rounds after a warm-up (default 4)")
+    return bench_main(ap, argv, run, json_default=results_path("ab_commits"), report=print_report)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
-from loadtest.common import log, spread, versions, write_json, write_vectors
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
@@ -73,7 +73,6 @@ SERVER_CACHE_MIB = 1024  # `shardstream serve` default --cache-mib
 GEN_ROWS = 64 * 1024  # rows per generated chunk of the source file
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench.json"
 PATHS = ("shardstream", "flight", "parquet")
 STRIPED = "shardstream_striped"  # --striped K: one rank over K streams on K server processes
 TUNED_FLIGHT = "flight_tuned"  # --flight-tuned: Flight with the allocator settings shardstream applies
@@ -536,8 +535,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.mib < 1 or args.pairs < 1 or not args.batch_mib > 0:
+        ap.error("--mib and --pairs must be >= 1 and --batch-mib > 0")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.splitlines()[0])
+    ap = bench_parser("loadtest.bench", __doc__)
     ap.add_argument(
         "--mib", type=int, default=DEFAULT_MIB, help=f"dataset payload size (default {DEFAULT_MIB})"
     )
@@ -572,19 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also measure Flight with the allocator settings shardstream applies to itself "
         f"({' '.join(f'{k}={v}' for k, v in MALLOC_ENV.items())} in its server's and client's environment)",
     )
-    ap.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        help="where to write the results (default loadtest/results/bench.json)",
-    )
-    args = ap.parse_args(argv)
-    if args.mib < 1 or args.pairs < 1 or not args.batch_mib > 0:
-        ap.error("--mib and --pairs must be >= 1 and --batch-mib > 0")
-    result = run(args)
-    print_report(result)
-    write_json(args.json, result)
-    return 0
+    return bench_main(ap, argv, run, json_default=results_path("bench"), report=print_report, check=_check)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 from pathlib import Path
 from typing import Any
 
+from .common import bench_main, bench_parser
 from .driver import OUTPUTS, SHUFFLES, LoadConfig, run_load
 
 __all__ = ["main"]
@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = LoadConfig()
     from . import driver
 
-    ap = argparse.ArgumentParser(
-        prog="python -m loadtest",
-        description=driver.__doc__.split("\n\n")[0].splitlines()[0],
+    ap = bench_parser(
+        "loadtest",
+        driver.__doc__.split("\n\n")[0],
         epilog="See loadtest/driver.py and loadtest/README.md for what is measured.",
     )
     ap.add_argument("--servers", type=int, default=d.servers, help=f"server processes (default {d.servers})")
@@ -127,9 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-message-bytes", type=int, default=0, help="server message size target (default ~2 MiB)"
     )
-    ap.add_argument("--json", type=Path, help="write the result here")
     ap.add_argument("--png", type=Path, help="write the plot here")
-    return ap
+    return ap  # main() adds --json
 
 
 def config_from_args(args: argparse.Namespace) -> LoadConfig:
@@ -161,24 +160,31 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds run_load: its servers and ranks are stopped
 
 
-def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    cfg = config_from_args(args)
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
-        cfg.check()
+        config_from_args(args).check()
     except ValueError as exc:
         ap.error(str(exc))
-    res = run_load(cfg)
-    print_report(res)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
-        print(f"wrote {args.json}")
+
+
+def _plot(args: argparse.Namespace, res: dict[str, Any]) -> None:
     if args.png:
-        from .plot import plot_load
+        from .plot import plot_load  # matplotlib, only when a plot is asked for
 
         plot_load(res, args.png)
         print(f"wrote {args.png}")
-    return 1 if checks_failed(res) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 1 when a check of the delivered samples failed (checks_failed), else 0."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return bench_main(
+        build_parser(),
+        argv,
+        lambda args: run_load(config_from_args(args)),
+        json_default=None,
+        report=print_report,
+        check=_check,
+        then=_plot,
+        failed=checks_failed,
+    )

@@ -1,19 +1,99 @@
-"""Helpers the benchmarks share: stderr progress lines, version stamps, generated vector data."""
+"""Helpers the benchmarks share: their command line (bench_parser, bench_main), stderr progress
+lines, version stamps, result files, generated vector data."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["log", "spread", "versions", "write_json", "write_vectors"]
+__all__ = [
+    "RESULTS",
+    "bench_main",
+    "bench_parser",
+    "log",
+    "results_path",
+    "spread",
+    "versions",
+    "write_json",
+    "write_vectors",
+]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+Result = dict[str, Any]
+
+
+def results_path(name: str) -> Path:
+    """Where benchmark `name` writes its results unless told: loadtest/results/NAME.json."""
+    return RESULTS / f"{name}.json"
+
+
+def bench_parser(
+    module: str, doc: str, *, whole_doc: bool = False, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser a benchmark adds its own options to: `python -m MODULE`, described by the first
+    line of its docstring (`whole_doc`: all of it, as written). bench_main adds --json."""
+    if whole_doc:
+        return argparse.ArgumentParser(
+            prog=f"python -m {module}",
+            description=doc,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0], epilog=epilog)
+
+
+def bench_main(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    run: Callable[[argparse.Namespace], Result],
+    *,
+    json_default: Path | None,
+    report: Callable[[Result], None] | None = None,
+    check: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
+    then: Callable[[argparse.Namespace, Result], None] | None = None,
+    failed: Callable[[Result], bool] | None = None,
+) -> int:
+    """Every benchmark's `main`: parse `argv` with `--json PATH` added last (default `json_default`;
+    None: written only when given), `check` the arguments (it may call parser.error, or fill in
+    defaults derived from others), `run`, print the `report` to stdout, write the result as JSON,
+    then `then` (more outputs: a plot, a closing line).
+
+    Exit status 0: a benchmark reports figures and never judges them; 1 only when `failed(result)`
+    says a correctness check failed. A crash is a traceback (status 1)."""
+    if json_default is None:
+        parser.add_argument("--json", type=Path, metavar="PATH", help="write the result here")
+    else:
+        shown = (
+            json_default.relative_to(RESULTS.parent.parent)
+            if json_default.is_relative_to(RESULTS)
+            else json_default
+        )
+        parser.add_argument(
+            "--json", type=Path, default=json_default, metavar="PATH", help=f"results file (default {shown})"
+        )
+    args = parser.parse_args(argv)
+    if check is not None:
+        check(parser, args)
+    result = run(args)
+    if report is not None:
+        report(result)
+    if args.json is not None:
+        write_json(args.json, result)
+    if then is not None:
+        then(args, result)
+    return 1 if failed is not None and failed(result) else 0
 
 
 def log(msg: str) -> None:

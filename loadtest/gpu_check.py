@@ -25,12 +25,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from loadtest.common import bench_main, bench_parser, results_path
 from shardstream.client import Loader
 from shardstream.client.torch import ShardStreamDataset
 from shardstream.server.fleet import LocalServer
@@ -155,17 +157,9 @@ def train(batches, dim: int, device: torch.device, steps: int) -> dict[str, floa
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--json", default="loadtest/results/gpu_check.json")
-    a = ap.parse_args()
+def run(a: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (no GPU)",
         "torch": torch.__version__,
         "pyarrow": pa.__version__,
@@ -187,13 +181,24 @@ def main() -> int:
             ds = ShardStreamDataset(eps, "gpu", batch_size=a.batch, epochs=None, pin_memory=True)
             dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
             out["train_dataset_pinned"] = train(dl, a.dim, device, a.steps)
-    print(json.dumps(out, indent=1))
-    path = Path(a.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
-    check = out["epoch_check"]
-    assert isinstance(check, dict)
-    return 0 if check == {"rows_with_wrong_features": 0, "missing": 0, "repeated": 0} else 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.gpu_check", __doc__, whole_doc=True)
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--pairs", type=int, default=5)
+    return bench_main(
+        ap,
+        argv,
+        run,
+        json_default=results_path("gpu_check"),
+        report=lambda out: print(json.dumps(out, indent=1)),
+        failed=lambda out: out["epoch_check"] != {"rows_with_wrong_features": 0, "missing": 0, "repeated": 0},
+    )
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ plan holds (tracemalloc of building it). Ratios come from alternating runs in on
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
 import tracemalloc
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from loadtest.common import bench_main, bench_parser, results_path
 from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec
 
 SHARDS = 100_000
@@ -37,13 +38,7 @@ def time_lookup(order: EpochOrder, loc: RowLocator, start: int, count: int, repe
     return statistics.median(best)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=4096, help="positions per lookup (default 4096)")
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--json", default="loadtest/results/plan_bench.json")
-    args = ap.parse_args()
-
+def run(args: argparse.Namespace) -> dict[str, Any]:
     tracemalloc.start()
     loc = RowLocator([[ROWS_PER_GROUP] * GROUPS_PER_SHARD] * SHARDS)
     locator_bytes = tracemalloc.get_traced_memory()[0]
@@ -74,28 +69,31 @@ def main() -> None:
             "positions_per_second": args.batch / statistics.median(at0 + atend),
         }
     tracemalloc.stop()
+    return {"n": N, "shards": SHARDS, "batch": args.batch, "locator_bytes": locator_bytes, "modes": results}
+
+
+def print_report(res: dict[str, Any]) -> None:
     print(
-        f"epoch of {N:.0e} samples, {SHARDS} shards x {GROUPS_PER_SHARD} row groups; batch {args.batch} positions"
+        f"epoch of {res['n']:.0e} samples, {res['shards']} shards x {GROUPS_PER_SHARD} row groups; batch {res['batch']} positions"
     )
-    print(f"row locator: {locator_bytes / 2**20:.1f} MiB")
+    print(f"row locator: {res['locator_bytes'] / 2**20:.1f} MiB")
     print(
         f"{'mode':6s} {'build s':>8s} {'plan MiB':>9s} {'µs/batch@0':>11s} {'µs/batch@1e10':>14s} {'ratio (min-max)':>20s} {'positions/s':>12s}"
     )
-    for mode, r in results.items():
+    for mode, r in res["modes"].items():
         print(
             f"{mode:6s} {r['build_seconds']:8.3f} {r['plan_peak_bytes'] / 2**20:9.1f} {r['lookup_seconds_at_0'] * 1e6:11.0f} "
             f"{r['lookup_seconds_at_1e10'] * 1e6:14.0f} {r['ratio_1e10_vs_0']:7.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
             f" {r['positions_per_second']:12.3g}"
         )
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {"n": N, "shards": SHARDS, "batch": args.batch, "locator_bytes": locator_bytes, "modes": results},
-            indent=1,
-        )
-    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.plan_bench", __doc__, whole_doc=True)
+    ap.add_argument("--batch", type=int, default=4096, help="positions per lookup (default 4096)")
+    ap.add_argument("--pairs", type=int, default=5)
+    return bench_main(ap, argv, run, json_default=results_path("plan_bench"), report=print_report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from loadtest.common import log, spread, versions, write_json
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
 from shardstream.client.state import LoaderState
 from shardstream.server.fleet import LocalServer
@@ -80,7 +80,6 @@ DEFAULT_PAIRS = 3
 DEFAULT_COMMIT_BATCHES = 4_000
 DEFAULT_RESUME_REPS = 5
 GEN_ROWS = 1 << 20  # rows per generated chunk of the source file
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "resume_bench.json"
 
 
 # --- dataset -----------------------------------------------------------------------------------
@@ -532,8 +531,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse impossible sizes; derive --offset and --replay-offset (multiples of the batch)."""
+    if args.rows < 100 * BATCH or args.pairs < 1 or args.resume_reps < 1 or args.commit_batches < 2:
+        ap.error(f"--rows must be >= {100 * BATCH}, --pairs and --resume-reps >= 1, --commit-batches >= 2")
+    if args.offset is None:
+        args.offset = DEFAULT_OFFSET if args.rows > DEFAULT_OFFSET else int(args.rows * 0.9)
+    args.offset -= args.offset % BATCH
+    if args.replay_offset is None:
+        args.replay_offset = min(DEFAULT_REPLAY_OFFSET, args.offset)
+    args.replay_offset -= args.replay_offset % BATCH
+    if not 0 < args.replay_offset <= args.offset < args.rows:
+        ap.error("need 0 < --replay-offset <= --offset < --rows (multiples of 32)")
+    if args.commit_batches * BATCH > args.rows:
+        ap.error("--commit-batches x 32 must fit in --rows")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.resume_bench", description=__doc__.splitlines()[0])
+    ap = bench_parser("loadtest.resume_bench", __doc__)
     ap.add_argument("--rows", type=int, default=DEFAULT_ROWS, help=f"dataset rows (default {DEFAULT_ROWS:,})")
     ap.add_argument(
         "--pairs",
@@ -571,29 +586,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the one replay all the way to --offset per mode (~45-60 s each at 10^7)",
     )
-    ap.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        help="where to write the results (default loadtest/results/resume_bench.json)",
+    return bench_main(
+        ap, argv, run, json_default=results_path("resume_bench"), report=print_report, check=_check
     )
-    args = ap.parse_args(argv)
-    if args.rows < 100 * BATCH or args.pairs < 1 or args.resume_reps < 1 or args.commit_batches < 2:
-        ap.error(f"--rows must be >= {100 * BATCH}, --pairs and --resume-reps >= 1, --commit-batches >= 2")
-    if args.offset is None:
-        args.offset = DEFAULT_OFFSET if args.rows > DEFAULT_OFFSET else int(args.rows * 0.9)
-    args.offset -= args.offset % BATCH
-    if args.replay_offset is None:
-        args.replay_offset = min(DEFAULT_REPLAY_OFFSET, args.offset)
-    args.replay_offset -= args.replay_offset % BATCH
-    if not 0 < args.replay_offset <= args.offset < args.rows:
-        ap.error("need 0 < --replay-offset <= --offset < --rows (multiples of 32)")
-    if args.commit_batches * BATCH > args.rows:
-        ap.error("--commit-batches x 32 must fit in --rows")
-    result = run(args)
-    print_report(result)
-    write_json(args.json, result)
-    return 0
 
 
 if __name__ == "__main__":

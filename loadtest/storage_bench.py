@@ -45,13 +45,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loadtest.common import log, spread, versions, write_json, write_vectors
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions, write_vectors
 from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.server import registry_ops
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.roots import open_registry
 
 __all__ = ["main"]
 
@@ -66,7 +67,6 @@ DIM = 256
 ROW_BYTES = 8 + 4 * DIM
 BATCH_ROWS = (1 << 20) // ROW_BYTES  # ~1 MiB batches
 DATASET = "serve"
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "storage_bench.json"
 MIB = 1 << 20
 METRICS = (
     "shardstream_storage_fetched_bytes_total",
@@ -144,7 +144,7 @@ def bench_register(root: str, n_files: int, pairs: int) -> dict[str, Any]:
     )
     runs = []
     uploads = []
-    with Registry(root) as registry:
+    with open_registry(root) as registry:
         for pair in range(pairs):
             for threads in (CONCURRENT_THREADS, 1):
                 name = f"reg-p{pair}-t{threads}"
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.storage_bench", description=__doc__.splitlines()[0])
+    p = bench_parser("loadtest.storage_bench", __doc__)
     p.add_argument(
         "--files", type=int, default=DEFAULT_FILES, help=f"small files to register (default {DEFAULT_FILES})"
     )
@@ -386,12 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--mib", type=int, default=DEFAULT_MIB, help=f"served dataset size (default {DEFAULT_MIB})"
     )
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
-    args = p.parse_args(argv)
-    result = run(args)
-    print_report(result)
-    write_json(args.json, result)
-    return 0
+    return bench_main(p, argv, run, json_default=results_path("storage_bench"), report=print_report)
 
 
 if __name__ == "__main__":

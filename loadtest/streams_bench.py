@@ -31,15 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench import DATASET, Layout, build_dataset
-from loadtest.common import log, spread, versions, write_json
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main"]
-
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "streams_bench.json"
 
 
 def loader_pass(targets: list[str], batch_rows: int) -> int:
@@ -127,21 +125,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.streams_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=256, help="dataset payload (default 256)")
-    ap.add_argument("--batch-mib", type=float, default=2.0, help="batch size (default 2)")
-    ap.add_argument("--rounds", type=int, default=3, help="measured rounds after a warm-up (default 3)")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results (default {DEFAULT_JSON})")
-    args = ap.parse_args(argv)
-    res = run(args)
+def print_report(res: dict[str, Any]) -> None:
     print(f"\n{'way':<24} {'MB/s med (min-max)':>22} {'/ raw':>20}")
     for k, s in res["mb_per_s"].items():
         r = res["ratio_to_raw"].get(k)
         rtxt = f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "1"
         print(f"{k:<24} {s['median']:>8.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20}")
-    write_json(args.json, res)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.streams_bench", __doc__)
+    ap.add_argument("--mib", type=int, default=256, help="dataset payload (default 256)")
+    ap.add_argument("--batch-mib", type=float, default=2.0, help="batch size (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds after a warm-up (default 3)")
+    return bench_main(ap, argv, run, json_default=results_path("streams_bench"), report=print_report)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import bench, peers
-from loadtest.common import log, spread, versions, write_json
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from shardstream.server.fleet import LocalServer
 
 __all__ = ["main"]
 
 SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small")
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "suite.json"
 MIB = 1 << 20
 
 
@@ -341,12 +340,7 @@ def _git(*args: str) -> str | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.suite", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller data and fewer rounds (~3 min)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these benchmarks")
-    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
-    args = ap.parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
     sz = QUICK if args.quick else FULL
     fns = {
         "dataplane": dataplane,
@@ -365,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             sections[name] = fns[name](sz, Path(tmp))
             elapsed[name] = time.perf_counter() - t0
             log(f"   {elapsed[name]:.0f} s")
-    res = {
+    return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.suite", *sys.argv[1:]]),
         "quick": args.quick,
         "sizes": sz.__dict__,
@@ -379,10 +373,20 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": {**elapsed, "total": time.perf_counter() - t_all},
         "sections": sections,
     }
-    print_report(res)
-    write_json(args.json, res)
-    print(f"({res['elapsed_s']['total']:.0f} s)")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.suite", __doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller data and fewer rounds (~3 min)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these benchmarks")
+    return bench_main(
+        ap,
+        argv,
+        run,
+        json_default=results_path("suite"),
+        report=print_report,
+        then=lambda args, res: print(f"({res['elapsed_s']['total']:.0f} s)"),
+    )
 
 
 if __name__ == "__main__":

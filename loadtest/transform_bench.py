@@ -34,7 +34,7 @@ from shardstream.client import Loader
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 
-from .common import log, spread, versions, write_json
+from .common import bench_main, bench_parser, log, results_path, spread, versions
 
 SIZE = 224
 
@@ -88,14 +88,7 @@ def alternate(
     return ra, rb
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=600, help="JPEGs per pass (default 600)")
-    ap.add_argument("--docs", type=int, default=20_000, help="documents per packing pass (default 20000)")
-    ap.add_argument("--pairs", type=int, default=3, help="A/B pairs after the warm-up (default 3)")
-    ap.add_argument("--json", default="loadtest/results/transform_bench.json", help="where to write results")
-    args = ap.parse_args(argv)
-
+def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="shardstream-tbench-"))
     root = work / "root"
     log(f"making {args.images} JPEGs and {args.docs} token documents in {work}")
@@ -234,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         server.stop()
+    return results
+
+
+def print_report(results: dict[str, Any]) -> None:
     for key, label in (
         ("image_decode", "throughput_ratio"),
         ("image_decode", "per_server_cpu_s_ratio"),
@@ -242,8 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         r = results[key][label]
         print(f"{key:14s} {label:24s} {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})")
-    write_json(Path(args.json), results)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.transform_bench", __doc__, whole_doc=True)
+    ap.add_argument("--images", type=int, default=600, help="JPEGs per pass (default 600)")
+    ap.add_argument("--docs", type=int, default=20_000, help="documents per packing pass (default 20000)")
+    ap.add_argument("--pairs", type=int, default=3, help="A/B pairs after the warm-up (default 3)")
+    return bench_main(ap, argv, run, json_default=results_path("transform_bench"), report=print_report)
 
 
 if __name__ == "__main__":

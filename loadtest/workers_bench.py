@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -43,7 +44,7 @@ import grpc
 import psutil
 import pyarrow.parquet as pq
 
-from loadtest.common import log, versions, write_json, write_vectors
+from loadtest.common import bench_main, bench_parser, log, results_path, versions, write_vectors
 from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -240,24 +241,7 @@ def part_read_ahead_s3(work: Path, decoded: int, args: argparse.Namespace) -> li
                 os.environ[k] = v
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.workers_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the workers dataset (72 B each)")
-    ap.add_argument("--streams", type=int, default=4, help="concurrent ranks in a workers pass")
-    ap.add_argument("--batch-rows", type=int, default=4096, help="rows per rank per step")
-    ap.add_argument("--chunk-steps", type=int, default=8, help="steps per Read call (one connection each)")
-    ap.add_argument("--pairs", type=int, default=3, help="A B pairs after the warm-ups")
-    ap.add_argument("--ra-rows", type=int, default=1_200_000, help="rows of the read-ahead dataset")
-    ap.add_argument(
-        "--ra-cache-mib",
-        type=lambda t: [int(x) for x in t.split(",")],
-        default=[24, 48],
-        help="cache sizes of the read-ahead servers, comma-separated (default 24,48)",
-    )
-    ap.add_argument("--ra-s3", action="store_true", help="read-ahead part also from an S3 root (SeaweedFS)")
-    ap.add_argument("--json", default="loadtest/results/workers_bench.json", help="where to write the passes")
-    args = ap.parse_args(argv)
-
+def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardstream-workers-bench-") as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
@@ -268,18 +252,25 @@ def main(argv: list[str] | None = None) -> int:
         read_ahead = [part_read_ahead(root, ra_decoded, args, mib) for mib in args.ra_cache_mib]
         if args.ra_s3:
             read_ahead += part_read_ahead_s3(work, ra_decoded, args)
-
-    result = {
-        "command": "python -m loadtest.workers_bench " + " ".join(argv or []),
-        "args": vars(args),
+    return {
+        "command": " ".join(["python -m loadtest.workers_bench", *sys.argv[1:]]),
+        "args": {**vars(args), "json": str(args.json)},
         "versions": versions(
             "grpcio", "uvloop", "prometheus-client", cpus=str(len(psutil.Process().cpu_affinity()))
         ),
         "workers": workers,
         "read_ahead": read_ahead,
+        "read_ahead_decoded_bytes": ra_decoded,  # the denominator of read amplification
     }
-    write_json(Path(args.json), result)
 
+
+def print_report(result: dict[str, Any]) -> None:
+    args = argparse.Namespace(**result["args"])
+    workers, read_ahead, ra_decoded = (
+        result["workers"],
+        result["read_ahead"],
+        result["read_ahead_decoded_bytes"],
+    )
     print(
         f"\nworkers: {args.rows:,} rows x {ROW_BYTES} B, {args.streams} streams, batch {args.batch_rows} rows"
     )
@@ -308,8 +299,24 @@ def main(argv: list[str] | None = None) -> int:
             f"read amplification {statistics.median(p['read_amplification'] for p in ps):.2f}, "
             f"{statistics.median(p['seconds'] for p in ps):.2f} s per epoch"
         )
-    print(f"(JSON: {args.json})")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.workers_bench", __doc__)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the workers dataset (72 B each)")
+    ap.add_argument("--streams", type=int, default=4, help="concurrent ranks in a workers pass")
+    ap.add_argument("--batch-rows", type=int, default=4096, help="rows per rank per step")
+    ap.add_argument("--chunk-steps", type=int, default=8, help="steps per Read call (one connection each)")
+    ap.add_argument("--pairs", type=int, default=3, help="A B pairs after the warm-ups")
+    ap.add_argument("--ra-rows", type=int, default=1_200_000, help="rows of the read-ahead dataset")
+    ap.add_argument(
+        "--ra-cache-mib",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[24, 48],
+        help="cache sizes of the read-ahead servers, comma-separated (default 24,48)",
+    )
+    ap.add_argument("--ra-s3", action="store_true", help="read-ahead part also from an S3 root (SeaweedFS)")
+    return bench_main(ap, argv, run, json_default=results_path("workers_bench"), report=print_report)
 
 
 if __name__ == "__main__":
