@@ -136,9 +136,12 @@ class S3Storage(Storage):
                 f"{what}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
             ) from exc
         except (BotoConnectionError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise UnavailableError(f"{what}: cannot reach S3 at {self._where()} ({exc})") from exc
+            # The exception's own text stays in the chain (logs), out of the message a client may see.
+            raise UnavailableError(
+                f"{what}: cannot reach S3 at {self._where()} ({type(exc).__name__})"
+            ) from exc
         except BotoCoreError as exc:
-            raise UnavailableError(f"{what}: S3 request failed ({exc})") from exc
+            raise UnavailableError(f"{what}: S3 request failed ({type(exc).__name__})") from exc
 
     def _where(self) -> str:
         return self.endpoint_url or "the default AWS endpoint"
@@ -201,6 +204,10 @@ class S3Storage(Storage):
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
 
+    def locations(self) -> tuple[str, ...]:
+        forms = {self.url, self.url.rstrip("/"), self.endpoint_url or ""}
+        return tuple(sorted((f for f in forms if f), key=len, reverse=True))
+
     # --- Storage -------------------------------------------------------------------------------
     def check_root(self) -> None:
         async def probe() -> None:
@@ -215,7 +222,7 @@ class S3Storage(Storage):
             s3 = await self._s3()
             S3_REQUESTS.labels("head").inc()
             r = await s3.head_object(Bucket=self.bucket, Key=self._key(key))
-            return ObjectInfo(int(r["ContentLength"]), str(r["ETag"]))
+            return ObjectInfo(int(r["ContentLength"]), str(r["ETag"]), r["LastModified"].timestamp())
 
         return self._run(head(), self.url_of(key))
 
@@ -256,7 +263,7 @@ class S3Storage(Storage):
                 S3_RESUMES.inc()
                 if resumes > DEFAULT_BODY_RESUMES:
                     raise UnavailableError(
-                        f"{self.url_of(key)}: body cut mid-read {resumes} times ({exc})"
+                        f"{self.url_of(key)}: body cut mid-read {resumes} times ({type(exc).__name__})"
                     ) from exc
                 await asyncio.sleep(min(2.0, 0.05 * 2**resumes))
         return b"".join(parts)
@@ -332,6 +339,31 @@ class S3Storage(Storage):
                 token = r.get("NextContinuationToken")
                 if not r.get("IsTruncated") or not token:
                     return sorted(k for k in keys if not k.endswith("/"))
+
+        return self._run(scan(), f"{self.url}{prefix}")
+
+    def list_info(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        async def scan() -> list[tuple[str, ObjectInfo]]:
+            s3 = await self._s3()
+            out: list[tuple[str, ObjectInfo]] = []
+            token = None
+            while True:
+                kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._dir(prefix)}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                S3_REQUESTS.labels("list").inc()
+                r = await s3.list_objects_v2(**kwargs)
+                out += [
+                    (
+                        o["Key"][len(self.prefix) :],
+                        ObjectInfo(int(o["Size"]), str(o["ETag"]), o["LastModified"].timestamp()),
+                    )
+                    for o in r.get("Contents", [])
+                    if not o["Key"].endswith("/")
+                ]
+                token = r.get("NextContinuationToken")
+                if not r.get("IsTruncated") or not token:
+                    return sorted(out)
 
         return self._run(scan(), f"{self.url}{prefix}")
 

@@ -5,7 +5,12 @@ out. This module only adapts them to gRPC: it registers the handlers, runs the b
 (manifest reads, Parquet reads, takes, IPC encoding) in worker threads, builds the next message
 while the last one is sent and streams with backpressure (grpc.aio awaits each write), keeps the
 RPC metrics, and maps errors: every ShardstreamError leaves as its own gRPC status code
-(errors.py); anything else is logged and leaves as INTERNAL.
+(errors.py); anything else is logged and leaves as INTERNAL. What a client reads of an error names
+dataset versions and shards, never a server path or an exception's text (redact.py); the server's
+log keeps the rest.
+
+ListDatasets lists every dataset it can read and skips the bad entries (registry.py): each is logged
+once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from prometheus_client import Counter, Gauge
 
 from shardstream.errors import InternalError, ShardstreamError
 from shardstream.manifest import Manifest
-from shardstream.registry import Registry
+from shardstream.registry import BadEntry, Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .build import MessageBuilder, MessageSteps
 from .read_plan import ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from .reader import RowGroupCache
+from .redact import client_message
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
 
@@ -44,6 +50,12 @@ BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batche
 MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent")
 ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent")
 BYTES_SENT = Counter("shardstream_bytes_sent_total", "Bytes of Read messages sent")
+REGISTRY_BAD_ENTRIES = Gauge(
+    "shardstream_registry_bad_entries",
+    "Registry entries (manifests, dataset directories) ListDatasets found unreadable and skipped, at its last call",
+    multiprocess_mode="livemax",
+)
+_LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
 for _m in METHODS:  # export 0 for the series known to exist
     RPCS.labels(_m)
     for _code in (
@@ -74,6 +86,7 @@ class ShardStreamService:
         self.planner = ReadPlanner(registry, cache)
         self.builder = MessageBuilder(transform_threads=transform_threads)
         self._read_ahead = ReadAhead(read_ahead, cache)
+        self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
     # --- plumbing ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -99,13 +112,21 @@ class ShardStreamService:
             },
         )
 
-    @staticmethod
-    async def _abort(method: str, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    def _log_once(self, what: str) -> bool:
+        """True the first time `what` is seen (and while fewer than _LOGGED_MAX were)."""
+        if what in self._logged or len(self._logged) >= _LOGGED_MAX:
+            return False
+        self._logged.add(what)
+        return True
+
+    async def _abort(self, method: str, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         if not isinstance(exc, ShardstreamError):
             log.exception("%s failed unexpectedly", method, exc_info=exc)
-            exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            exc = InternalError(client_message(exc, self.registry.storage))
+        elif exc.grpc_code == grpc.StatusCode.DATA_LOSS and self._log_once(str(exc)):
+            log.warning("%s: %s", method, exc, exc_info=exc)  # the cause chain: files and errors
         RPC_ERRORS.labels(method, exc.grpc_code.name).inc()
-        await context.abort(exc.grpc_code, str(exc))
+        await context.abort(exc.grpc_code, client_message(exc, self.registry.storage))
 
     def _unary(
         self, method: str, fn: Callable[[Any], Awaitable[T]]
@@ -126,8 +147,21 @@ class ShardStreamService:
 
     async def list_datasets(self, request: pb.ListDatasetsRequest) -> pb.ListDatasetsResponse:
         del request
-        manifests = await asyncio.to_thread(self.planner.latest)
-        return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in manifests])
+        listing = await asyncio.to_thread(self.registry.listing)
+        REGISTRY_BAD_ENTRIES.set(len(listing.bad))
+        for bad in listing.bad:
+            self._report(bad)
+        return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in listing.manifests])
+
+    def _report(self, bad: BadEntry) -> None:
+        if self._log_once(f"{bad.ref}: {bad.reason}"):
+            log.warning(
+                "registry entry %s (%s) is unreadable, skipped by ListDatasets: %s%s",
+                bad.ref,
+                self.registry.storage.url_of(bad.key) if bad.key else bad.name,
+                bad.reason,
+                f" ({bad.detail})" if bad.detail else "",
+            )
 
     # --- data plane ----------------------------------------------------------------------------
     async def read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:

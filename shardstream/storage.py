@@ -12,8 +12,18 @@ manifest or a command line can never make shardstream read outside its root.
 
 All methods are blocking and thread-safe (the S3 backend runs its own event loop). Errors are
 shardstream errors: a missing object is NotFoundError, an object changed since it was opened is
-DataLossError, refused credentials are UnauthenticatedError/PermissionDeniedError, an unreachable
-store is UnavailableError.
+DataLossError, refused credentials (or a local file the process may not read) are
+UnauthenticatedError/PermissionDeniedError, an unreachable store is UnavailableError. Messages name
+objects by their full location (useful on the command line); a server strips its root from them
+before a client sees one (`locations`, shardstream.server.redact).
+
+Durability: LocalStorage's writes return once the data and the directory entries leading to it are
+on disk (the file is fsynced, then each directory from its own up to the root); `sync(keys)` does the
+same for files written by other means (ingest's shards, files to register). Its fsync helpers are the
+only ones in shardstream. On S3 a completed PUT is durable: `sync` has nothing to do.
+
+(A little over 400 lines: the interface and its local backend stay in one module, so that the only
+code that fsyncs sits beside the writes it makes durable.)
 """
 
 from __future__ import annotations
@@ -21,14 +31,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from shardstream.errors import InvalidArgumentError, NotFoundError
+from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 
 __all__ = ["LocalStorage", "ObjectInfo", "ObjectRef", "Storage", "check_key", "open_local_storage"]
 
@@ -71,6 +82,7 @@ def check_key(key: str, what: str = "path") -> str:
 class ObjectInfo:
     size: int
     etag: str  # changes whenever the object is rewritten (local: mtime, size and inode)
+    modified_s: float = 0.0  # last write, seconds since the epoch (local: mtime; S3: LastModified)
 
 
 class Storage(ABC):
@@ -133,6 +145,31 @@ class Storage(ABC):
     def children(self, prefix: str) -> list[str]:
         """Names of the immediate sub-directories of `prefix` ('' for the root), sorted."""
 
+    def list_info(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        """(key, info) of every object under the directory `prefix`, sorted by key."""
+        return [(key, self.head(key)) for key in self.list(prefix)]
+
+    def is_link(self, key: str) -> bool:
+        """Whether `key` (a file or a directory) is a symbolic link; object stores have none."""
+        check_key(key)
+        return False
+
+    def sync(self, keys: Iterable[str]) -> None:
+        """Make the objects `keys`, written by other means than this storage's own writes, durable
+        (a local directory: fsync them and their directories). Object stores: nothing to do."""
+        for key in keys:
+            check_key(key)
+
+    def remove_empty_dirs(self, prefix: str, *, min_age_s: float, dry_run: bool = False) -> list[str]:
+        """Remove the directory `prefix` and those below it that are empty and unmodified for
+        `min_age_s` (deepest first); their keys. Object stores have no directories: []."""
+        check_key(prefix)
+        return []
+
+    def locations(self) -> tuple[str, ...]:
+        """The strings naming this storage's root, longest first (kept out of client-facing errors)."""
+        return (self.url,)
+
     def local_path(self, key: str) -> Path | None:
         """The file behind `key` when the storage is a local directory (fast paths), else None."""
         return None
@@ -159,7 +196,9 @@ class ObjectRef:
 
 
 class LocalStorage(Storage):
-    """A local directory. Writes go through a private temp file; creates are exclusive (link)."""
+    """A local directory. Writes go through a private temp file (`.<name>.<32 hex>.tmp`; one a killed
+    writer leaves is removed by `datasets gc`), fsynced before it is renamed or linked into place,
+    then the directories up to the root are fsynced; creates are exclusive (link)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -178,28 +217,90 @@ class LocalStorage(Storage):
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
 
+    def locations(self) -> tuple[str, ...]:
+        forms = {self.url, str(self.root), os.path.abspath(self.root), str(self.root.resolve())}
+        return tuple(sorted((f for f in forms if f not in ("", ".", "/")), key=len, reverse=True))
+
+    def is_link(self, key: str) -> bool:
+        check_key(key)
+        return (self.root / key.rstrip("/")).is_symlink()
+
     def check_root(self) -> None:
         if not self.root.is_dir():
             raise InvalidArgumentError(f"--root {self.root}: no such directory")
 
+    # --- durability: the one place shardstream fsyncs ----------------------------------------
+    @staticmethod
+    def fsync_file(path: Path) -> None:
+        """Flush a file's data to disk (also one written by another process: its dirty pages)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def fsync_dir(path: Path) -> None:
+        """Flush a directory's entries (files created, renamed or linked into it) to disk."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _sync_dirs(self, dirs: Iterable[Path]) -> None:
+        """fsync each of `dirs` and every directory above it up to the root (included), once each:
+        the entries `mkdir(parents=True)` made on the way reach the disk too."""
+        done: set[Path] = set()
+        for d in sorted(set(dirs), key=lambda p: len(p.parts), reverse=True):
+            while d not in done:
+                self.fsync_dir(d)
+                done.add(d)
+                if d == self.root or self.root not in d.parents:
+                    break
+                d = d.parent
+
+    def sync(self, keys: Iterable[str]) -> None:
+        dirs = []
+        for key in keys:
+            path = self._path(key)
+            if path.is_dir():
+                dirs.append(path)
+            elif path.exists():  # a missing one has nothing to flush (a reader reports it missing)
+                self.fsync_file(path)
+                dirs.append(path.parent)
+        self._sync_dirs(dirs)
+
+    # --- reads ---------------------------------------------------------------------------------
+    def _missing(self, key: str) -> NotFoundError:
+        return NotFoundError(f"{self.url_of(key)}: no such file")
+
+    def _denied(self, key: str) -> PermissionDeniedError:
+        return PermissionDeniedError(f"{self.url_of(key)}: permission denied (file mode or owner)")
+
+    @staticmethod
+    def _info(st: os.stat_result) -> ObjectInfo:
+        return ObjectInfo(st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}", st.st_mtime)
+
     def head(self, key: str) -> ObjectInfo:
         try:
-            st = self._path(key).stat()
+            return self._info(self._path(key).stat())
         except (FileNotFoundError, NotADirectoryError):
-            raise NotFoundError(f"{self.url_of(key)}: no such file") from None
-        return ObjectInfo(st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}-{st.st_ino:x}")
+            raise self._missing(key) from None
+        except PermissionError as exc:
+            raise self._denied(key) from exc
 
     def _check_etag(self, key: str, etag: str | None) -> None:
         if etag is not None and self.head(key).etag != etag:
-            from shardstream.errors import DataLossError
-
             raise DataLossError(f"{self.url_of(key)} was overwritten while being read")
 
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
-            raise NotFoundError(f"{self.url_of(key)}: no such file") from None
+            raise self._missing(key) from None
+        except PermissionError as exc:
+            raise self._denied(key) from exc
 
     def get_range(self, key: str, start: int, length: int, *, etag: str | None = None) -> bytes:
         try:
@@ -207,7 +308,9 @@ class LocalStorage(Storage):
                 f.seek(start)
                 data = f.read(length)
         except (FileNotFoundError, NotADirectoryError):
-            raise NotFoundError(f"{self.url_of(key)}: no such file") from None
+            raise self._missing(key) from None
+        except PermissionError as exc:
+            raise self._denied(key) from exc
         self._check_etag(key, etag)
         return data
 
@@ -215,57 +318,113 @@ class LocalStorage(Storage):
         try:
             f = self._path(key).open("rb")
         except (FileNotFoundError, NotADirectoryError):
-            raise NotFoundError(f"{self.url_of(key)}: no such file") from None
+            raise self._missing(key) from None
+        except PermissionError as exc:
+            raise self._denied(key) from exc
         with f:
             yield from iter(lambda: f.read(CHUNK_BYTES), b"")
         self._check_etag(key, etag)
 
+    # --- writes --------------------------------------------------------------------------------
     def _tmp(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
 
+    def _write_tmp(self, path: Path, data: bytes) -> Path:
+        tmp = self._tmp(path)
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = self._tmp(path)
-        tmp.write_bytes(data)
-        tmp.replace(path)  # atomic rename
+        self._write_tmp(path, data).replace(path)  # atomic rename
+        self._sync_dirs([path.parent])
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        tmp = self._tmp(path)
-        tmp.write_bytes(data)
+        tmp = self._write_tmp(path, data)
         try:
             os.link(tmp, path)  # atomic, fails when the name exists: readers never see half a file
         except FileExistsError:
             return False
         finally:
             tmp.unlink()
+        self._sync_dirs([path.parent])
         return True
 
     def put_file(self, key: str, path: Path) -> None:
         target = self._path(key)
         if target.resolve() == Path(path).resolve():
+            self.sync([key])
             return
         tmp = self._tmp(target)
         with Path(path).open("rb") as src, tmp.open("wb") as dst:
             for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
                 dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
         tmp.replace(target)
+        self._sync_dirs([target.parent])
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def list(self, prefix: str) -> list[str]:
+    # --- listing -------------------------------------------------------------------------------
+    def _walk(self, prefix: str) -> Iterator[Path]:
+        """Every file under the directory `prefix`, symlinked directories not entered; a directory
+        that cannot be read is PermissionDeniedError, never silently skipped."""
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         if not base.is_dir():
-            return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+            return
+
+        def refuse(exc: OSError) -> None:
+            if isinstance(exc, PermissionError):
+                raise self._denied(Path(exc.filename).relative_to(self.root).as_posix()) from exc
+
+        for dirpath, _, files in os.walk(base, onerror=refuse):
+            yield from (p for p in (Path(dirpath) / f for f in files) if p.is_file())
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(p.relative_to(self.root).as_posix() for p in self._walk(prefix))
+
+    def list_info(self, prefix: str) -> list[tuple[str, ObjectInfo]]:
+        out = []
+        for p in self._walk(prefix):
+            try:
+                out.append((p.relative_to(self.root).as_posix(), self._info(p.stat())))
+            except FileNotFoundError:  # removed since it was listed
+                continue
+        return sorted(out)
 
     def children(self, prefix: str) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         if not base.is_dir():
             return []
         return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+    def remove_empty_dirs(self, prefix: str, *, min_age_s: float, dry_run: bool = False) -> list[str]:
+        base = self._path(prefix.rstrip("/"))
+        if base.is_symlink() or not base.is_dir():
+            return []
+        now, removed = time.time(), []
+        for dirpath, dirnames, filenames in os.walk(base, topdown=False):
+            d = Path(dirpath)
+            if filenames or any((d / n).exists() for n in dirnames):
+                continue
+            if now - d.stat().st_mtime < min_age_s:
+                continue
+            if not dry_run:
+                try:
+                    d.rmdir()
+                except OSError:  # written into meanwhile: not empty any more
+                    continue
+            removed.append(d.relative_to(self.root).as_posix())
+        if removed and not dry_run:
+            self._sync_dirs([base if base.exists() else base.parent])
+        return sorted(removed)
 
 
 def open_local_storage(url: str | os.PathLike[str]) -> LocalStorage:

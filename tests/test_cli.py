@@ -140,7 +140,7 @@ def test_help_lists_every_command_and_subcommand(capsys: pytest.CaptureFixture[s
     for command in ("ingest", "serve", "datasets", "register", "inspect", "cursor", "demo"):
         assert f"\n    {command} " in top, top
     for group, subs in (
-        ("datasets", ("list", "show", "verify", "tag", "history", "diff")),
+        ("datasets", ("list", "show", "verify", "tag", "history", "diff", "gc")),
         ("cursor", ("list", "show", "migrate")),
     ):
         with pytest.raises(SystemExit):
@@ -165,9 +165,11 @@ def test_global_options_go_before_or_after_the_command(
     ):
         code, out, err = run(capsys, *argv)
         assert code == 0, (argv, err)
-        assert [(d["name"], d["latest"], d["rows"]) for d in json.loads(out)] == [("toy", 2, ROWS + 100)], (
-            argv
-        )
+        listed = json.loads(out)
+        assert [(d["name"], d["latest"], d["rows"]) for d in listed["datasets"]] == [
+            ("toy", 2, ROWS + 100)
+        ], argv
+        assert listed["bad"] == []
     code, _, err = run(capsys, "datasets", "--root", str(root), "list", "--root", nowhere)
     assert code == 1 and str(Path(nowhere).resolve()) in err
     code, out, _ = run(capsys, "--root", str(root), "inspect", "toy@1", "--batch-size", "3", "--json")
@@ -303,7 +305,8 @@ def test_client_side_commands_run_without_the_server_extra(root: Path, store: st
         assert p.returncode == 0 and "Traceback" not in p.stderr, (argv, p.stderr)
         return p.stdout
 
-    assert [d["name"] for d in json.loads(ok("datasets", "list", "--root", str(root), "--json"))] == ["toy"]
+    listed = json.loads(ok("datasets", "list", "--root", str(root), "--json"))
+    assert [d["name"] for d in listed["datasets"]] == ["toy"]
     assert "id: int64" in ok("datasets", "show", "toy@1", "--root", str(root))
     assert [
         h["change"] for h in json.loads(ok("datasets", "history", "toy", "--root", str(root), "--json"))

@@ -103,7 +103,7 @@ def test_cli_ingest_list_show(tmp_path: Path) -> None:
     r = run_cli("ingest", "a.jsonl", "--name", "cli", "--root", "root", "-q", cwd=tmp_path)
     assert r.stdout.strip() == "cli@2" and r.stderr == ""
     r = run_cli("datasets", "list", "--root", "root", "--json", cwd=tmp_path)
-    listed = json.loads(r.stdout)
+    listed = json.loads(r.stdout)["datasets"]
     assert [(d["name"], d["latest"], d["versions"], d["rows"]) for d in listed] == [("cli", 2, [1, 2], 25)]
     r = run_cli("datasets", "show", "cli@1", "--root", "root", cwd=tmp_path)
     assert r.returncode == 0 and "cli@1" in r.stdout and "id: int64" in r.stdout

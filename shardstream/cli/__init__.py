@@ -1,12 +1,13 @@
 """The `shardstream` command line: one module per command group, each parser beside its handler.
 
-    common.py    global options, argument types, opening a registry, help with examples, tables
-    ingest.py    ingest
-    serve.py     serve
-    datasets.py  datasets list|show|history|diff|tag|verify, and register
-    inspect.py   inspect
-    cursor.py    cursor list|show|migrate
-    demo.py      demo
+    common.py       global options, argument types, opening a registry, help with examples, tables
+    ingest.py       ingest
+    serve.py        serve
+    datasets.py     datasets list|show|history|diff|tag|verify, and register
+    datasets_gc.py  datasets gc
+    inspect.py      inspect
+    cursor.py       cursor list|show|migrate
+    demo.py         demo
 
 This package and `shardstream.demo` are the only shared code that imports the client and the server
 (DESIGN §2). Handlers import their side when they run, so a client-only install runs the client-side

@@ -1,10 +1,13 @@
-"""`shardstream datasets list|show|history|diff|tag|verify` and `shardstream register`: the registry
+"""`shardstream datasets list|show|history|diff|tag|verify|gc` and `shardstream register`: the registry
 under --root, read and maintained.
 
 The reading commands open a local root through the shared package (a client-only install runs them)
 and never create anything; `register` and `verify` read data through the server package
-(`shardstream.server.registry_ops`, needs the server extra), imported when they run. The whole group
-is one module (a little over 400 lines) so that its parser sits beside every handler.
+(`shardstream.server.registry_ops`, needs the server extra), imported when they run. `gc` has its own
+module (datasets_gc.py). An entry of the registry that cannot be read (registry.BadEntry) is skipped
+by `list` and `history` with a warning on stderr (and under "bad" with --json); any command that
+needs it fails naming the version. The group is one module (about 450 lines) so that its parser
+sits beside every handler; gc, whose parser and handler share nothing with the others, is apart.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from typing import Any
 from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
 from shardstream.lineage import CLAIMS, VersionDiff, diff
 from shardstream.manifest import DatasetRef
-from shardstream.registry import Registry
+from shardstream.registry import BadEntry, Registry
 
-from . import common
+from . import common, datasets_gc
 
 __all__ = ["add_commands", "print_diff"]
 
@@ -29,26 +32,44 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return _print_datasets(args, reg)
 
 
+def _bad_json(reg: Registry, bad: BadEntry) -> dict[str, Any]:
+    return {
+        "dataset": bad.ref,
+        "name": bad.name,
+        "version": bad.version,
+        "reason": bad.reason,
+        "location": reg.storage.url_of(bad.key) if bad.key else None,
+        "detail": bad.detail or None,
+    }
+
+
+def warn_bad(reg: Registry, bad: BadEntry) -> None:
+    """One line on stderr for an entry that cannot be read: what, why, where (and the error)."""
+    where = reg.storage.url_of(bad.key) if bad.key else bad.name
+    detail = f": {bad.detail}" if bad.detail else ""
+    print(f"shardstream: warning: {bad.ref} skipped: {bad.reason} ({where}{detail})", file=sys.stderr)
+
+
 def _print_datasets(args: argparse.Namespace, reg: Registry) -> int:
-    manifests = [reg.resolve(name) for name in reg.names()]
+    listing = reg.listing()
+    manifests = listing.manifests
+    for bad in listing.bad:
+        warn_bad(reg, bad)
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "name": m.name,
-                        "latest": m.version,
-                        "versions": reg.versions(m.name),
-                        "rows": m.num_rows,
-                        "shards": len(m.shards),
-                        "bytes": m.num_bytes,
-                        "fingerprint": m.fingerprint,
-                    }
-                    for m in manifests
-                ],
-                indent=1,
-            )
-        )
+        datasets = [
+            {
+                "name": m.name,
+                "latest": m.version,
+                "versions": reg.versions(m.name),
+                "rows": m.num_rows,
+                "shards": len(m.shards),
+                "bytes": m.num_bytes,
+                "fingerprint": m.fingerprint,
+            }
+            for m in manifests
+        ]
+        bad = [_bad_json(reg, b) for b in listing.bad]
+        print(json.dumps({"datasets": datasets, "bad": bad}, indent=1))
         return 0
     if not manifests:
         print(f"no datasets under {reg.root}", file=sys.stderr)
@@ -171,7 +192,10 @@ def _cmd_history(args: argparse.Namespace) -> int:
         if not versions:
             raise NotFoundError(f"no dataset named {ref.name!r} under {reg.root}")
         tags = reg.tags(ref.name)
-        manifests = [reg.resolve(DatasetRef(ref.name, v)) for v in versions]
+        loaded = reg.manifests(ref.name)
+        for bad in loaded:
+            if isinstance(bad, BadEntry):
+                warn_bad(reg, bad)
     by_version: dict[int, list[str]] = {}
     for tag, v in tags.items():
         by_version.setdefault(v, []).append(tag)
@@ -181,6 +205,12 @@ def _cmd_history(args: argparse.Namespace) -> int:
                 [
                     {
                         "version": m.version,
+                        "unreadable": m.reason,
+                        "tags": by_version.get(m.version or 0, []),
+                    }
+                    if isinstance(m, BadEntry)
+                    else {
+                        "version": m.version,
                         "parent": m.parent,
                         "change": m.change,
                         "created_at": m.created_at,
@@ -189,14 +219,18 @@ def _cmd_history(args: argparse.Namespace) -> int:
                         "fingerprint": m.fingerprint,
                         "tags": by_version.get(m.version, []),
                     }
-                    for m in manifests
+                    for m in loaded
                 ],
                 indent=1,
             )
         )
         return 0
     rows = [("VERSION", "PARENT", "CHANGE", "ROWS", "SHARDS", "FINGERPRINT", "CREATED", "TAGS")]
-    for m in reversed(manifests):
+    for m in reversed(loaded):
+        if isinstance(m, BadEntry):
+            tag_list = ",".join(by_version.get(m.version or 0, []))
+            rows.append((str(m.version), "?", "UNREADABLE", "-", "-", "-", "-", tag_list))
+            continue
         rows.append(
             (
                 str(m.version),
@@ -259,7 +293,7 @@ def add_commands(sub: Any) -> None:
         sub,
         "datasets",
         None,
-        help="list, show, verify, tag and trace registered datasets",
+        help="list, show, verify, tag, trace and garbage-collect registered datasets",
         description="Inspect and maintain the registry under --root.",
         epilog=common.examples(
             "shardstream datasets list --root ./datasets",
@@ -275,7 +309,10 @@ def add_commands(sub: Any) -> None:
         _cmd_list,
         help="every dataset with its latest version",
         description="Every dataset under --root with its latest version, number of versions, rows, shards, "
-        "size and creation time. A root that does not exist is an error.",
+        "size and creation time. A root that does not exist is an error. An entry that cannot be read (a "
+        "truncated or invalid manifest, a symlinked dataset directory, one without read permission) is "
+        "skipped with a warning line on stderr naming it, why and where; with --json the output is "
+        '{"datasets": [...], "bad": [...]}. The exit code stays 0: the readable datasets are listed.',
         epilog=common.examples(
             "shardstream datasets list",
             "shardstream datasets list --root ./datasets --json",
@@ -370,6 +407,7 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("new", help="NAME@VERSION or NAME@TAG")
     common.root_options(sp)
     common.json_option(sp)
+    datasets_gc.add_command(dsub)
     common.add_global_options(ds, common.accepted_globals(list(dsub.choices.values())))
 
     sp = common.add_command(
