@@ -10,7 +10,12 @@ everything succeeded; shards of a failed ingest are removed. Image folders, WebD
 
 Lineage: the registry checks the claimed change against the parent (or infers it). `append` is
 special: the new version is the parent's shards followed by the input's, which is written in the
-parent's schema (missing fields become nulls; a field the parent lacks is refused).
+parent's schema (missing fields become nulls; a field the parent lacks is refused). A dataset whose
+latest manifest cannot be read gets no new version (DATA_LOSS naming it, before anything is written).
+
+Durability: the registry fsyncs the new shards and their directories, then the manifest, before the
+version is returned (registry.py, storage.py); a killed ingest leaves only its `data/<ingest id>/`
+directory, which `datasets gc` removes.
 """
 
 from __future__ import annotations
@@ -249,6 +254,7 @@ def ingest(
         raise InvalidArgumentError(f"unknown change {change!r}: one of {', '.join(CLAIMS)}")
     if format is not None and format not in FORMATS:
         raise InvalidArgumentError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
+    registry.check_parent(name)  # a latest version that cannot be read: refused before any shard is written
     src_path = Path(src)
     fmt = format or detect_format(src_path)
     bar = tqdm(

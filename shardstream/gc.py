@@ -129,9 +129,8 @@ def collect(
 
     newest: dict[str, float] = {}  # ingest directory -> its newest file's time
     for key, info in listed:
-        parts = key.split("/")
-        if len(parts) > 3 and parts[1] == "data" and _INGEST_DIR.match(parts[2]):
-            d = "/".join(parts[:3])
+        d = _ingest_dir(key)
+        if d:
             newest[d] = max(newest.get(d, 0.0), info.modified_s)
 
     candidates: list[GcFile] = []
@@ -139,14 +138,13 @@ def collect(
         if key in referenced:
             continue
         parts = key.split("/")
-        temp = bool(_TEMP_FILE.match(parts[-1]))
-        in_ingest_dir = len(parts) > 3 and parts[1] == "data" and _INGEST_DIR.match(parts[2]) is not None
-        if not temp and not in_ingest_dir:
+        ingest_dir = _ingest_dir(key)
+        if not ingest_dir and not _TEMP_FILE.match(parts[-1]):
             if len(parts) > 2 and parts[1] in ("manifests", "tags"):
                 continue  # the registry's own files
             report.foreign.append(GcFile(key, info.size, now - info.modified_s))
             continue
-        touched = newest["/".join(parts[:3])] if in_ingest_dir else info.modified_s
+        touched = newest[ingest_dir] if ingest_dir else info.modified_s
         f = GcFile(key, info.size, now - info.modified_s)
         (candidates if now - touched >= min_age_s else report.young).append(f)
 
@@ -164,7 +162,28 @@ def collect(
                 report.failed.append((f.key, str(exc)))
                 continue
         report.removed.append(f)
+    # Ingest directories left empty: the ones emptied just now (their mtime is now), and old empty ones.
+    held: dict[str, int] = {}
+    for key, _ in listed:
+        held[_ingest_dir(key)] = held.get(_ingest_dir(key), 0) + 1
+    for f in report.removed:
+        held[_ingest_dir(f.key)] -= 1
     for d in storage.children(f"{name}/data"):
-        if _INGEST_DIR.match(d):
-            report.dirs += storage.remove_empty_dirs(f"{name}/data/{d}", min_age_s=min_age_s, dry_run=dry_run)
+        key = f"{name}/data/{d}"
+        if not _INGEST_DIR.match(d):
+            continue
+        if dry_run and key in newest and held[key] == 0:
+            if storage.local_path(key) is not None:  # only a local root has directories to remove
+                report.dirs.append(key)
+            continue
+        grace = 0.0 if key in newest and held[key] == 0 else min_age_s
+        report.dirs += storage.remove_empty_dirs(key, min_age_s=grace, dry_run=dry_run)
     return report
+
+
+def _ingest_dir(key: str) -> str:
+    """`name/data/<ingest id>` for a key in an ingest directory, else ''."""
+    parts = key.split("/")
+    return (
+        "/".join(parts[:3]) if len(parts) > 3 and parts[1] == "data" and _INGEST_DIR.match(parts[2]) else ""
+    )

@@ -125,9 +125,15 @@ class Registry:
         return f"{validate_name(manifest.name)}/{check_key(uri, 'shard uri')}"
 
     def shard_path(self, manifest: Manifest, uri: str) -> Path | ObjectRef:
-        """Where a shard lives: a local file path, or an object of a remote storage."""
+        """Where a shard lives: a local file path, or an object of a remote storage. A shard whose
+        path leads out of the root (a symbolic link) is DataLossError naming version and shard."""
         key = self.shard_key(manifest, uri)
-        local = self.storage.local_path(key)
+        try:
+            local = self.storage.local_path(key)
+        except InvalidArgumentError as exc:  # the key itself was checked: a symlink leads out
+            raise DataLossError(
+                f"{manifest.ref}: shard {uri}: leads outside the registry root (a symbolic link?)"
+            ) from exc
         return local if local is not None else ObjectRef(self.storage, key)
 
     @staticmethod
@@ -229,7 +235,7 @@ class Registry:
         except InvalidArgumentError as exc:
             text = str(exc)
             if "fingerprint" in text:
-                return bad("its manifest's stored fingerprint does not match its content", exc)
+                return bad("its manifest does not match its stored fingerprint (edited?)", exc)
             if "unsupported manifest format" in text:
                 return bad("its manifest has an unsupported format", exc)
             return bad("its manifest is not a valid shardstream manifest (fields missing or malformed)", exc)

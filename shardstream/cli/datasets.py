@@ -47,7 +47,7 @@ def warn_bad(reg: Registry, bad: BadEntry) -> None:
     """One line on stderr for an entry that cannot be read: what, why, where (and the error)."""
     where = reg.storage.url_of(bad.key) if bad.key else bad.name
     detail = f": {bad.detail}" if bad.detail else ""
-    print(f"shardstream: warning: {bad.ref} skipped: {bad.reason} ({where}{detail})", file=sys.stderr)
+    print(f"shardstream: warning: {bad.ref}: {bad.reason}; skipped ({where}{detail})", file=sys.stderr)
 
 
 def _print_datasets(args: argparse.Namespace, reg: Registry) -> int:

@@ -9,6 +9,8 @@
     rank_worker   a training rank as a process (`python -m tests.support.rank_worker`) and RankProcs
     processes     the command line and fresh interpreters as subprocesses
     resume        the one resume harness (check_resume) and the multi-rank job it drives (Ranks)
+    bad_registry  unreadable registry entries as they happen (one FAULT INJECTOR: a denied read) and
+                  a real ingest killed mid-way (what `datasets gc` removes)
 
 tests/conftest.py only defines fixtures, from these. loadtest/ never imports tests/; tests may import
 loadtest/ (the SeaweedFS launcher lives there so that both can use one copy).
