@@ -9,6 +9,7 @@
     rank_worker   a training rank as a process (`python -m tests.support.rank_worker`) and RankProcs
     processes     the command line and fresh interpreters as subprocesses
     resume        the one resume harness (check_resume) and the multi-rank job it drives (Ranks)
+    chart         helm/shardstream rendered offline, validated, and its server container run as rendered
     bad_registry  unreadable registry entries as they happen (one FAULT INJECTOR: a denied read) and
                   a real ingest killed mid-way (what `datasets gc` removes)
 

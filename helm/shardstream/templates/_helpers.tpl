@@ -1,0 +1,216 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit of object names).
+*/}}
+{{- define "shardstream.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's objects: RELEASE-CHART, or RELEASE alone when it already contains the
+chart name (`helm install shardstream ...` gives `shardstream`, whose headless Service is
+`shardstream-headless`). Truncated to 63 characters.
+*/}}
+{{- define "shardstream.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The headless Service's name (clients dial dns:///NAME.NAMESPACE.svc:PORT); 63 characters at most.
+*/}}
+{{- define "shardstream.headlessName" -}}
+{{- printf "%s-headless" (include "shardstream.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+Name of the optional Redis' objects.
+*/}}
+{{- define "shardstream.redisName" -}}
+{{- printf "%s-redis" (include "shardstream.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "shardstream.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "shardstream.labels" -}}
+helm.sh/chart: {{ include "shardstream.chart" . }}
+{{ include "shardstream.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+The release's selector labels. Workloads add app.kubernetes.io/component (server, redis) so that
+no selector of one matches the pods of the other.
+*/}}
+{{- define "shardstream.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "shardstream.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Selector labels of the server pods (Deployment, Services, PDB, NetworkPolicy, topology spread).
+*/}}
+{{- define "shardstream.serverSelectorLabels" -}}
+{{ include "shardstream.selectorLabels" . }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{/*
+Selector labels of the optional Redis pod.
+*/}}
+{{- define "shardstream.redisSelectorLabels" -}}
+{{ include "shardstream.selectorLabels" . }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{/*
+The ServiceAccount the servers run as.
+*/}}
+{{- define "shardstream.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "shardstream.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The server image: repository@digest, else repository:tag (tag defaults to appVersion).
+*/}}
+{{- define "shardstream.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+resources.limits.cpu in millicores ("" without a CPU limit): 2, "2", "1.5" and "1500m" are accepted.
+*/}}
+{{- define "shardstream.cpuLimitMillis" -}}
+{{- $cpu := dig "limits" "cpu" "" (.Values.resources | default dict) | toString }}
+{{- if $cpu }}
+{{- if hasSuffix "m" $cpu }}
+{{- trimSuffix "m" $cpu | float64 | int }}
+{{- else }}
+{{- mulf (float64 $cpu) 1000 | int }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+--workers: server.workers, else ceil(CPU limit) - the rule the server itself applies to a cgroup
+CPU quota (server/workers.py usable_cpus) - else "" (flag left out: the server counts its CPUs).
+*/}}
+{{- define "shardstream.workers" -}}
+{{- if .Values.server.workers }}
+{{- .Values.server.workers | int }}
+{{- else }}
+{{- $millis := include "shardstream.cpuLimitMillis" . }}
+{{- if $millis }}
+{{- max 1 (divf (float64 $millis) 1000 | ceil | int) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+resources.limits.memory in MiB ("" without a memory limit); Mi and Gi are accepted.
+*/}}
+{{- define "shardstream.memoryLimitMib" -}}
+{{- $mem := dig "limits" "memory" "" (.Values.resources | default dict) | toString }}
+{{- if hasSuffix "Gi" $mem }}
+{{- mulf (trimSuffix "Gi" $mem | float64) 1024 | floor | int }}
+{{- else if hasSuffix "Mi" $mem }}
+{{- trimSuffix "Mi" $mem | float64 | floor | int }}
+{{- end }}
+{{- end }}
+
+{{/*
+--cache-mib: server.cacheMib, else cacheMemoryPercent of the memory limit, else "" (the server's
+default). The RUNBOOK's rule for the size: see values.yaml, server.cacheMib.
+*/}}
+{{- define "shardstream.cacheMib" -}}
+{{- if .Values.server.cacheMib }}
+{{- .Values.server.cacheMib | int }}
+{{- else }}
+{{- $mib := include "shardstream.memoryLimitMib" . }}
+{{- if $mib }}
+{{- max 1 (divf (mulf (float64 $mib) .Values.server.cacheMemoryPercent) 100 | floor | int) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod's grace period: explicit, or preStop sleep + drain + 15 s (a worker still running 10 s after
+the drain is killed by the supervisor; 5 s more for the exit). Refuses one that would cut the drain.
+*/}}
+{{- define "shardstream.terminationGracePeriodSeconds" -}}
+{{- $floor := add .Values.server.preStopSleepSeconds .Values.server.drainSeconds }}
+{{- if kindIs "invalid" .Values.server.terminationGracePeriodSeconds }}
+{{- add $floor 15 }}
+{{- else if le (int .Values.server.terminationGracePeriodSeconds) (int $floor) }}
+{{- fail (printf "server.terminationGracePeriodSeconds (%v) must exceed server.preStopSleepSeconds + server.drainSeconds (%v), or the kubelet kills servers mid-drain" .Values.server.terminationGracePeriodSeconds $floor) }}
+{{- else }}
+{{- .Values.server.terminationGracePeriodSeconds | int }}
+{{- end }}
+{{- end }}
+
+{{/*
+True ("true") when the registry root is a local path (then registry.volume is mounted there).
+*/}}
+{{- define "shardstream.localRoot" -}}
+{{- if not (hasPrefix "s3://" .Values.registry.root) }}true{{ end }}
+{{- end }}
+
+{{/*
+Where Secrets are mounted in the server container.
+*/}}
+{{- define "shardstream.tlsDir" -}}/etc/shardstream/tls{{- end }}
+{{- define "shardstream.authDir" -}}/etc/shardstream/auth{{- end }}
+
+{{/*
+Checks across values that the schema cannot express; each fails with the value to change.
+*/}}
+{{- define "shardstream.validate" -}}
+{{- if and (include "shardstream.localRoot" .) (empty .Values.registry.volume) }}
+{{- fail (printf "registry.volume is required when registry.root (%s) is a local path: a volume source holding the registry, e.g. {persistentVolumeClaim: {claimName: NAME}}" .Values.registry.root) }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret (tls.crt, tls.key; ca.crt with tls.clientCA)" }}
+{{- end }}
+{{- if and .Values.tls.clientCA (not .Values.tls.enabled) }}
+{{- fail "tls.clientCA needs tls.enabled: client certificates are checked by the TLS server" }}
+{{- end }}
+{{- if and .Values.tls.enabled (eq .Values.probes.mode "grpc") }}
+{{- fail "tls.enabled needs probes.mode=http: the kubelet's gRPC probe speaks plaintext, so it cannot check a TLS port" }}
+{{- end }}
+{{- if and .Values.tests.enabled .Values.tls.enabled }}
+{{- fail "tests.enabled with tls.enabled: the helm test pod checks health in plaintext; run it without TLS" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail (printf "autoscaling.minReplicas (%v) exceeds autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" (.Values.resources | default dict))) }}
+{{- fail "autoscaling.enabled needs resources.requests.cpu: the HPA's CPU target is a share of the request" }}
+{{- end }}
+{{- if eq (int .Values.server.port) (int .Values.server.metricsPort) }}
+{{- fail (printf "server.port and server.metricsPort are both %v: give each its own port" .Values.server.port) }}
+{{- end }}
+{{- end }}

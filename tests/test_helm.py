@@ -1,0 +1,432 @@
+"""helm/shardstream checked the way a cluster would check it, without a cluster.
+
+Every values file (the defaults and helm/shardstream/ci/*-values.yaml) is rendered and linted with
+Helm's own engine (helm-python-sdk), every rendered object is validated strictly against the
+Kubernetes schemas of the two newest versions kubernetes-validate ships (the prometheus-operator CRDs
+against a vendored subset: tests/support/chart.py), and the invariants operators rely on are asserted.
+Then the server container is run as rendered and probed as the kubelet would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import numpy as np
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2
+
+from shardstream.cli import build_parser
+from shardstream.client import Loader
+
+from .support.chart import (
+    CHART,
+    NAMESPACE,
+    VALUES_FILES,
+    Rendered,
+    cpu_millis,
+    flag,
+    kube_versions,
+    load_values,
+    memory_mib,
+    probe_grpc,
+    render,
+    run_rendered,
+    selects,
+    validate_object,
+)
+from .support.data import N_ROWS, write_dataset
+from .support.servers import unused_port, wait_for
+
+CASES = {"default": None, **{p.name.removesuffix("-values.yaml"): p for p in VALUES_FILES}}
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def values_of(case: str) -> dict[str, Any] | None:
+    path = CASES[case]
+    return load_values(path) if path else None
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, Rendered]:
+    return {case: render(values_of(case)) for case in CASES}
+
+
+def merged(case: str) -> dict[str, Any]:
+    with helm_python.Chart.load(CHART) as chart:
+        return chart.merge_values(values_of(case))
+
+
+def test_the_scenarios_named_by_the_chart_are_all_there() -> None:
+    assert {"minimal", "s3-secret", "disk-cache-hpa", "monitoring", "tls"} <= set(CASES)
+
+
+# --- lint and schemas --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", kube_versions())
+@pytest.mark.parametrize("case", CASES)
+def test_lint_is_clean(case: str, version: str) -> None:
+    report = helm_python.lint(CHART, values_of(case), strict=True, namespace=NAMESPACE, kube_version=f"v{version}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 1 = info (e.g. "icon is recommended")
+    assert report["total_charts_linted"] == 1
+    assert problems == [] and report["errors"] == []
+
+
+def test_two_kubernetes_versions_are_checked() -> None:
+    versions = kube_versions()
+    assert len(versions) == 2 and versions[0] != versions[1], versions
+
+
+@pytest.mark.parametrize("version", kube_versions())
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_object_validates_strictly(rendered: dict[str, Rendered], case: str, version: str) -> None:
+    checked = {f"{o['kind']}/{o['metadata']['name']}": validate_object(o, version) for o in rendered[case].objects}
+    crds = {k for k, how in checked.items() if not how.startswith("kubernetes")}
+    assert crds == {k for k in checked if k.split("/")[0] in ("ServiceMonitor", "PrometheusRule")}
+
+
+def test_the_validators_refuse_a_misspelt_field(rendered: dict[str, Rendered]) -> None:
+    """The checks above can fail: one unknown field in a container, one in a ServiceMonitor."""
+    import copy
+
+    import jsonschema
+    import kubernetes_validate
+
+    dep = copy.deepcopy(rendered["default"].server)
+    dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 7070
+    with pytest.raises(kubernetes_validate.ValidationError, match="'prot' was unexpected"):
+        validate_object(dep, kube_versions()[-1])
+    sm = copy.deepcopy(rendered["monitoring"].one("ServiceMonitor"))
+    sm["spec"]["endpoints"][0]["intervall"] = "5s"
+    with pytest.raises(jsonschema.ValidationError, match="'intervall' was unexpected"):
+        validate_object(sm, kube_versions()[-1])
+
+
+# --- values.yaml, its schema and its documentation ---------------------------------------------
+
+FREE_FORM = {"registry.volume", "resources", "autoscaling.behavior", "redis.resources"}  # Kubernetes types
+
+
+def leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in FREE_FORM:
+            out += leaves(value, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def schema_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if sub.get("additionalProperties") is False and path not in FREE_FORM:
+            out += schema_paths(sub, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def test_every_value_is_documented_and_in_the_schema() -> None:
+    text = (CHART / "values.yaml").read_text()
+    assert text.startswith("# yaml-language-server: $schema=values.schema.json")
+    values = yaml.safe_load(text)
+    documented = set(re.findall(r"^\s*## @param (\S+) \S", text, flags=re.M))
+    keys = leaves(values)
+    assert [k for k in keys if k not in documented] == [], "values without a `## @param` line"
+    assert sorted(documented - set(keys)) == [], "`## @param` lines naming no value"
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert sorted(schema_paths(schema)) == sorted(keys)
+
+
+def test_every_schema_object_refuses_unknown_keys_and_describes_its_keys() -> None:
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path or 'the root'} accepts unknown keys"
+            for key, sub in node["properties"].items():
+                assert sub.get("description"), f"{path}{key} has no description"
+                walk(sub, f"{path}{key}.")
+
+    walk(schema, "")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c]])
+def test_every_values_file_meets_the_schema(case: str) -> None:
+    with helm_python.Chart.load(CHART) as chart:
+        chart.validate_schema(values_of(case))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": "two"}, r"at '/replicaCount': got string, want integer"),
+        ({"replicas": 2}, r"additional properties 'replicas' not allowed"),
+        ({"server": {"prot": 7070}}, r"at '/server': additional properties 'prot' not allowed"),
+        ({"server": {"port": 70700}}, r"at '/server/port'.*maximum"),
+        ({"probes": {"mode": "tcp"}}, r"at '/probes/mode'.*'grpc', 'http'"),
+        ({"registry": {"root": "datasets"}}, r"at '/registry/root'.*does not match"),
+        ({"resources": {"limits": {"memory": "4GB"}}}, r"at '/resources/limits/memory'"),
+        ({"diskCache": {"type": "nfs"}}, r"at '/diskCache/type'"),
+        ({"serviceMonitor": {"enabled": "yes"}}, r"at '/serviceMonitor/enabled': got string, want boolean"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], message: str) -> None:
+    with helm_python.Chart.load(CHART) as chart, pytest.raises(helm_python.HelmValuesError, match=message):
+        chart.render(values, name="shardstream", namespace=NAMESPACE)
+    report = helm_python.lint(CHART, values, strict=True)  # what `helm lint -f` says about the same file
+    assert any(re.search(message, e) for e in report["errors"]), report["errors"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"server": {"terminationGracePeriodSeconds": 12}}, r"must exceed .*preStopSleepSeconds \+ server.drainSeconds \(15\)"),
+        ({"registry": {"volume": None}}, r"registry.volume is required when registry.root \(/data/registry\)"),
+        ({"tls": {"enabled": True}}, r"tls.enabled needs tls.existingSecret"),
+        ({"tls": {"enabled": True, "existingSecret": "t"}}, r"tls.enabled needs probes.mode=http"),
+        ({"tls": {"clientCA": True}}, r"tls.clientCA needs tls.enabled"),
+        ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, r"minReplicas \(5\) exceeds"),
+        ({"server": {"metricsPort": 7070}}, r"server.port and server.metricsPort are both 7070"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_contradicting_values_fail_the_render_with_what_to_change(values: dict[str, Any], message: str) -> None:
+    with helm_python.Chart.load(CHART) as chart, pytest.raises(helm_python.HelmRenderError, match=message):
+        chart.render(values, name="shardstream", namespace=NAMESPACE)
+
+
+# --- invariants ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_probes_are_on_the_ports_the_server_listens_on(rendered: dict[str, Rendered], case: str) -> None:
+    c = rendered[case].container
+    args, ports = c["args"], {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert int(flag(args, "--port")) == ports["grpc"]
+    assert int(flag(args, "--metrics-port")) == ports["metrics"]
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = c[kind]
+        if "grpc" in probe:
+            assert probe["grpc"]["port"] == ports["grpc"], kind
+        else:  # http mode (TLS): the metrics port's health
+            assert merged(case)["probes"]["mode"] == "http"
+            assert probe["httpGet"]["port"] == "metrics" and probe["httpGet"]["path"] in ("/healthz", "/readyz")
+    if "grpc" in c["readinessProbe"]:
+        assert c["readinessProbe"]["grpc"]["service"] == "shardstream.v1.ShardStream"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pods_run_unprivileged(rendered: dict[str, Rendered], case: str) -> None:
+    for dep in rendered[case].of_kind("Deployment"):
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_grace_period_outlasts_the_drain(rendered: dict[str, Rendered], case: str) -> None:
+    pod = rendered[case].server["spec"]["template"]["spec"]
+    c = rendered[case].container
+    drain = float(flag(c["args"], "--grace"))
+    pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + drain
+    # a liveness probe that fails during the drain must not restart the container before it ends
+    live = c["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] > drain
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_workers_and_cache_follow_the_resources(rendered: dict[str, Rendered], case: str) -> None:
+    c, values = rendered[case].container, merged(case)["server"]
+    limits = c.get("resources", {}).get("limits", {})
+    workers, cache = flag(c["args"], "--workers"), flag(c["args"], "--cache-mib")
+    if values["workers"]:
+        assert workers == str(values["workers"])
+    else:  # the rule server/workers.py applies to a cgroup quota: ceil(limit)
+        assert workers == str(math.ceil(cpu_millis(limits["cpu"]) / 1000))
+    if values["cacheMib"]:
+        assert cache == str(values["cacheMib"])
+    else:
+        assert cache == str(int(memory_mib(limits["memory"]) * values["cacheMemoryPercent"] / 100))
+    assert int(cache) < memory_mib(limits["memory"]), "the cache must leave memory for the processes"
+
+
+def test_workers_follow_millicores_and_fractions() -> None:
+    for cpu, workers in [("1500m", "2"), ("0.5", "1"), (3, "3"), ("250m", "1"), ("8", "8")]:
+        c = render({"resources": {"limits": {"cpu": cpu, "memory": "1Gi"}}}).container
+        assert flag(c["args"], "--workers") == workers, cpu
+    c = render({"resources": {"requests": {"cpu": "1"}, "limits": None}}).container
+    assert flag(c["args"], "--workers") is None and flag(c["args"], "--cache-mib") is None
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_selectors_match_their_pods_only(rendered: dict[str, Rendered], case: str) -> None:
+    r = rendered[case]
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"] for d in r.of_kind("Deployment")}
+    server = r.server["metadata"]["name"]
+    for d in r.of_kind("Deployment"):
+        assert selects(d["spec"]["selector"]["matchLabels"], pods[d["metadata"]["name"]])
+    for svc in r.of_kind("Service"):
+        matched = [name for name, labels in pods.items() if selects(svc["spec"]["selector"], labels)]
+        assert len(matched) == 1, (svc["metadata"]["name"], matched)
+        (dep,) = [d for d in r.of_kind("Deployment") if d["metadata"]["name"] == matched[0]]
+        named = {p["name"] for c in dep["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= named
+    headless = [s for s in r.of_kind("Service") if s["spec"].get("clusterIP") == "None"]
+    assert [s["metadata"]["name"] for s in headless] == [f"{server}-headless"]
+    for pdb in r.of_kind("PodDisruptionBudget"):
+        assert [n for n, labels in pods.items() if selects(pdb["spec"]["selector"]["matchLabels"], labels)] == [server]
+    for tsc in r.server["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
+        assert selects(tsc["labelSelector"]["matchLabels"], pods[server])
+    for np_ in r.of_kind("NetworkPolicy"):
+        assert len([n for n, labels in pods.items() if selects(np_["spec"]["podSelector"]["matchLabels"], labels)]) == 1
+    for hpa in r.of_kind("HorizontalPodAutoscaler"):
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": server}
+        assert "replicas" not in r.server["spec"], "the HPA owns the replica count"
+    for sm in r.of_kind("ServiceMonitor"):
+        scraped = [s for s in r.of_kind("Service") if selects(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert [s["metadata"]["name"] for s in scraped] == [server], "each pod scraped once, through one Service"
+        ports = {p["name"]: p for p in scraped[0]["spec"]["ports"]}
+        assert all(e["port"] in ports for e in sm["spec"]["endpoints"])
+        assert ports["metrics"]["port"] == int(flag(r.container["args"], "--metrics-port"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mounts_paths_and_secrets_line_up(rendered: dict[str, Rendered], case: str) -> None:
+    pod, c, values = rendered[case].server["spec"]["template"]["spec"], rendered[case].container, merged(case)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert {m["name"] for m in c["volumeMounts"]} <= set(volumes)
+    assert "/tmp" in mounts, "the root filesystem is read-only: /tmp is an emptyDir"
+    root = flag(c["args"], "--root")
+    assert root == values["registry"]["root"]
+    if not root.startswith("s3://"):
+        assert mounts[root]["readOnly"] is True
+    for name in ("--cache-dir", "--tls-cert", "--tls-key", "--tls-client-ca", "--auth"):
+        path = flag(c["args"], name)
+        if path is not None:
+            assert any(path == p or path.startswith(p + "/") for p in mounts), f"{name} {path} is on no volume"
+    if values["diskCache"]["enabled"] and values["diskCache"]["type"] == "emptyDir":
+        limit = volumes["disk-cache"]["emptyDir"]["sizeLimit"]
+        assert memory_mib(limit) > int(flag(c["args"], "--cache-dir-mib")), "the tier's bound must fit its volume"
+    env = {e["name"]: e for e in c["env"]}
+    if values["s3"]["existingSecret"]:
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[var]["valueFrom"]["secretKeyRef"]["name"] == values["s3"]["existingSecret"]
+    for v in volumes.values():
+        if "secret" in v:
+            assert v["secret"]["secretName"] in (values["tls"]["existingSecret"], values["auth"]["existingSecret"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_objects_carry_the_release_labels_and_short_names(rendered: dict[str, Rendered], case: str) -> None:
+    for o in rendered[case].objects:
+        labels = o["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "shardstream" and labels["app.kubernetes.io/name"] == "shardstream"
+        assert len(o["metadata"]["name"]) <= 63
+
+
+def test_long_release_names_keep_object_names_within_63_characters() -> None:
+    values = {"redis": {"enabled": True}, "networkPolicy": {"enabled": True}, "tests": {"enabled": True}}
+    names = {(o["kind"], o["metadata"]["name"]) for o in render(values, release="r" * 53).objects}
+    assert len(names) == 10 and all(len(n) <= 63 for _, n in names), sorted(names)
+    assert len({n for k, n in names if k == "Service"}) == 3, "the Services' names stay distinct"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_notes_print_the_client_endpoint_of_the_headless_service(rendered: dict[str, Rendered], case: str) -> None:
+    r = rendered[case]
+    (headless,) = [s for s in r.of_kind("Service") if s["spec"].get("clusterIP") == "None"]
+    port = headless["spec"]["ports"][0]["port"]
+    assert f"dns:///{headless['metadata']['name']}.{NAMESPACE}.svc:{port}" in r.notes
+
+
+def test_the_default_endpoint_is_the_one_the_readme_gives(rendered: dict[str, Rendered]) -> None:
+    assert "dns:///shardstream-headless.ml.svc:7070" in rendered["default"].notes
+    readme = (CHART.parents[1] / "README.md").read_text()
+    assert "helm install shardstream helm/shardstream" in readme
+    assert "dns:///shardstream-headless.NS.svc:7070" in readme
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_rendered_flag_is_one_serve_accepts(rendered: dict[str, Rendered], case: str) -> None:
+    args = rendered[case].container["args"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            build_parser().parse_args(args)  # flags and the types of their values
+            return
+        except SystemExit:
+            pass
+    unknown = re.findall(r"(--[a-z][a-z-]*)", err.getvalue().partition("unrecognized arguments:")[2])
+    if unknown and set(unknown) <= {"--tls-cert", "--tls-key", "--tls-client-ca", "--auth"}:
+        pytest.skip(f"`shardstream serve` has no {' '.join(unknown)} yet: these values render and validate, the command is not run")
+    pytest.fail(f"`shardstream {' '.join(args)}` is refused: {err.getvalue()}")
+
+
+# --- run what the chart renders -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["default", "minimal", "monitoring"])
+def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, tmp_path: Path) -> None:
+    """The Deployment's container as rendered (ports moved to free ones through the chart's own
+    values), on a local registry: the kubelet's probes pass, a Loader reads an epoch exactly once
+    through the NOTES endpoint, /metrics counts it, and SIGTERM drains within the grace period."""
+    port, metrics_port = unused_port(), unused_port()
+    values = values_of(case) or {}
+    values["server"] = {**values.get("server", {}), "port": port, "metricsPort": metrics_port}
+    r = render(values)
+    registry = tmp_path / "registry"
+    write_dataset(registry, "toy", N_ROWS)
+    c = r.container
+    with run_rendered(r, {"registry": registry}, tmp_path) as server:
+        startup = c["startupProbe"]
+        budget_s = startup["periodSeconds"] * startup["failureThreshold"]  # what the kubelet allows
+        wait_for(lambda: probe_grpc(startup["grpc"]["port"], startup) == SERVING, "the startup probe", budget_s)
+        for kind in ("readinessProbe", "livenessProbe"):
+            assert probe_grpc(c[kind]["grpc"]["port"], c[kind]) == SERVING, kind
+        endpoint = re.search(r"endpoint: (dns:///\S+)", r.notes)[1]  # type: ignore[index]
+        endpoint = re.sub(r"///[^:]+", "///127.0.0.1", endpoint)  # the Service's DNS name is loopback here
+        seen = []
+        for rank in range(2):
+            with Loader(endpoint, "toy@1", batch_size=16, rank=rank, world_size=2, seed=3, epochs=1) as ld:
+                seen += [int(i) for b in ld for i in np.asarray(b["id"])]
+        assert sorted(seen) == list(range(N_ROWS))
+        # counted once each write completes, which may be just after the client has the rows
+        rows = lambda: server.metrics(metrics_port)["shardstream_rows_sent_total"]  # noqa: E731
+        wait_for(lambda: rows() >= N_ROWS, "/metrics to count the epoch's rows", 30)
+        assert rows() == N_ROWS
+        if flag(server.argv, "--cache-dir"):
+            assert any(Path(flag(server.argv, "--cache-dir")).rglob("*")), "the disk tier wrote nothing"
+        # the kubelet's SIGTERM goes to the container's main process (the supervisor), not the group
+        server.proc.send_signal(signal.SIGTERM)
+        grace_s = r.server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        try:
+            code = server.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {grace_s} s after SIGTERM: the kubelet would SIGKILL it; {server.log.read_text()}")
+        assert code == 0, server.log.read_text()
