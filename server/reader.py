@@ -139,7 +139,7 @@ class DatasetReader:
                 STORAGE_READ_ERRORS.inc()
                 raise
             except (OSError, pa.ArrowException) as exc:
-                raise self._loss(shard, f"row group {group} unreadable ({exc})") from exc
+                raise self._loss(shard, f"row group {group} unreadable") from exc  # details: the server log
             STORAGE_READ_SECONDS.observe(time.perf_counter() - t0)
             STORAGE_READ_BYTES.inc(table.nbytes)
             if table.num_rows:

@@ -134,7 +134,7 @@ def read_footer(fetch: Callable[[int, int], bytes], size: int) -> tuple[tuple[in
     try:
         metadata = pq.read_metadata(pa.BufferReader(tail))
     except (OSError, pa.ArrowException) as exc:
-        raise DataLossError(f"unreadable Parquet footer ({exc})") from exc
+        raise DataLossError("unreadable Parquet footer") from exc  # the text stays in the chain (server log)
     return (size - len(tail), tail), metadata
 
 
@@ -227,7 +227,8 @@ def open_shard(src: Path | str | ObjectRef, expected: Shard, *, hash_check_max_b
     except FileNotFoundError as exc:
         raise DataLossError("missing from storage (no such file)") from exc
     except (OSError, pa.ArrowException) as exc:
-        raise DataLossError(f"cannot open as Parquet ({exc})") from exc
+        why = "permission denied" if isinstance(exc, PermissionError) else "not readable as Parquet"
+        raise DataLossError(f"cannot open ({why})") from exc  # the text stays in the chain (server log)
     if digest is not None and digest != expected.sha256:
         raise DataLossError(f"sha256 {digest[:16]}… differs from the manifest's {expected.sha256[:16]}…")
     actual = f.row_group_counts()
