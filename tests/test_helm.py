@@ -13,6 +13,7 @@ import contextlib
 import io
 import math
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -430,3 +431,86 @@ def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, t
         except subprocess.TimeoutExpired:
             pytest.fail(f"still running {grace_s} s after SIGTERM: the kubelet would SIGKILL it; {server.log.read_text()}")
         assert code == 0, server.log.read_text()
+
+
+# --- the PrometheusRule's alerts ---------------------------------------------------------------
+
+
+def rules_of(r: Rendered) -> list[dict[str, Any]]:
+    return [rule for group in r.one("PrometheusRule")["spec"]["groups"] for rule in group["rules"]]
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#+ (.+)$", markdown, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_alerts_link_runbook_sections_that_exist(rendered: dict[str, Rendered]) -> None:
+    runbook = anchors((CHART.parents[1] / "deploy" / "RUNBOOK.md").read_text())
+    for rule in rules_of(rendered["monitoring"]):
+        url = rule["annotations"].get("runbook_url")
+        if url:
+            assert url.partition("#")[2] in runbook, (rule["alert"], url)
+
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (Debian package prometheus; .ci/run installs it)"
+)
+
+
+@needs_promtool
+def test_the_alert_rules_parse(rendered: dict[str, Rendered], tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rendered["monitoring"].one("PrometheusRule")["spec"]))
+    done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+def test_the_alerts_fire_on_their_faults_and_stay_quiet_otherwise(rendered: dict[str, Rendered], tmp_path: Path) -> None:
+    """promtool's rule unit tests, over series labelled as the ServiceMonitor's scrapes label them."""
+    spec = rendered["monitoring"].one("PrometheusRule")["spec"]
+    rules = {r["alert"]: r for r in rules_of(rendered["monitoring"])}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+    target = {"job": "shardstream", "namespace": "ml"}  # job = the ClusterIP Service's name
+
+    def series(name: str, pod: str, **labels: str) -> str:
+        return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**target, "pod": pod, **labels}.items()) + "}"
+
+    def alert(name: str, **labels: str) -> dict[str, Any]:
+        pod = labels.get("pod", "")
+        return {
+            "exp_labels": {**rules[name]["labels"], **labels},
+            "exp_annotations": {k: v.replace("{{ $labels.pod }}", pod) for k, v in rules[name]["annotations"].items()},
+        }
+
+    def case(name: str, at: str, inputs: dict[str, str], *expected: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in inputs.items()],
+            "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": list(expected)}],
+        }
+
+    up_a, up_b = series("up", "shardstream-a"), series("up", "shardstream-b")
+    loss = series("shardstream_rpc_errors_total", "shardstream-a", method="Read", code="DATA_LOSS")
+    missing = series("shardstream_rpc_errors_total", "shardstream-a", method="Read", code="NOT_FOUND")
+    restarts = series("shardstream_worker_restarts_total", "shardstream-a")
+    tests = [
+        case("ShardstreamServersDown", "10m", {up_a: "0x20", up_b: "0x20"}, alert("ShardstreamServersDown")),
+        case("ShardstreamServersDown", "10m", {up_a: "0x20", up_b: "1x20"}),
+        case("ShardstreamServerDown", "15m", {up_a: "0x20", up_b: "1x20"},
+             alert("ShardstreamServerDown", **target, pod="shardstream-a")),
+        case("ShardstreamServerDown", "15m", {up_a: "1x20"}),
+        case("ShardstreamDataLoss", "5m", {loss: "0 0 0 1 1 1"}, alert("ShardstreamDataLoss", pod="shardstream-a")),
+        case("ShardstreamDataLoss", "5m", {missing: "0 0 0 5 9 20"}),
+        case("ShardstreamWorkerCrashLoop", "16m", {restarts: "0+1x20"},
+             alert("ShardstreamWorkerCrashLoop", **target, pod="shardstream-a")),
+        case("ShardstreamWorkerCrashLoop", "16m", {restarts: "0 1x16"}),
+    ]
+    assert {t["alert_rule_test"][0]["alertname"] for t in tests} == set(rules) - {"ShardstreamCacheHitRatioLow"}
+    suite = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(suite))
+    done = subprocess.run([PROMTOOL, "test", "rules", "tests.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
