@@ -382,7 +382,11 @@ class LocalStorage(Storage):
 
         def refuse(exc: OSError) -> None:
             if isinstance(exc, PermissionError):
-                raise self._denied(Path(exc.filename).relative_to(self.root).as_posix()) from exc
+                try:
+                    where = Path(exc.filename).relative_to(self.root).as_posix()
+                except (TypeError, ValueError):
+                    where = prefix.strip("/") or "."
+                raise self._denied(where) from exc
 
         for dirpath, _, files in os.walk(base, onerror=refuse):
             yield from (p for p in (Path(dirpath) / f for f in files) if p.is_file())
@@ -414,7 +418,10 @@ class LocalStorage(Storage):
             d = Path(dirpath)
             if filenames or any((d / n).exists() for n in dirnames):
                 continue
-            if now - d.stat().st_mtime < min_age_s:
+            try:
+                if now - d.stat().st_mtime < min_age_s:
+                    continue
+            except FileNotFoundError:
                 continue
             if not dry_run:
                 try:

@@ -5,6 +5,7 @@ and reads — in the registry, through a real server and through the command lin
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,30 @@ def test_symlinked_dataset_directories_are_not_followed(tmp_path: Path) -> None:
     assert [m.ref for m in listing.manifests] == ["alpha@2", "beta@1", "gamma@2"]
     assert sorted(b.ref for b in listing.bad) == ["alias", "ext"]
     assert reg.names() == ["alpha", "beta", "gamma"]
+
+
+def test_a_manifests_directory_that_cannot_be_listed_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    several_datasets(root)
+    # FAULT INJECTION (tests run as root, whom file modes do not stop): listing gamma's manifests fails.
+    victim = str(root / "gamma" / "manifests")
+    real = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if str(path) == victim:
+            raise PermissionError(13, "Permission denied", victim)
+        return real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    reg = Registry(root)
+    listing = reg.listing()
+    assert [m.ref for m in listing.manifests] == ["alpha@2", "beta@1"]
+    assert [(b.ref, b.reason) for b in listing.bad] == [("gamma", "its versions cannot be listed")]
+    with pytest.raises(DataLossError, match="^dataset gamma: its versions cannot be listed$"):
+        reg.resolve("gamma")  # which is the latest is unknown
+    assert reg.resolve("gamma@1").version == 1  # a version named explicitly is read as it is
 
 
 # --- writers -------------------------------------------------------------------------------------
