@@ -83,8 +83,8 @@ class ReadPlanner:
         return self.registry.resolve(ref)
 
     def latest(self) -> list[Manifest]:
-        """The latest manifest of every dataset of the registry (ListDatasets)."""
-        return [self.registry.resolve(name) for name in self.registry.names()]
+        """The latest manifest of every readable dataset of the registry (bad entries: `Registry.listing`)."""
+        return self.registry.listing().manifests
 
     def reader(self, manifest: Manifest) -> DatasetReader:
         key = (manifest.name, manifest.version)
