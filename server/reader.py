@@ -5,14 +5,20 @@ hold them (through the process-wide cache, several at once) and takes the rows i
 (gather.py), adding the provenance columns `_shard` and `_row`.
 
 Shards are local files or objects of a remote storage, opened by shards.py. Integrity: the first
-time a reader opens a shard it checks it against the manifest (`open_shard`: size, sha256 up to
-`hash_check_max_bytes`, row-group row counts) and remembers the result. Any failure (and any shard
-that cannot be read) raises DataLossError naming the version, the shard and the check that failed,
-so no batch is built from a bad shard.
+time a reader opens a shard it checks it against the manifest (`open_shard`: size, the footer's
+crc32, row-group row counts; for a shard of an older manifest without checksums, the whole file's
+sha256 up to `hash_check_max_bytes` instead of the footer's crc32) and remembers the result; each row
+group fetched from storage is then checked chunk by chunk before it is decoded (shards.py). Any
+failure (and any shard that cannot be read) raises DataLossError naming the version, the shard, the
+row group and the check that failed, so no batch is built from a bad shard.
+
+Row groups read from a shard with checksums and from one without are cached apart (memory and disk
+tier), even when two versions share content: bytes read unchecked are never served as checked.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,15 +47,22 @@ __all__ = [
     "new_row_group_cache",
 ]
 
+log = logging.getLogger(__name__)
+
 PROVENANCE_COLUMNS = ("_shard", "_row")
-DEFAULT_HASH_CHECK_MAX_BYTES = 64 << 20  # hash shards up to this size on first open
+DEFAULT_HASH_CHECK_MAX_BYTES = 64 << 20  # shards without checksums: hashed whole on first open up to this size
 FETCH_THREADS = 16  # row groups fetched at once for one batch
 
 STORAGE_READS = Counter("shardstream_storage_reads_total", "Row-group reads from storage")
 STORAGE_READ_ERRORS = Counter("shardstream_storage_read_errors_total", "Row-group reads that failed")
 STORAGE_READ_BYTES = Counter("shardstream_storage_read_bytes_total", "Bytes of row groups read (decoded)")
 STORAGE_READ_SECONDS = Histogram("shardstream_storage_read_seconds", "Time to read and decode one row group")
-SHARD_CHECKS = Counter("shardstream_shard_checks_total", "Shards checked against their manifest", ["result"])
+SHARD_CHECKS = Counter(
+    "shardstream_shard_checks_total",
+    "Shards opened and checked against their manifest: ok, failed, or unhashed (an older manifest's "
+    "shard without checksums, over the whole-file hash limit: size and row counts checked only)",
+    ["result"],
+)
 
 _FETCH_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-fetch")
 
@@ -85,6 +98,17 @@ class DatasetReader:
         self._files: dict[int, ShardFile] = {}
         self._row_bytes: dict[tuple[str, ...], float] = {}  # decoded bytes per row, for read-ahead
         self._open_locks = [threading.Lock() for _ in manifest.shards]
+        self._checked = [s.checksums is not None for s in manifest.shards]
+        unhashed = [s for s in manifest.shards if s.checksums is None and s.bytes > hash_check_max_bytes]
+        if unhashed:
+            log.warning(
+                "%s: %d shard(s) have no row-group checksums (registered before they existed) and are over "
+                "the %d-byte whole-file hash limit: served after size and row-count checks only; register "
+                "the files again for a version with checksums (same fingerprint)",
+                manifest.ref,
+                len(unhashed),
+                hash_check_max_bytes,
+            )
 
     def check_columns(self, columns: Sequence[str]) -> list[str]:
         names = self.manifest.schema.names
@@ -114,7 +138,9 @@ class DatasetReader:
                 except DataLossError as exc:
                     SHARD_CHECKS.labels("failed").inc()
                     raise self._loss(shard, str(exc)) from exc
-                SHARD_CHECKS.labels("ok").inc()
+                info = self.manifest.shards[shard]
+                unhashed = info.checksums is None and info.bytes > self._hash_max
+                SHARD_CHECKS.labels("unhashed" if unhashed else "ok").inc()
                 self._files[shard] = f
             return f
 
@@ -139,6 +165,8 @@ class DatasetReader:
                 STORAGE_READ_ERRORS.inc()
                 raise
             except (OSError, pa.ArrowException) as exc:
+                if "checksum" in str(exc).lower():  # a Parquet page checksum (pyarrow: OSError)
+                    raise self._loss(shard, f"row group {group}: a Parquet page checksum differs") from exc
                 raise self._loss(shard, f"row group {group} unreadable") from exc  # details: the server log
             STORAGE_READ_SECONDS.observe(time.perf_counter() - t0)
             STORAGE_READ_BYTES.inc(table.nbytes)
@@ -150,12 +178,13 @@ class DatasetReader:
             if spill is None:
                 return read()
             # The disk tier: a whole file of the same content, or one read for all processes.
-            return spill.get_or_read(info.sha256, group, columns, info.row_groups[group], read)
+            checked = info.checksums is not None
+            return spill.get_or_read(info.sha256, group, columns, info.row_groups[group], read, checked=checked)
 
         return fetch
 
     def _row_group(self, shard: int, group: int, columns: tuple[str, ...]) -> pa.Table:
-        key = (self.manifest.fingerprint, shard, group, columns)
+        key = (self.manifest.fingerprint, shard, group, columns, self._checked[shard])
         return self._cache.get(key, self._fetcher(shard, group, columns))
 
     def read_ahead(
@@ -177,7 +206,7 @@ class DatasetReader:
         spent = 0
         for k in unique[np.argsort(first)]:
             s, g = int(k >> 32), int(k & 0xFFFFFFFF)
-            key = (self.manifest.fingerprint, s, g, cols)
+            key = (self.manifest.fingerprint, s, g, cols, self._checked[s])
             if key in self._cache:
                 continue
             info = self.manifest.shards[s]

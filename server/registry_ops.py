@@ -3,14 +3,19 @@
 `register NAME --from URI...` turns Parquet files already under `<root>/<NAME>/` (written by Spark,
 Ray Data, DuckDB, pandas, …) into a new version without rewriting them: it reads every footer
 concurrently (one ranged read each), checks that all files share one schema — naming the files and
-fields that differ when they do not — and only then hashes each file's bytes (concurrently) for the
-manifest's content hashes, which `verify` and the server's read-path check compare against.
+fields that differ when they do not — and only then reads each file once (concurrently) for the
+manifest's content hash (sha256) and row-group checksums (crc32 of the footer and of every column
+chunk, checksums.py), which `verify` and the server's read-path checks compare against.
 
 Lineage: the registry checks the claimed change against the latest version (or infers it). Files the
 latest version already holds keep its order and come first, then the new files in sorted order, so
 registering a grown prefix is an `append`.
 
-`verify NAME[@V]` recomputes every shard's size and sha256 and reports each one that differs.
+`verify NAME[@V]` recomputes every shard's size and sha256 — and, for shards that have them, the
+crc32 of its footer and of every column chunk — and reports each shard that differs, naming the row
+groups and columns. It only reads: a version registered before row-group checksums existed is
+checked by size and sha256 and stays as it is (registering its files again makes a version with
+them, of the same fingerprint).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from tqdm import tqdm
 
 from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
 from shardstream.lineage import CLAIMS
-from shardstream.manifest import Manifest, Shard, validate_name
+from shardstream.manifest import Manifest, Shard, ShardChecksums, validate_name
 from shardstream.registry import Registry
 from shardstream.storage import LocalStorage, check_key
 
+from .checksums import check_footer, chunk_spans, footer_bytes_of, scan_shard
 from .reader import PROVENANCE_COLUMNS
 from .shards import read_footer
 
@@ -133,22 +139,27 @@ class _Footer:
     etag: str
     row_groups: tuple[int, ...]
     schema: pa.Schema
+    metadata: pq.FileMetaData
+    footer_bytes: int
 
 
 def _footer(registry: Registry, key: str) -> _Footer:
     storage = registry.storage
     info = storage.head(key)
     try:
-        local = storage.local_path(key)
-        if local is not None:
-            md = pq.read_metadata(local)
-        else:
-            _, md = read_footer(lambda s, n: storage.get_range(key, s, n, etag=info.etag), info.size)
+        (_, tail), md = read_footer(lambda s, n: storage.get_range(key, s, n, etag=info.etag), info.size)
         schema = md.schema.to_arrow_schema().remove_metadata()
+        for g in range(md.num_row_groups):  # column chunks inside the file, or no checksums for them
+            chunk_spans(md, g, info.size)
     except (DataLossError, OSError, pa.ArrowException) as exc:
         raise InvalidArgumentError(f"{storage.url_of(key)}: not a readable Parquet file ({exc})") from exc
     groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-    return _Footer(key, info.size, info.etag, groups, schema)
+    return _Footer(key, info.size, info.etag, groups, schema, md, footer_bytes_of(tail))
+
+
+def _scan(registry: Registry, f: _Footer) -> tuple[int, str, ShardChecksums]:
+    """(size, sha256, checksums) of a file whose footer was read: one pass over its bytes."""
+    return scan_shard(registry.storage.iter_chunks(f.key, etag=f.etag), f.metadata, f.size, f.footer_bytes)
 
 
 def _schema_differences(footers: Sequence[_Footer], base: str) -> list[str]:
@@ -216,14 +227,12 @@ def register(
         raise InvalidArgumentError("the files have no columns")
 
     with _bar(sum(f.size for f in footers), f"hash {name}", progress) as bar:
-        digests = _pmap(
-            lambda f: registry.storage.digest(f.key, etag=f.etag), footers, threads, bar, lambda f: f.size
-        )
+        digests = _pmap(lambda f: _scan(registry, f), footers, threads, bar, lambda f: f.size)
     shards = []
-    for f, (size, sha) in zip(footers, digests, strict=True):
+    for f, (size, sha, sums) in zip(footers, digests, strict=True):
         if size != f.size:
             raise DataLossError(f"{registry.storage.url_of(f.key)} changed while being registered")
-        shards.append(Shard(f.key[len(name) + 1 :], sum(f.row_groups), size, f.row_groups, sha))
+        shards.append(Shard(f.key[len(name) + 1 :], sum(f.row_groups), size, f.row_groups, sha, sums))
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def build(version: int, parent: int | None) -> Manifest:
@@ -252,11 +261,17 @@ class ShardProblem:
 
 def _check_shard(registry: Registry, m: Manifest, shard: Shard) -> ShardProblem | None:
     key = registry.shard_key(m, shard.uri)
+    sums = shard.checksums
+    storage = registry.storage
+    problems: list[str] = []
     try:
-        info = registry.storage.head(key)
+        info = storage.head(key)
         if info.size != shard.bytes:
             return ShardProblem(shard.uri, f"size {info.size} bytes, manifest says {shard.bytes}")
-        size, sha = registry.storage.digest(key, etag=info.etag)
+        if sums is None:  # an older manifest: the whole file's sha256 is all there is
+            size, sha = storage.digest(key, etag=info.etag)
+        else:
+            size, sha, problems = _check_chunks(registry, key, info.size, info.etag, sums)
     except NotFoundError:
         return ShardProblem(shard.uri, "missing")
     except DataLossError as exc:
@@ -264,14 +279,49 @@ def _check_shard(registry: Registry, m: Manifest, shard: Shard) -> ShardProblem 
     if size != shard.bytes:
         return ShardProblem(shard.uri, f"size {size} bytes, manifest says {shard.bytes}")
     if sha != shard.sha256:
-        return ShardProblem(shard.uri, f"sha256 {sha[:16]}… differs from the manifest's {shard.sha256[:16]}…")
-    return None
+        problems.insert(0, f"sha256 {sha[:16]}… differs from the manifest's {shard.sha256[:16]}…")
+    if not problems:
+        return None
+    more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+    return ShardProblem(shard.uri, "; ".join(problems[:6]) + more)
+
+
+def _check_chunks(
+    registry: Registry, key: str, size: int, etag: str, sums: ShardChecksums
+) -> tuple[int, str, list[str]]:
+    """(size, sha256, problems): the footer's crc32, then every column chunk's, in one pass."""
+    storage = registry.storage
+    fb = min(sums.footer_bytes, size)
+    footer = storage.get_range(key, size - fb, fb, etag=etag)
+    try:
+        check_footer(footer, sums)
+        md = pq.read_metadata(pa.BufferReader(footer))
+    except (DataLossError, OSError, pa.ArrowException) as exc:  # chunk ranges unknown: the sha256 alone
+        size, sha = storage.digest(key, etag=etag)
+        return size, sha, [str(exc) if isinstance(exc, DataLossError) else f"unreadable footer ({exc})"]
+    if md.num_row_groups != len(sums.row_groups) or (md.num_row_groups and md.num_columns != sums.columns):
+        size, sha = storage.digest(key, etag=etag)
+        return size, sha, ["the footer's row groups or columns differ from the manifest's checksums"]
+    size, sha, got = scan_shard(storage.iter_chunks(key, etag=etag), md, size, sums.footer_bytes)
+    problems = []
+    for g in range(len(sums.row_groups)):
+        if got.row_groups[g] == sums.row_groups[g]:
+            continue
+        spans = chunk_spans(md, g, size)
+        for span, have, want in zip(spans, got.chunks(g), sums.chunks(g), strict=True):
+            if have != want:
+                problems.append(
+                    f"row group {g}: column chunk {span.column!r} crc32 {have:08x} differs from the "
+                    f"manifest's {want:08x}"
+                )
+    return size, sha, problems
 
 
 def verify(
     registry: Registry, m: Manifest, *, threads: int = DEFAULT_THREADS, progress: bool | None = None
 ) -> list[ShardProblem]:
-    """Every shard of `m` whose size or sha256 differs from the manifest (or that is missing)."""
+    """Every shard of `m` whose size, sha256 or row-group checksums differ from the manifest (or that is
+    missing). Reads only: nothing is written, whatever it finds."""
     if not m.shards:
         return []
     with _bar(m.num_bytes, f"verify {m.ref}", progress) as bar:

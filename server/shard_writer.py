@@ -1,14 +1,16 @@
 """Batches in, Parquet shards out: the shard layout every ingest writes.
 
 Row groups of a fixed row count (a few MB each, so a reader fetches one with one ranged read) and
-shards of a bounded size; each shard, once closed, is read back for its row-group counts and hashed
-into the manifest's `Shard` entry (the checks the reader makes on open, shards.py). ingest.py owns
-the rest of an ingest: inputs, schemas, staging, upload and registration.
+shards of a bounded size, with Parquet page checksums (`write_page_checksum`; verified on read).
+Each shard, once closed, is read back once for the manifest's `Shard` entry: its row-group counts,
+the sha256 of the whole file and the crc32 of its footer and of every column chunk (checksums.py),
+which the reader checks on open and on every row group it fetches (shards.py). ingest.py owns the
+rest of an ingest: inputs, schemas, staging, upload and registration.
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +18,23 @@ import pyarrow.parquet as pq
 
 from shardstream.manifest import Shard
 
-__all__ = ["ShardWriter"]
+from .checksums import footer_bytes_of, scan_shard
+from .shards import read_footer
+
+__all__ = ["ShardWriter", "describe_shard"]
+
+READ_BACK_BYTES = 8 << 20  # blocks in which a closed shard is read back for its hashes
+
+
+def describe_shard(path: Path, uri: str) -> Shard:
+    """The manifest entry of the local Parquet file `path`: one read of its footer, one of the whole."""
+    size = path.stat().st_size
+    with path.open("rb", buffering=0) as f:
+        (_, tail), meta = read_footer(lambda start, n: os.pread(f.fileno(), n, start), size)
+        blocks = iter(lambda: f.read(READ_BACK_BYTES), b"")
+        read, digest, sums = scan_shard(blocks, meta, size, footer_bytes_of(tail))
+    groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    return Shard(uri=uri, rows=sum(groups), bytes=read, row_groups=groups, sha256=digest, checksums=sums)
 
 
 class ShardWriter:
@@ -69,7 +87,7 @@ class ShardWriter:
         self._pending_rows = rest.num_rows
         if self._writer is None:
             self._path = self._dir / f"part-{len(self.shards):05d}.parquet"
-            self._writer = pq.ParquetWriter(self._path, self._schema)
+            self._writer = pq.ParquetWriter(self._path, self._schema, write_page_checksum=True)
         self._writer.write_table(group, row_group_size=rows)
         self._shard_rows += group.num_rows
         self._shard_bytes += group.nbytes
@@ -81,21 +99,8 @@ class ShardWriter:
     def _close_shard(self) -> None:
         assert self._writer is not None and self._path is not None
         self._writer.close()
-        meta = pq.read_metadata(self._path)
-        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        digest = hashlib.sha256()
-        with self._path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        self.shards.append(
-            Shard(
-                uri=self._path.relative_to(self._dir.parent.parent).as_posix(),
-                rows=sum(groups),
-                bytes=self._path.stat().st_size,
-                row_groups=groups,
-                sha256=digest.hexdigest(),
-            )
-        )
+        uri = self._path.relative_to(self._dir.parent.parent).as_posix()
+        self.shards.append(describe_shard(self._path, uri))
         self._writer = None
         self._shard_rows = self._shard_bytes = 0
 

@@ -1,10 +1,18 @@
 """A local-disk tier under the in-memory row-group cache, shared by the workers of a server.
 
 `serve --cache-dir DIR` keeps every row group a worker reads from storage as an Arrow IPC file in DIR,
-named by what makes it immutable — the shard's content hash (sha256, from the manifest), the row group
-and the columns read — so any worker of the server (or a later run, or another server on the same
-disk) can use it, whatever dataset version or name points at that shard. A memory miss looks here
-before storage; the file is memory-mapped, so a hit costs no decode and no copy.
+named by what makes it immutable — the shard's content hash (sha256, from the manifest), the row group,
+the columns read and whether storage's bytes were checked against row-group checksums when read — so
+any worker of the server (or a later run, or another server on the same disk) can use it, whatever
+dataset version or name points at that shard. A memory miss looks here before storage; the file is
+memory-mapped, so a hit costs no decode and no copy.
+
+- Every file carries a checksum, checked on every open (DESIGN §3): the Arrow IPC file's bytes are
+  followed by a 16-byte trailer (`SSCK`, the crc32 of those bytes, their length). A file that fails
+  it — a torn write, a flipped bit on the disk, a file changed by hand — is deleted, counted in
+  `shardstream_disk_cache_corrupt_total` and read again from storage (where it is checked in turn);
+  it is never served. The check reads the whole file (crc32: ~4 GB/s on one core), which a hit then
+  serves anyway. Files of the format before this one (`*.arrow`, no trailer) are deleted at start.
 
 - Writes are atomic: a temporary file in DIR, then `os.replace`; a reader sees a whole file or none.
 - Misses coalesce across processes: a process that misses takes an exclusive `flock` on one of
@@ -25,8 +33,10 @@ import fcntl
 import hashlib
 import logging
 import os
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,7 +50,10 @@ __all__ = ["DEFAULT_SPILL_BYTES", "SpillTier"]
 log = logging.getLogger(__name__)
 
 DEFAULT_SPILL_BYTES = 8 << 30
-SUFFIX = ".arrow"
+SUFFIX = ".arrowc"  # an Arrow IPC file and its checksum trailer
+LEGACY_SUFFIX = ".arrow"  # files written before the trailer existed: unchecked, deleted at start
+_TRAILER = struct.Struct("<4sIQ")  # magic, crc32 of the Arrow bytes before it, their length
+_MAGIC = b"SSCK"
 STALE_TMP_S = 3600.0  # temporary files older than this are leftovers of a crash
 LOCK_STRIPES = 1024  # lock files (fixed, so none accumulate); unrelated row groups rarely share one
 
@@ -49,6 +62,11 @@ SPILL_WRITES = Counter("shardstream_disk_cache_writes_total", "Row groups writte
 SPILL_EVICTIONS = Counter("shardstream_disk_cache_evictions_total", "Files deleted from the local-disk cache")
 SPILL_ERRORS = Counter(
     "shardstream_disk_cache_errors_total", "Local-disk cache files unreadable, wrong or unwritable"
+)
+SPILL_CORRUPT = Counter(
+    "shardstream_disk_cache_corrupt_total",
+    "Local-disk cache files that failed their checksum (or were cut short) on open: deleted, read again "
+    "from storage, never served (also counted in _errors_total; opens that passed: _hits_total)",
 )
 SPILL_BYTES = Gauge(
     "shardstream_disk_cache_bytes",
@@ -71,20 +89,31 @@ class SpillTier:
         self._lock = threading.Lock()
         self._bytes = self._scan(clean=True)
 
-    def _path(self, sha256: str, group: int, columns: Sequence[str]) -> Path:
+    def _path(self, sha256: str, group: int, columns: Sequence[str], checked: bool = True) -> Path:
         cols = hashlib.sha256("\0".join(columns).encode()).hexdigest()[:16]
-        return self.dir / f"{sha256}-{group}-{cols}{SUFFIX}"
+        return self.dir / f"{sha256}-{group}-{cols}{'' if checked else '-u'}{SUFFIX}"
 
-    def load(self, sha256: str, group: int, columns: Sequence[str], rows: int) -> pa.Table | None:
-        """The row group if a whole, matching file holds it, else None."""
-        path = self._path(sha256, group, columns)
+    def load(
+        self, sha256: str, group: int, columns: Sequence[str], rows: int, *, checked: bool = True
+    ) -> pa.Table | None:
+        """The row group if a whole file whose checksum matches holds it, else None."""
+        path = self._path(sha256, group, columns, checked)
         try:
-            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+            buf = pa.memory_map(str(path)).read_buffer()
         except FileNotFoundError:
             return None
         except (OSError, pa.ArrowException) as exc:
             log.warning("disk cache file %s unreadable (%s): deleted", path.name, exc)
-            return self._drop(path)
+            return self._drop(path, corrupt=True)
+        body = _checked_body(buf)
+        if body is None:
+            log.warning("disk cache file %s fails its checksum: deleted, read again from storage", path.name)
+            return self._drop(path, corrupt=True)
+        try:
+            table = pa.ipc.open_file(body).read_all()
+        except (OSError, pa.ArrowException) as exc:
+            log.warning("disk cache file %s unreadable (%s): deleted", path.name, exc)
+            return self._drop(path, corrupt=True)
         if table.num_rows != rows or table.column_names != list(columns):
             log.warning("disk cache file %s holds other rows or columns: deleted", path.name)
             return self._drop(path)
@@ -96,13 +125,24 @@ class SpillTier:
         return table
 
     def get_or_read(
-        self, sha256: str, group: int, columns: Sequence[str], rows: int, read: Callable[[], pa.Table]
+        self,
+        sha256: str,
+        group: int,
+        columns: Sequence[str],
+        rows: int,
+        read: Callable[[], pa.Table],
+        *,
+        checked: bool = True,
     ) -> pa.Table:
-        """The row group from its file, or from `read()` (then stored) by exactly one process at a time."""
-        held = self.load(sha256, group, columns, rows)
+        """The row group from its file, or from `read()` (then stored) by exactly one process at a time.
+
+        `checked`: whether `read()` checks storage's bytes against row-group checksums; files of
+        checked and unchecked reads are kept apart.
+        """
+        held = self.load(sha256, group, columns, rows, checked=checked)
         if held is not None:
             return held
-        path = self._path(sha256, group, columns)
+        path = self._path(sha256, group, columns, checked)
         stripe = int(hashlib.blake2b(path.name.encode(), digest_size=4).hexdigest(), 16) % LOCK_STRIPES
         try:
             lock = open(self.dir / f".lock-{stripe:04d}", "a+b")  # noqa: SIM115 — held across the read
@@ -112,19 +152,27 @@ class SpillTier:
         with lock or contextlib.nullcontext():
             if lock is not None:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-                held = self.load(sha256, group, columns, rows)  # another process may have read it meanwhile
+                # another process may have read it meanwhile
+                held = self.load(sha256, group, columns, rows, checked=checked)
                 if held is not None:
                     return held
             table = read()
-            self.store(sha256, group, columns, table)
+            self.store(sha256, group, columns, table, checked=checked)
             return table
 
-    def store(self, sha256: str, group: int, columns: Sequence[str], table: pa.Table) -> None:
-        path = self._path(sha256, group, columns)
+    def store(
+        self, sha256: str, group: int, columns: Sequence[str], table: pa.Table, *, checked: bool = True
+    ) -> None:
+        path = self._path(sha256, group, columns, checked)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
+            body = sink.getvalue()  # checksummed as written, before it reaches the disk
+            with open(tmp, "wb") as f:
+                f.write(memoryview(body))
+                f.write(_TRAILER.pack(_MAGIC, zlib.crc32(memoryview(body)), body.size))
             size = tmp.stat().st_size
             os.replace(tmp, path)
         except OSError as exc:  # a full disk costs the tier, never the stream
@@ -140,8 +188,10 @@ class SpillTier:
             self._evict()
         SPILL_BYTES.set(self._bytes)
 
-    def _drop(self, path: Path) -> None:
+    def _drop(self, path: Path, *, corrupt: bool = False) -> None:
         SPILL_ERRORS.inc()
+        if corrupt:
+            SPILL_CORRUPT.inc()
         path.unlink(missing_ok=True)
         return None
 
@@ -155,6 +205,8 @@ class SpillTier:
                     total += st.st_size
                 elif clean and entry.name.endswith(".tmp") and now - st.st_mtime > STALE_TMP_S:
                     os.unlink(entry.path)
+                elif clean and entry.name.endswith(LEGACY_SUFFIX) and not entry.name.startswith("."):
+                    os.unlink(entry.path)  # written before checksums: can never be checked
             except FileNotFoundError:
                 pass
         SPILL_BYTES.set(total)
@@ -183,3 +235,14 @@ class SpillTier:
                     pass  # another worker deleted it
                 total -= size
             self._bytes = total
+
+
+def _checked_body(buf: pa.Buffer) -> pa.Buffer | None:
+    """The Arrow bytes of a cache file whose trailer matches them, else None (never trusted then)."""
+    if buf.size < _TRAILER.size:
+        return None
+    magic, crc, length = _TRAILER.unpack(memoryview(buf)[buf.size - _TRAILER.size :])
+    if magic != _MAGIC or length != buf.size - _TRAILER.size:
+        return None
+    body = buf.slice(0, length)
+    return body if zlib.crc32(memoryview(body)) == crc else None

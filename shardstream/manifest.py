@@ -1,10 +1,16 @@
 """The dataset-version manifest (DESIGN §3): a pure value object, JSON in and out, no I/O.
 
 A manifest names one immutable version of a dataset: its Arrow schema, its shards (relative
-URI, rows, bytes, row-group row counts, content hash), its lineage (parent version, change
-and, for a rename, the old → new field names; see `lineage.py`) and a fingerprint. The fingerprint is the sha256 of the canonical *content* — schema fields and the
-shards' hashes and sizes — so two versions with identical content share it (and therefore share
-their read order), and any change of content changes it.
+URI, rows, bytes, row-group row counts, content hash and, since they exist, the checksums of each
+row group's byte ranges), its lineage (parent version, change and, for a rename, the old → new field
+names; see `lineage.py`) and a fingerprint. The fingerprint is the sha256 of the canonical *content*
+— schema fields and the shards' hashes and sizes — so two versions with identical content share it
+(and therefore share their read order), and any change of content changes it.
+
+Row-group checksums (`ShardChecksums`, DESIGN §3 "Integrity at every size") are optional in the
+JSON: a shard entry written before they existed has no `checksums` key, still loads, keeps its
+fingerprint, and is served as it was — checked on open by size, row-group row counts and, for
+shards up to the server's whole-file hash limit (64 MiB by default), the sha256 of the whole file.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -23,13 +29,16 @@ import pyarrow as pa
 from shardstream.errors import InvalidArgumentError
 from shardstream.storage import check_key
 
-__all__ = ["CHANGES", "FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "validate_name"]
+__all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "ShardChecksums", "validate_name"]
 
 FORMAT_VERSION = 1
 # How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
 # parent; `replace` is anything else; the others are claims the registry checks before writing.
 CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "replace")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The one checksum a shard's byte ranges carry (why crc32: server/checksums.py, with its measured cost).
+CHECKSUM_ALGORITHM = "crc32"
+_CRCS_RE = re.compile(r"(?:[0-9a-f]{8})+")
 
 
 def validate_name(name: str, what: str = "dataset name") -> str:
@@ -73,14 +82,73 @@ class DatasetRef:
 
 
 @dataclass(frozen=True)
+class ShardChecksums:
+    """crc32 of a Parquet shard's footer and of each column chunk's byte range, per row group.
+
+    `footer_bytes` is the length of the file's tail that holds its metadata (Thrift footer, its
+    length and the magic); `footer` its crc32. `row_groups[g]` is the crc32 of every column chunk of
+    row group g, in the footer's column order, each as 8 lowercase hex digits — kept as that string
+    (decoded per row group when one is read: a manifest of many shards loads without parsing
+    millions of numbers). Which bytes a column chunk covers is what Arrow reads for it
+    (server/checksums.py); the footer is checked first, so those ranges come from checked bytes.
+    """
+
+    footer_bytes: int
+    footer: int
+    row_groups: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.footer_bytes < 12 or not 0 <= self.footer < 1 << 32:
+            raise InvalidArgumentError(f"checksums: bad footer entry ({self.footer_bytes} bytes, {self.footer})")
+        widths = {len(rg) for rg in self.row_groups}
+        if len(widths) > 1 or not all(_CRCS_RE.fullmatch(rg) for rg in self.row_groups):
+            raise InvalidArgumentError(
+                "checksums: every row group needs one 8-hex-digit crc32 per column chunk, as many for each"
+            )
+
+    @property
+    def columns(self) -> int:
+        """Column chunks per row group."""
+        return len(self.row_groups[0]) // 8 if self.row_groups else 0
+
+    def chunks(self, group: int) -> tuple[int, ...]:
+        """The crc32 of each column chunk of row group `group`."""
+        text = self.row_groups[group]
+        return tuple(int(text[i : i + 8], 16) for i in range(0, len(text), 8))
+
+    @classmethod
+    def of(cls, footer_bytes: int, footer: int, row_groups: Sequence[Sequence[int]]) -> ShardChecksums:
+        return cls(footer_bytes, footer, tuple("".join(f"{c:08x}" for c in rg) for rg in row_groups))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "algorithm": CHECKSUM_ALGORITHM,
+            "footer_bytes": self.footer_bytes,
+            "footer": f"{self.footer:08x}",
+            "row_groups": list(self.row_groups),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ShardChecksums:
+        if d.get("algorithm") != CHECKSUM_ALGORITHM:  # never ignored: that would drop the checks
+            raise InvalidArgumentError(f"checksums: unsupported algorithm {d.get('algorithm')!r}")
+        return cls(int(d["footer_bytes"]), int(str(d["footer"]), 16), tuple(str(r) for r in d["row_groups"]))
+
+
+@dataclass(frozen=True)
 class Shard:
-    """One data file of a version. `uri` is relative to the dataset's directory."""
+    """One data file of a version. `uri` is relative to the dataset's directory.
+
+    `checksums` is None for a shard registered before row-group checksums existed (see the module
+    docstring for how such a shard is checked).
+    """
 
     uri: str
     rows: int
     bytes: int
     row_groups: tuple[int, ...]
     sha256: str
+    checksums: ShardChecksums | None = None
 
     def __post_init__(self) -> None:
         check_key(self.uri, "shard uri")  # never a path outside the dataset's directory
@@ -88,24 +156,34 @@ class Shard:
             raise InvalidArgumentError(
                 f"shard {self.uri}: row groups sum to {sum(self.row_groups)} rows, manifest says {self.rows}"
             )
+        if self.checksums is not None and len(self.checksums.row_groups) != len(self.row_groups):
+            raise InvalidArgumentError(
+                f"shard {self.uri}: checksums for {len(self.checksums.row_groups)} row groups, "
+                f"manifest lists {len(self.row_groups)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "uri": self.uri,
             "rows": self.rows,
             "bytes": self.bytes,
             "row_groups": list(self.row_groups),
             "sha256": self.sha256,
         }
+        if self.checksums is not None:  # absent, not null: an older entry's JSON stays as it was
+            out["checksums"] = self.checksums.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Shard:
+        sums = d.get("checksums")
         return cls(
             uri=str(d["uri"]),
             rows=int(d["rows"]),
             bytes=int(d["bytes"]),
             row_groups=tuple(int(n) for n in d["row_groups"]),
             sha256=str(d["sha256"]),
+            checksums=None if sums is None else ShardChecksums.from_json(sums),
         )
 
 
@@ -157,6 +235,11 @@ class Manifest:
 
     @cached_property
     def fingerprint(self) -> str:  # cached: servers use it in per-row-group cache keys
+        # Row-group checksums stay out: they are derived from the very bytes the sha256 names, so they
+        # add nothing to the content's identity — and leaving them out keeps every manifest written
+        # before they existed on its fingerprint (its read order, its cursors, its cache entries),
+        # and gives a version registered again with checksums the fingerprint of the one without.
+        # A wrong checksum cannot pass unseen for that: it fails the read (DATA_LOSS), never serves.
         content = {
             "format": FORMAT_VERSION,
             "fields": self.fields,

@@ -282,7 +282,7 @@ def test_disk_cache_is_shared_by_workers_and_runs(
         assert raw_read(ch, **kw) == reference
     m = scrape(first)
     assert m["shardstream_storage_reads_total"] == groups == m["shardstream_disk_cache_writes_total"]
-    assert len(list(cache_dir.glob("*.arrow"))) == groups
+    assert len(list(cache_dir.glob("*.arrowc"))) == groups
     first.stop()
 
     second = server_factory(metrics=True, workers=2, extra_args=("--cache-dir", str(cache_dir)))
@@ -326,11 +326,19 @@ def test_servers_sharing_a_cache_dir_read_each_row_group_once_when_cold(
         want = delivered(one.target, rank=r, **kw)
         assert [b.to_pydict() for b in got[r]] == [b.to_pydict() for b in want]
     with Registry(data_root) as reg:
-        groups = sum(len(s.row_groups) for s in reg.resolve("toy@1").shards)
+        shards = reg.resolve("toy@1").shards
+    groups = sum(len(s.row_groups) for s in shards)
+    ends = [np.cumsum(s.row_groups) for s in shards]
+    needed = [set(), set()]  # the row groups each server's ranks were served from (the plan decides)
+    for r in range(6):
+        for b in got[r]:
+            for shard, row in zip(b.column("_shard").to_pylist(), b.column("_row").to_pylist(), strict=True):
+                needed[r % 2].add((shard, int(np.searchsorted(ends[shard], row, side="right"))))
     reads = [scrape(s)["shardstream_storage_reads_total"] for s in servers]
     hits = [scrape(s)["shardstream_disk_cache_hits_total"] for s in servers]
     assert sum(reads) == groups  # once for the fleet, not once per server
-    assert sum(hits) == groups  # the other server found each one on disk
+    # the other server found on disk each row group it needed too
+    assert sum(hits) == len(needed[0]) + len(needed[1]) - groups
 
 
 def test_a_damaged_disk_cache_file_is_replaced_from_storage(
@@ -342,7 +350,7 @@ def test_a_damaged_disk_cache_file_is_replaced_from_storage(
     with grpc.insecure_channel(first.target) as ch:
         reference = raw_read(ch, **kw)
     first.stop()
-    victim = sorted(cache_dir.glob("*.arrow"))[3]
+    victim = sorted(cache_dir.glob("*.arrowc"))[3]
     victim.write_bytes(victim.read_bytes()[:100])  # a truncated file (a rename is atomic, a disk is not)
     second = server_factory(metrics=True, extra_args=("--cache-dir", str(cache_dir)))
     with grpc.insecure_channel(second.target) as ch:

@@ -152,12 +152,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     with common.open_registry(args) as reg:
         m = reg.resolve(args.dataset)
         problems = verify(reg, m, threads=args.threads, progress=False if args.quiet else None)
+    unchecked = sum(s.checksums is None for s in m.shards)  # registered before row-group checksums
     if args.json:
         print(
             json.dumps(
                 {
                     "dataset": m.ref,
                     "shards": len(m.shards),
+                    "shards_without_row_group_checksums": unchecked,
                     "bad": [{"uri": p.uri, "problem": p.problem} for p in problems],
                 },
                 indent=1,
@@ -166,6 +168,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         for p in problems:
             print(f"BAD  {p.uri}: {p.problem}")
+        if unchecked:
+            print(
+                f"note: {unchecked} of {len(m.shards)} shard(s) of {m.ref} have no row-group checksums (registered "
+                "before they existed): checked here by size and sha256; nothing was changed "
+                "(register the files again for a version with them, same fingerprint)"
+            )
     if problems:
         raise DataLossError(f"{m.ref}: {len(problems)} of {len(m.shards)} shard(s) failed verification")
     if not args.json:
@@ -345,8 +353,10 @@ def add_commands(sub: Any) -> None:
         "verify",
         _cmd_verify,
         help="re-hash every shard and report each one that differs from the manifest",
-        description="Recompute the size and sha256 of every shard of NAME[@VERSION|@TAG] and print each "
-        "one that is missing or differs. Exit code 0 only when every shard matches. Needs the server extra.",
+        description="Recompute the size, sha256 and row-group checksums of every shard of "
+        "NAME[@VERSION|@TAG] and print each one that is missing or differs (naming row groups and columns). "
+        "Reads only: a version without row-group checksums is checked by sha256 and left as it is. "
+        "Exit code 0 only when every shard matches. Needs the server extra.",
         epilog=common.examples(
             "shardstream datasets verify toy --root ./datasets",
             "shardstream datasets verify web@prod --root s3://bucket/registry --threads 64 --json -q",
