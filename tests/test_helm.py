@@ -10,7 +10,9 @@ Then the server container is run as rendered and probed as the kubelet would.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import json
 import math
 import re
 import shutil
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
+import jsonschema
+import kubernetes_validate
 import numpy as np
 import pytest
 import yaml
@@ -97,11 +101,6 @@ def test_every_rendered_object_validates_strictly(rendered: dict[str, Rendered],
 
 def test_the_validators_refuse_a_misspelt_field(rendered: dict[str, Rendered]) -> None:
     """The checks above can fail: one unknown field in a container, one in a ServiceMonitor."""
-    import copy
-
-    import jsonschema
-    import kubernetes_validate
-
     dep = copy.deepcopy(rendered["default"].server)
     dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 7070
     with pytest.raises(kubernetes_validate.ValidationError, match="'prot' was unexpected"):
@@ -147,16 +146,12 @@ def test_every_value_is_documented_and_in_the_schema() -> None:
     keys = leaves(values)
     assert [k for k in keys if k not in documented] == [], "values without a `## @param` line"
     assert sorted(documented - set(keys)) == [], "`## @param` lines naming no value"
-    import json
-
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
     assert sorted(schema_paths(schema)) == sorted(keys)
 
 
 def test_every_schema_object_refuses_unknown_keys_and_describes_its_keys() -> None:
-    import json
-
     schema = json.loads((CHART / "values.schema.json").read_text())
 
     def walk(node: dict[str, Any], path: str) -> None:
@@ -187,6 +182,7 @@ def test_every_values_file_meets_the_schema(case: str) -> None:
         ({"resources": {"limits": {"memory": "4GB"}}}, r"at '/resources/limits/memory'"),
         ({"diskCache": {"type": "nfs"}}, r"at '/diskCache/type'"),
         ({"serviceMonitor": {"enabled": "yes"}}, r"at '/serviceMonitor/enabled': got string, want boolean"),
+        ({"server": {"extraArgs": ["--max-streams", 64]}}, r"at '/server/extraArgs/1': got number, want string"),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -371,6 +367,13 @@ def test_the_default_endpoint_is_the_one_the_readme_gives(rendered: dict[str, Re
     readme = (CHART.parents[1] / "README.md").read_text()
     assert "helm install shardstream helm/shardstream" in readme
     assert "dns:///shardstream-headless.NS.svc:7070" in readme
+
+
+def test_extra_args_and_env_come_after_the_charts_own() -> None:
+    values = {"server": {"extraArgs": ["--max-streams", "64"], "extraEnv": [{"name": "A", "value": "1"}]}}
+    c = render(values).container
+    assert c["args"][-2:] == ["--max-streams", "64"] and c["args"][0] == "serve"
+    assert c["env"][-1] == {"name": "A", "value": "1"}
 
 
 @pytest.mark.parametrize("case", CASES)
