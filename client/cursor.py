@@ -3,7 +3,11 @@
 A record is small versioned JSON:
 
     {"kind": "shardstream.Cursor", "format": 1, "job": "run-42", "rank": 3, "step": 1200,
-     "time": 1764112345.2, "state": {<Loader.state_dict()>}}
+     "time": 1764112345.2, "run": "host:pid:token", "state": {<Loader.state_dict()>}}
+
+Fields added to format 1 later are optional and read with a default, so records written before
+them stay readable and older clients ignore them: "run" (the process that wrote the record,
+fence.py) was added with fencing. A change that older clients could misread bumps the format.
 
 The state inside is global (dataset fingerprint, seed, shuffle, epoch, offset, ...): every rank
 of a job writes the same one at the same step, so any of them resumes any new world size.
@@ -19,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
+from shardstream.errors import DataLossError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 from .state import LoaderState
 
@@ -27,6 +31,7 @@ __all__ = [
     "CURSOR_FORMAT",
     "CorruptCursorError",
     "CursorRecord",
+    "CursorStoreBehindError",
     "Migration",
     "NoCommittedStepError",
     "validate_job",
@@ -45,6 +50,10 @@ class NoCommittedStepError(NotFoundError):
     """The job has no step committed by all of its ranks (or not the one asked for)."""
 
 
+class CursorStoreBehindError(FailedPreconditionError):
+    """The store's latest committed step is older than the checkpoint being restored: it lost commits."""
+
+
 def validate_job(job: str) -> str:
     if not isinstance(job, str) or not _JOB_RE.match(job):
         raise InvalidArgumentError(
@@ -60,6 +69,7 @@ class CursorRecord:
     step: int
     state: LoaderState
     time: float = 0.0
+    run: str = ""  # the writing process's run token ("" in records written before runs existed)
 
     @property
     def world_size(self) -> int:
@@ -82,6 +92,8 @@ class CursorRecord:
             "time": self.time or time.time(),
             "state": self.state.to_dict(),
         }
+        if self.run:
+            d["run"] = self.run
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -104,6 +116,7 @@ class CursorRecord:
                 step=_int(d, "step"),
                 state=LoaderState.from_dict(d["state"]),
                 time=float(d.get("time", 0.0)),
+                run=str(d.get("run", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             detail = exc.args[0] if exc.args else exc
@@ -120,6 +133,7 @@ class CursorRecord:
             "offset": s.offset,
             "dataset": s.dataset,
             "time": self.time,
+            "run": self.run,
         }
 
 

@@ -14,7 +14,8 @@ it has not received, with jittered exponential backoff, within a retry budget th
 This module is the SDK's public surface — every option validated in one place, the state, the job
 cursors — which is why it is a little over 400 lines; the machinery is elsewhere: the prefetch
 thread (prefetch.py) is handed an immutable `ReadSpec` (spec.py), its streams are `StreamSession`s
-(session.py), messages become batches in decode.py, and a job's committed cursor is read in resume.py.
+(session.py), messages become batches in decode.py, and a job's cursors (store, commits, fencing,
+resume) are job.py's.
 """
 
 from __future__ import annotations
@@ -38,13 +39,11 @@ from shardstream.v1 import shardstream_pb2 as pb
 from . import metrics
 from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
-from .committer import Committer
-from .cursor import CursorRecord, validate_job
+from .job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
 from .prefetch import Done, Producer
-from .resume import committed_state
 from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
 from .state import LoaderState
-from .stores import CursorStore, open_store
+from .stores import CursorStore
 from .target import Target, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
@@ -89,6 +88,7 @@ class Loader:
         job: str | None = None,
         cursor_store: str | CursorStore | None = None,
         resume: str | int | None = None,
+        resume_min_step: int | None = None,
     ) -> None:
         # Everything is validated before any network call.
         for name, value, low in (
@@ -128,16 +128,7 @@ class Loader:
             raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s!r}")
         if not stream_idle_timeout_s > 0:
             raise InvalidArgumentError(f"stream_idle_timeout_s must be > 0, got {stream_idle_timeout_s!r}")
-        if job is not None:
-            validate_job(job)
-        elif cursor_store is not None or resume is not None:
-            raise InvalidArgumentError("cursor_store and resume need a job name (job='run-42')")
-        if (
-            resume is not None
-            and resume != "latest"
-            and (isinstance(resume, bool) or not isinstance(resume, int) or resume < 0)
-        ):
-            raise InvalidArgumentError(f"resume must be None, 'latest' or a step number >= 0, got {resume!r}")
+        check_job_options(job, cursor_store, resume, resume_min_step)
         self.endpoints = normalize_endpoints(endpoints)
         self.dataset = normalize_dataset(dataset)
         self.batch_size = batch_size
@@ -172,11 +163,8 @@ class Loader:
         self._resume_pending = resume is not None
         # Data-loader workers of one rank take every workers-th step each (split_steps).
         self._split = NO_SPLIT
-        self._store: CursorStore | None = None
-        self._committer: Committer | None = None
-        if job is not None:
-            self._store = cursor_store if isinstance(cursor_store, CursorStore) else open_store(cursor_store)
-            self._committer = Committer(self._store, job, rank)
+        self.resume_min_step = resume_min_step
+        self._job = JobCursors(job, rank, world_size, cursor_store) if job is not None else None
 
         self._conns: dict[str, Connection] = {}
         self._target: Target | None = None
@@ -192,22 +180,26 @@ class Loader:
     def __enter__(self) -> Loader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._close(quiet=exc_type is not None)  # never mask the exception that ends the block
 
     def close(self) -> None:
-        """Stop streaming, write pending cursor commits (best effort), close channels."""
+        """Stop streaming, write pending cursor commits (for at most timeout_s), close channels.
+
+        When the newest commit did not reach the store (it failed unreported, or is still pending),
+        close() raises its error once everything is closed; earlier failures a later commit superseded
+        are logged at warning with their count and the last error. Leaving a `with` block because of
+        an exception logs instead of raising (job.py)."""
+        self._close(quiet=False)
+
+    def _close(self, *, quiet: bool) -> None:
         self._closed = True
-        if self._committer is not None:
-            try:
-                self._committer.flush(timeout_s=self.timeout_s)
-            except ShardstreamError as exc:
-                logging.getLogger("shardstream.client").warning("%s", exc)
-            self._committer.close()
-            self._committer = None
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+        if self._job is not None:
+            job, self._job = self._job, None
+            job.close(self.timeout_s, quiet=quiet)
 
     def __del__(self) -> None:
         if getattr(self, "_conns", None):
@@ -216,7 +208,7 @@ class Loader:
                 ResourceWarning,
                 stacklevel=1,
             )
-            self.close()
+            self._close(quiet=True)
 
     def __repr__(self) -> str:
         return f"Loader({self.dataset!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
@@ -335,26 +327,33 @@ class Loader:
         )
 
     # --- job cursors -------------------------------------------------------------------------
-    def commit(self, step: int) -> None:
+    def commit(self, step: int, wait: bool = False, *, timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S) -> None:
         """Record this rank's cursor for checkpoint `step` (the step your model checkpoint is for).
 
-        Returns at once: a background thread writes to the cursor store. A failed write never
-        raises here; it is logged on the next call, counted in the metrics, and raised by
-        `flush_commits()`. The step is committed for the job once every rank has written it.
+        By default it returns at once and a background thread writes to the cursor store; a failed
+        write is counted (shardstream_client_cursor_commit_failures_total), logged once per burst of
+        failures, and raised by `flush_commits()` (or `close()`). With `wait=True` it blocks until the
+        store holds the write durably — as far as its configuration allows: redis_store.py and the
+        README say what that is per Redis setup — and raises on failure (`UnavailableError`, or after
+        `timeout_s`). The step is committed for the job once every rank has written it.
+
+        A process whose rank a newer run of the job has claimed (the job was restarted while this
+        process lived on) may not commit: `StaleRunError`, raised here once the store refused it.
         """
-        if self._committer is None or self.job is None:
+        if self._closed:
+            raise RuntimeError("this Loader is closed")
+        if self._job is None:
             raise RuntimeError("commit() needs a job: Loader(..., job='run-42')")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an integer >= 0, got {step!r}")
-        self._committer.take_failures()
         state = LoaderState.from_dict(self.state_dict())
-        record = CursorRecord(self.job, self.rank, step, state, time.time())
-        self._committer.submit(step, record.key, record.to_bytes(), self.world_size)
+        self._job.commit(step, state, wait=wait, timeout_s=timeout_s)
 
-    def flush_commits(self, timeout_s: float = 30.0) -> None:
-        """Wait for submitted commits; raise UnavailableError if any failed since the last report."""
-        if self._committer is not None:
-            self._committer.flush(timeout_s)
+    def flush_commits(self, timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S) -> None:
+        """Wait for submitted commits; raise the failure (UnavailableError, StaleRunError, ...) if any
+        failed since the last report, naming how many and the last one."""
+        if self._job is not None:
+            self._job.flush(timeout_s)
 
     @property
     def resumed_from(self) -> int | None:
@@ -368,9 +367,8 @@ class Loader:
     def _apply_resume(self) -> None:
         if not self._resume_pending:
             return
-        assert self._store is not None and self.job is not None
-        assert self.resume is not None
-        state, step = committed_state(self._store, self.job, self.resume, self.target)
+        assert self._job is not None and self.resume is not None
+        state, step = self._job.resume(self.resume, self.target, self.resume_min_step)
         self._load(state)
         self._resumed_from = step
         self._resume_pending = False
@@ -404,6 +402,8 @@ class Loader:
                 f"{self.world_size * self.batch_size} has no steps{' with drop_last' if self.drop_last else ''}, "
                 "so an endless stream would never yield"
             )
+        if self._job is not None:
+            self._job.start()  # this process claims its rank of the job (job.py) as it starts streaming
         return self._iterate()
 
     def _iterate(self) -> Iterator[Any]:

@@ -2,7 +2,9 @@
 
 `committed_state(store, job, resume, target)` reads every rank's record of the step (`resume` is a
 step number or "latest", the newest step all ranks wrote), checks that the records belong to it and
-agree, and — when the job was moved to another dataset version with `shardstream cursor migrate` —
+agree — and, given `min_step` (the step of the model checkpoint being restored), that "latest" is not
+older than it: a store that lost commits (a Redis restart without an append-only file, a rollback to
+an older snapshot) would otherwise pair that checkpoint with an older data cursor, silently — and — when the job was moved to another dataset version with `shardstream cursor migrate` —
 moves the state to that version at the epoch boundary the move named. Anything else is one clear
 error: a step not committed, a record that is not what it claims, a fingerprint with no move.
 """
@@ -13,7 +15,7 @@ import dataclasses
 
 from shardstream.errors import FailedPreconditionError
 
-from .cursor import CorruptCursorError, CursorRecord, Migration, NoCommittedStepError
+from .cursor import CorruptCursorError, CursorRecord, CursorStoreBehindError, Migration, NoCommittedStepError
 from .state import LoaderState
 from .stores import CursorStore
 from .target import Target
@@ -22,11 +24,24 @@ __all__ = ["committed_state"]
 
 
 def committed_state(
-    store: CursorStore, job: str, resume: str | int, target: Target
+    store: CursorStore, job: str, resume: str | int, target: Target, *, min_step: int | None = None
 ) -> tuple[LoaderState, int]:
     """The job's committed state at step `resume` ("latest" or a step), on `target`, and that step."""
     if resume == "latest":
         latest = store.latest(job)
+        if min_step is not None and (latest is None or latest < min_step):
+            have = f"latest committed step is {latest}" if latest is not None else "has no committed step"
+            raise CursorStoreBehindError(
+                f"job {job!r}: the cursor store {store.url} {have}, older than step {min_step} of the checkpoint "
+                f"being restored (resume_min_step={min_step}): the store lost commits (a Redis restart without an "
+                "append-only file, or a rollback to an older snapshot). Restore the Loader state saved with that "
+                "checkpoint (load_state_dict)"
+                + (
+                    f", or resume={latest} with the model checkpoint of step {latest}"
+                    if latest is not None
+                    else ""
+                )
+            )
         if latest is None:
             raise NoCommittedStepError(f"job {job!r} has no step committed by all its ranks in {store.url}")
         step = latest

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shardstream.client.stores import MemoryStore
 from shardstream.server.fleet import LocalServer
 
 from .support.data import N_ROWS, write_dataset
@@ -55,6 +56,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
     yield server
     server.kill()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A cursor store of each kind: this process's memory, an SQLite file, a private Redis."""
+    if request.param == "memory":
+        MemoryStore.clear()
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/cursors.db"
+    return str(request.getfixturevalue("redis_server").url)
 
 
 @pytest.fixture(scope="session")

@@ -23,16 +23,6 @@ from .support.rank_worker import RankProcs, steps_logged
 from .support.resume import CommittingRanks, check_resume, ids
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def store_url(request, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
-    if request.param == "memory":
-        MemoryStore.clear()
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/cursors.db"
-    return request.getfixturevalue("redis_server").url
-
-
 def test_store_contract(store_url: str) -> None:
     store = open_store(store_url)
     try:
@@ -170,6 +160,7 @@ def test_crash_after_commits_resumes_exactly_at_the_committed_step(
                 job=state["job"],
                 cursor_store=store_url,
                 resume="latest",
+                resume_min_step=state["step"],  # the model checkpoint's step: the store is not behind it
             ),
             w2,
             commit_every=10**9,
@@ -316,8 +307,15 @@ def test_cursor_cli_list_and_show(endpoints, tmp_path: Path) -> None:
     assert listed == [{"job": "cli-job", "committed_steps": 2, "latest": 6, "steps_written": 2}]
     shown = json.loads(cli("show", "cli-job", "--json").stdout)
     assert shown["step"] == 6 and [r["offset"] for r in shown["ranks"]] == [120, 120]
+    # both ranks ran in this process, one after the other: one run, each rank held by this process
+    assert shown["run"]["world_size"] == 2 and [r["rank"] for r in shown["run"]["ranks"]] == [0, 1]
+    assert {r["process"] for r in shown["run"]["ranks"]} == {r["run"] for r in shown["ranks"]}
     r = cli("show", "cli-job")
-    assert r.returncode == 0 and "committed steps  3, 6" in r.stdout
+    assert (
+        r.returncode == 0
+        and "committed steps  3, 6" in r.stdout
+        and "run              world size 2: rank 0 by" in r.stdout
+    )
     r = cli("show", "ghost")
     assert r.returncode == 1 and "no cursors" in r.stderr and "Traceback" not in r.stderr
 
@@ -496,22 +494,22 @@ def test_commits_coalesce_when_the_store_lags() -> None:
     written: list[int] = []
 
     class SlowStore(MemoryStore):
-        def write(self, job, step, key, rank, world_size, record):  # type: ignore[no-untyped-def]
+        def write(self, job, step, key, rank, world_size, record, **kw):  # type: ignore[no-untyped-def]
             release.wait(timeout=30)
             written.append(step)
-            return super().write(job, step, key, rank, world_size, record)
+            return super().write(job, step, key, rank, world_size, record, **kw)
 
     MemoryStore.clear()
-    c = Committer(SlowStore(), "lag", 0)
+    c = Committer(SlowStore(), "lag", 0, 1)
     try:
-        c.submit(1, "k1", b"r1", 1)
-        while c._queue.unfinished_tasks and not c._queue.empty():  # the writer has taken step 1
+        first = c.submit(1, "k1", b"r1")
+        while c._queue.unfinished_tasks and not c._queue.empty():  # the writer has taken the claim and step 1
             threading.Event().wait(0.005)
-        for step in range(2, 11):
-            c.submit(step, f"k{step}", b"r", 1)
+        later = [c.submit(step, f"k{step}", b"r") for step in range(2, 11)]
         release.set()
         c.flush(timeout_s=30)
     finally:
-        c.close()
+        c.close(timeout_s=30)
     assert written == [1, 10]
     assert MemoryStore().latest("lag") == 10
+    assert first.done.is_set() and all(p.done.is_set() and p.error is None for p in later)

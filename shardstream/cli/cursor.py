@@ -87,6 +87,7 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
             CursorRecord.from_bytes(b, where=f"job {args.job!r} step {step} rank {r}").describe()
             for r, b in sorted(store.read(args.job, step).items())
         ]
+        run = store.run(args.job)
     finally:
         store.close()
     out = {
@@ -97,6 +98,16 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
         "step": step,
         "step_committed": step in committed,
         "ranks": records,
+        # who may commit now: the world size of the job's current run, and the process holding each rank
+        "run": None
+        if run is None
+        else {
+            "world_size": run.world_size,
+            "ranks": [
+                {"rank": r, "generation": slot.gen, "process": slot.token, "since": slot.time}
+                for r, slot in run.slots.items()
+            ],
+        },
     }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -105,6 +116,12 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
     print(
         f"  committed steps  {', '.join(map(str, committed[-10:])) or 'none'}{' …' if len(committed) > 10 else ''}"
     )
+    if run is not None:
+        held = ", ".join(
+            f"rank {r} by {slot.token} (generation {slot.gen})" for r, slot in list(run.slots.items())[:4]
+        )
+        more = f", … {len(run.slots) - 4} more" if len(run.slots) > 4 else ""
+        print(f"  run              world size {run.world_size}: {held or 'no rank claimed'}{more}")
     partial = {s: n for s, n in steps.items() if s not in committed}
     if partial:
         print(f"  partial steps    {', '.join(f'{s} ({n} ranks)' for s, n in list(partial.items())[-5:])}")

@@ -1,8 +1,10 @@
 """A training rank as a process, for crash tests: python -m tests.support.rank_worker ARGS.
 
 Appends one JSON line per consumed step to --log (flushed, so a SIGKILL loses nothing written) and
-commits its cursor every --commit-every steps (checkpoint step numbers count from the job start).
-With --pause-at N it creates LOG.paused after step N and blocks until killed.
+commits its cursor every --commit-every steps (checkpoint step numbers count from the job start;
+with --wait, commit(step, wait=True)). With --pause-at N it creates LOG.paused after step N and
+blocks until killed, or until a line arrives on its stdin (RankProcs.go): then it goes on, as a
+process the scheduler forgot about would.
 
 RankProcs starts such ranks (and kills them with their process group); steps_logged reads a log.
 """
@@ -35,7 +37,10 @@ def main() -> None:
     p.add_argument("--commit-every", type=int, required=True)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--log", required=True)
-    p.add_argument("--pause-at", type=int, default=0, help="after this step, block until killed")
+    p.add_argument(
+        "--pause-at", type=int, default=0, help="after this step, block until killed or told to go on"
+    )
+    p.add_argument("--wait", action="store_true", help="commit(step, wait=True)")
     a = p.parse_args()
     with (
         Loader(
@@ -57,11 +62,11 @@ def main() -> None:
             log.write(json.dumps({"step": step, "ids": batch["id"].tolist()}) + "\n")
             log.flush()
             if step % a.commit_every == 0:
-                ld.commit(step)
+                ld.commit(step, wait=a.wait)
             if step == a.pause_at:
                 ld.flush_commits()  # commits up to here have landed; the kill hits a running loader
                 open(a.log + ".paused", "w").close()  # noqa: SIM115 — tells the test to kill us now
-                sys.stdin.read()  # blocks: the test kills this process here (its threads keep running)
+                sys.stdin.readline()  # blocks: the test kills this process here (its threads keep running) or lets it go on
         ld.flush_commits()
 
 
@@ -86,7 +91,9 @@ class RankProcs:
         ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, rank: int, world: int, batch: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, rank: int, world: int, batch: int, log: Path, *extra: str, stderr: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         cmd = [
             sys.executable,
             "-m",
@@ -102,9 +109,20 @@ class RankProcs:
             str(log),
             *extra,
         ]
-        proc = subprocess.Popen(cmd, start_new_session=True, cwd=REPO, stdin=subprocess.PIPE)
+        err = open(stderr, "wb") if stderr is not None else None  # noqa: SIM115 — the child holds it
+        try:
+            proc = subprocess.Popen(cmd, start_new_session=True, cwd=REPO, stdin=subprocess.PIPE, stderr=err)
+        finally:
+            if err is not None:
+                err.close()
         self.procs.append(proc)
         return proc
+
+    def go(self, proc: subprocess.Popen[bytes]) -> None:
+        """Let a rank paused with --pause-at go on."""
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:

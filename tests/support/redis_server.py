@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -18,11 +19,22 @@ __all__ = ["RedisServer"]
 
 class RedisServer:
     """start() waits until it answers PING; kill() is SIGKILL to its process group. A restart keeps
-    the port (and, with `persistent`, the append-only file in `workdir`)."""
+    the port (and, with `persistent`, the append-only file in `workdir`; an RDB snapshot taken with
+    SAVE is loaded too). `appendfsync` applies with `persistent`; `args` are more redis-server
+    options (e.g. ["--rename-command", "CONFIG", ""], as managed Redis services disable CONFIG)."""
 
-    def __init__(self, workdir: Path, *, persistent: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        persistent: bool = False,
+        appendfsync: str = "always",
+        args: Sequence[str] = (),
+    ) -> None:
         self.workdir = workdir
         self.persistent = persistent
+        self.appendfsync = appendfsync
+        self.args = list(args)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -34,7 +46,9 @@ class RedisServer:
         if not self.port:
             self.port = unused_port()
         persistence = (
-            ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+            ["--appendonly", "yes", "--appendfsync", self.appendfsync]
+            if self.persistent
+            else ["--appendonly", "no"]
         )
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
@@ -49,6 +63,7 @@ class RedisServer:
                 "--dir",
                 str(self.workdir),
                 *persistence,
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -206,7 +206,8 @@ class Ranks:
 class CommittingRanks(Ranks):
     """Ranks of a job with a cursor store (each Loader opened with job= and cursor_store=): every
     rank commits each `commit_every` steps of this run, flushed (each checkpoint lands before the
-    next), with step numbers counted from the job's start. Its state is a checkpoint: every rank
+    next; with `wait`, each rank's commit(step, wait=True) returns once it is durable), with step
+    numbers counted from the job's start. Its state is a checkpoint: every rank
     commits the current step, and the state names it, {"job": ..., "step": ...}; it is resumed by
     a job opened with resume= (`resumed_from`: the step every rank must say it resumes at)."""
 
@@ -217,9 +218,11 @@ class CommittingRanks(Ranks):
         *,
         commit_every: int,
         resumed_from: int | None = None,
+        wait: bool = False,
     ) -> None:
         super().__init__(open_rank, world)
         self.commit_every = commit_every
+        self.wait = wait
         self.resumed_from = resumed_from
         self.step = 0
 
@@ -239,7 +242,7 @@ class CommittingRanks(Ranks):
 
     def _commit(self) -> None:
         for ld in self.loaders:
-            ld.commit(self.step)
+            ld.commit(self.step, wait=self.wait)
         for ld in self.loaders:
             ld.flush_commits()
 
