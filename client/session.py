@@ -7,6 +7,10 @@ exponential backoff, within a retry budget (`RetryPolicy`: a number of failures 
 that any progress resets. DATA_LOSS and INTERNAL are tried once more on the next endpoint (that
 server's copy may be the bad one); any other error, or a second one of those, is the caller's.
 Both the single stream of a rank (prefetch.py) and each of its striped streams (striped.py) are one.
+A step the server sends in parts (larger than its message cap) is handed on whole, once its last
+part is in (parts.py); the next step moves with whole steps only, so a stream that breaks mid-step
+resumes at that step. An overloaded server's retry hint (RESOURCE_EXHAUSTED with
+`grpc-retry-pushback-ms`) lengthens the backoff before this session tries it again.
 
 `CallRegistry` holds the calls of one prefetch thread: `stop()` cancels them all, and the consumer's
 `check_idle()` cancels the one the thread has waited on for longer than the idle timeout (a hung
@@ -31,10 +35,12 @@ from shardstream.errors import (
     ShardstreamError,
     UnavailableError,
     from_grpc_error,
+    retry_pushback_s,
 )
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
+from .parts import StepParts
 from .spec import RetryPolicy
 
 __all__ = ["CallRegistry", "Message", "StreamSession"]
@@ -120,6 +126,8 @@ class StreamSession:
         self.failures = 0  # in a row, without progress
         self._failing_since = 0.0  # when the first of them happened
         self._retried_once = False  # a DATA_LOSS/INTERNAL was retried elsewhere since the last progress
+        self._parts = StepParts()  # of a step sent in parts, until its last one
+        self._pushback: dict[int, float] = {}  # endpoint -> when it said it may be tried again
 
     def next_message(self) -> Message | None:
         """The stream's next message (None once stopped); reopens the stream as needed."""
@@ -145,7 +153,14 @@ class StreamSession:
                 elif code not in RETRYABLE_CODES:
                     raise from_grpc_error(exc, target=endpoint) from exc
                 error = from_grpc_error(exc, target=endpoint)
+                pushback = retry_pushback_s(exc)
+                if pushback is not None:
+                    self._pushback[self.endpoint] = time.monotonic() + pushback
             else:
+                whole = self._parts.add(header, payload)
+                if whole is None:
+                    continue  # more parts of this step follow
+                header, payload = whole
                 if header.steps:
                     self.next_step += len(header.steps) * self.step_stride
                     self.failures = 0  # progress resets the retry budget
@@ -174,9 +189,14 @@ class StreamSession:
         if len(self.endpoints) > 1:
             metrics.FAILOVERS.inc()
         self.endpoint = (self.endpoint + 1) % len(self.endpoints)
-        return not self._calls.stopped.wait(self._retry.backoff_s(self.failures))
+        wait = self._retry.backoff_s(self.failures)
+        # An endpoint that asked to be left alone (a busy server's hint) is not tried before then.
+        until = self._pushback.pop(self.endpoint, 0.0)
+        wait = max(wait, min(until - time.monotonic(), self._retry.backoff_max_s))
+        return not self._calls.stopped.wait(wait)
 
     def close(self) -> None:
         if self._call is not None:
             self._calls.close(self._call)
         self._call = self._it = None
+        self._parts.reset()

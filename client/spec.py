@@ -110,6 +110,7 @@ class ReadSpec:
             max_message_bytes=self.max_message_bytes,
             transforms=list(self.transforms),
             on_error=self.on_error if self.transforms else "",
+            split_steps=True,  # a step over the server's message cap comes in parts (session.py)
         )
         self.target.fill(request)
         return request

@@ -24,6 +24,7 @@ from shardstream import allocator
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
+from .admission import Admission
 from .config import ServerConfig
 from .reader import new_row_group_cache
 from .ready import write_ready_file
@@ -31,23 +32,42 @@ from .roots import open_registry
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import SpillTier
 
-__all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "run", "serve"]
+__all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "run", "serve", "server_options"]
 
 log = logging.getLogger("shardstream.server")
 
-# Server channel options, one comment each (units in the comments).
+# Server channel options, one comment each (units in the names); server_options() adds those the
+# config sets (keepalive, idle connections).
 SERVER_OPTIONS = [
     # One server per port: fail loudly when the port is taken instead of silently sharing it.
     ("grpc.so_reuseport", 0),
     # Accept client keepalive pings every 5 s (the client pings every 10 s when idle).
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # Requests are small; batches go the other way and are not limited on send.
+    # Requests are small; batches go the other way and are bounded by --max-message-mib.
     ("grpc.max_receive_message_length", 4 << 20),
 ]
 # The workers of one supervisor share its port; the supervisor checked it was free and holds it
 # (workers.py), so another server still fails loudly on it.
 WORKER_OPTIONS = [("grpc.so_reuseport", 1), *(o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport")]
+
+
+def server_options(cfg: ServerConfig) -> list[tuple[str, int]]:
+    """The channel options of a server with this config."""
+    keepalive_timeout_ms = round(cfg.keepalive_timeout_s * 1000)
+    return [
+        *(WORKER_OPTIONS if cfg.reuse_port else SERVER_OPTIONS),
+        # Ping each client every keepalive_time (also while its streams are blocked on a full window)
+        # and close the connection when a ping goes unanswered for keepalive_timeout: a frozen or
+        # vanished client's streams end and release their memory. ping_timeout applies the same
+        # limit to gRPC's other pings, which would otherwise hold the keepalive back for 60 s.
+        ("grpc.keepalive_time_ms", round(cfg.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+        ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
+        ("grpc.http2.max_pings_without_data", 0),
+        # A connection without calls this long is closed with a GOAWAY (its client reconnects).
+        ("grpc.max_connection_idle_ms", round(cfg.max_connection_idle_s * 1000)),
+    ]
 
 
 async def serve(cfg: ServerConfig) -> None:
@@ -64,9 +84,15 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     spill = SpillTier(cfg.cache_dir, cfg.cache_dir_bytes) if cfg.cache_dir else None
     cache = new_row_group_cache(cfg.cache_bytes, spill)
     service = ShardStreamService(
-        registry, cache, read_ahead=cfg.read_ahead, transform_threads=cfg.transform_threads
+        registry,
+        cache,
+        read_ahead=cfg.read_ahead,
+        transform_threads=cfg.transform_threads,
+        limits=cfg.request_limits(),
+        admission=Admission(cfg.admission_limits()),
+        write_timeout_s=cfg.write_timeout_s,
     )
-    server = grpc.aio.server(options=WORKER_OPTIONS if cfg.reuse_port else SERVER_OPTIONS)
+    server = grpc.aio.server(options=server_options(cfg))
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -85,6 +111,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         raise InvalidArgumentError(f"cannot listen on {address}: {exc} (is the port in use?)") from exc
     if port == 0:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
+    service.port = port  # the streams' connections arrive here (reaper.py finds them by it)
     metrics_port = None
     if cfg.metrics_port is not None:
         httpd, _ = start_http_server(cfg.metrics_port, addr=cfg.host)

@@ -1,74 +1,131 @@
 """Read plan + steps -> framed Read messages (blocking; the servicer runs each build in a worker thread).
 
-A message covers one or more steps of one rank. `MessageBuilder.build` writes its header (per step:
-the rank's positions, the global range, the rows), selects the samples through the plan's order,
-takes their rows with provenance (`_shard`, `_row`; `_source` in a mixture), runs the request's
-transforms (which set each step's rows and the samples they skipped) and writes the Arrow IPC
-stream straight into the message (framing.py). The last message of an epoch says so and counts
-the samples `drop_last` left out.
+A message covers one or more whole steps of one rank, or one part of a step larger than the
+server's cap on bytes per message (`plan.message_cap_bytes`, `serve --max-message-mib`). Building
+writes its header (per step: the rank's positions, the global range, the rows), selects the
+samples through the plan's order, takes their rows with provenance (`_shard`, `_row`; `_source` in
+a mixture), runs the request's transforms (which set each step's rows and the samples they
+skipped) and writes the Arrow IPC stream straight into the message (framing.py). The last message
+of an epoch says so and counts the samples `drop_last` left out.
 
-`MessageSteps` decides which steps each message of a stream covers: one step first, for a quick
-first batch, then as many as the last message says fit `max_message_bytes` (at most
-MAX_STEPS_PER_MESSAGE). `MessageBuilder.messages(plan)` is a whole stream, in order, the same bytes
-the servicer sends but one message at a time and without gRPC or an event loop.
+`MessageSteps` decides what each build covers: one step first, for a quick first batch, then as
+many steps as the last message says fit `max_message_bytes` (at most MAX_STEPS_PER_MESSAGE). A
+step whose samples would not fit the cap is built in parts of its samples, each sized from the
+bytes a sample took so far, when every transform is per-sample; a built message still over the cap
+(an estimate that was short, or text.pack, which packs a whole step) is cut at step boundaries
+and, within a step, into parts of its rows. Parts go only to a client that reassembles them
+(`split_steps`); to any other, a step over the cap is INVALID_ARGUMENT. Only a single row larger
+than the cap travels alone in a message over it.
+
+`MessageBuilder.stream(plan)` is a whole stream, in order, one message at a time and without gRPC
+or an event loop; `messages(plan)` the same as bytes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
-from shardstream.framing import encode_batch, encode_read_response, ipc_bytes
+from shardstream.errors import InvalidArgumentError
+from shardstream.framing import encode_batch, encode_read_response, ipc_bytes, ipc_size
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .read_plan import ReadPlan
 from .selection import take_selection
 
-__all__ = ["MAX_STEPS_PER_MESSAGE", "MessageBuilder", "MessageSteps"]
+__all__ = ["MAX_STEPS_PER_MESSAGE", "Chunk", "Message", "MessageBuilder", "MessageSteps"]
 
 MAX_STEPS_PER_MESSAGE = 4096
+_FRAMING_BYTES = 48  # tags, lengths and alignment padding around header and payload, at most
 
 BATCH_BUILD_SECONDS = Histogram(
     "shardstream_batch_build_seconds",
     "Time to build one Read message (read, take, encode)",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+STEP_PARTS = Counter(
+    "shardstream_step_parts_sent_total",
+    "Read messages that carry a part of a step larger than the message cap",
+)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one build covers: whole `steps`, or samples [start, end) of the one step in `steps`."""
+
+    steps: range
+    samples: tuple[int, int] | None = None  # of the rank's samples of the step; None: all of each
+    last: bool = True  # the chunk ends its step (always true of whole steps)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One built Read message and what it carries."""
+
+    data: bytes
+    steps: int  # steps it completes: its whole steps, or 1 for the last part of a step
+    rows: int
+    parts: bool = False  # it carries a part of a step
 
 
 class MessageSteps:
-    """The steps of each message of one stream, every `plan.stride`-th step from `plan.first_step`."""
+    """The chunks of one stream, every `plan.stride`-th step from `plan.first_step`."""
 
     def __init__(self, plan: ReadPlan) -> None:
         self._plan = plan
-        self.step = plan.first_step  # the first step no message covers yet
+        self.step = plan.first_step  # the first step no chunk covers yet
+        self.sample = 0  # in a step built in parts: its first sample not built yet
         self.per_message = 1  # one step first, for a quick first batch
+        self.sample_bytes = max(1.0, plan.sample_bytes)
 
     @property
     def remaining(self) -> bool:
         return self.step < self._plan.end_step
 
-    def next(self) -> range:
-        """The steps of the next message (call only while `remaining`)."""
+    def _samples(self, step: int) -> int:
+        start, end = self._plan.layout.rank_range(step, self._plan.rank)
+        return end - start
+
+    def next(self) -> Chunk:
+        """The next chunk (call only while `remaining`)."""
         p = self._plan
-        chunk = range(self.step, min(p.end_step, self.step + self.per_message * p.stride), p.stride)
-        self.step = chunk[-1] + p.stride
-        return chunk
+        if p.split_steps and p.per_sample:
+            n = self._samples(self.step)
+            if self.sample or (n > 1 and n * self.sample_bytes > p.message_cap_bytes):
+                k = max(1, int(p.message_cap_bytes // self.sample_bytes))
+                start, end = self.sample, min(n, self.sample + k)
+                chunk = Chunk(range(self.step, self.step + 1), (start, end), last=end == n)
+                self.sample = 0 if chunk.last else end
+                if chunk.last:
+                    self.step += p.stride
+                return chunk
+        steps = range(self.step, min(p.end_step, self.step + self.per_message * p.stride), p.stride)
+        self.step = steps[-1] + p.stride
+        return Chunk(steps)
 
     def ahead(self, messages: int) -> range:
         """The steps of the next `messages` messages if they are the size of the last (read-ahead's guess)."""
         p = self._plan
         return range(self.step, min(p.end_step, self.step + self.per_message * messages * p.stride), p.stride)
 
-    def record(self, steps: int, rows: int, nbytes: int) -> None:
-        """Size the next messages toward `max_message_bytes` from one built message of `steps` steps."""
-        if rows:
+    def record(self, chunk: Chunk, rows: int, nbytes: int) -> None:
+        """Size the next chunks from one built chunk of `nbytes` in all and `rows` rows."""
+        if not rows:
+            return
+        if chunk.samples is not None:
+            samples = chunk.samples[1] - chunk.samples[0]
+        else:
+            samples = sum(self._samples(s) for s in chunk.steps)
+        self.sample_bytes = max(1.0, nbytes / max(1, samples))
+        if chunk.samples is None:
             self.per_message = max(
-                1, min(MAX_STEPS_PER_MESSAGE, self._plan.max_message_bytes * steps // nbytes)
+                1, min(MAX_STEPS_PER_MESSAGE, self._plan.max_message_bytes * len(chunk.steps) // nbytes)
             )
 
 
@@ -85,19 +142,66 @@ class MessageBuilder:
             else None
         )
 
+    def stream(
+        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None
+    ) -> Iterator[Message]:
+        """Every message of the stream `plan` describes, in order, each built when asked for.
+
+        `on_chunk(steps)` is called before each build, once `steps` has moved past it (read-ahead)."""
+        if plan.nothing_left:
+            yield Message(self.end_of_epoch(plan), 0, 0)
+            return
+        steps = MessageSteps(plan)
+        part = 0  # of the step being sent in parts
+        while steps.remaining:
+            chunk = steps.next()
+            if on_chunk is not None:
+                on_chunk(steps)
+            t0 = time.perf_counter()
+            header, batch = self.build_batch(plan, chunk)
+            rows = batch.num_rows
+            encoded = self._encode(plan, chunk, header, batch, part)
+            del header, batch  # held by `encoded` only as long as it needs them
+            nbytes = 0
+            for message in encoded:
+                nbytes += len(message.data)
+                if message.parts:
+                    STEP_PARTS.inc()
+                    part = 0 if message.steps else part + 1
+                BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
+                yield message
+                t0 = time.perf_counter()
+            steps.record(chunk, rows, nbytes)
+
+    def messages(self, plan: ReadPlan) -> Iterator[bytes]:
+        """Every message of the stream `plan` describes, in order, as wire bytes."""
+        for message in self.stream(plan):
+            yield message.data
+
     def build(self, plan: ReadPlan, steps: range) -> tuple[bytes, int]:
-        """(the message covering `steps` of `plan`, the rows in it)."""
-        t0 = time.perf_counter()
+        """(the one message covering the whole `steps` of `plan`, its rows), whatever its size."""
+        header, batch = self.build_batch(plan, Chunk(steps))
+        return encode_batch(header, batch), batch.num_rows
+
+    def build_batch(self, plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+        """The header and rows of `chunk` of `plan` (one StepInfo per step, whole or part)."""
         header = pb.ReadHeader(epoch=plan.epoch)
         ranges = []
-        for step in steps:
+        for step in chunk.steps:
             gs, ge = plan.layout.global_range(step)
             ps, pe = plan.layout.rank_range(step, plan.rank)
+            a, b = chunk.samples if chunk.samples is not None else (0, pe - ps)
             header.steps.add(
-                step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=pe - ps
+                step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=b - a
             )
-            ranges.append(np.arange(ps, pe, dtype=np.int64))
-        if steps and plan.end_step == plan.layout.num_steps and steps[-1] + plan.stride >= plan.end_step:
+            ranges.append(np.arange(ps + a, ps + b, dtype=np.int64))
+        steps = chunk.steps
+        if (
+            steps
+            and chunk.last
+            and plan.end_step == plan.layout.num_steps
+            and steps[-1] + plan.stride >= plan.end_step
+        ):
             header.end_of_epoch = True
             header.dropped = plan.layout.dropped
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
@@ -105,9 +209,7 @@ class MessageBuilder:
         batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
         if plan.pipeline:
             batch = self._transform(plan, header, batch, positions)
-        data = encode_batch(header, batch)  # the IPC stream written straight into the message
-        BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
-        return data, batch.num_rows
+        return header, batch
 
     def end_of_epoch(self, plan: ReadPlan) -> bytes:
         """The one message of a stream with no step left: no rows, the epoch is over."""
@@ -118,17 +220,66 @@ class MessageBuilder:
             empty = self._transform(plan, header, empty, none)
         return encode_read_response(header, ipc_bytes(empty))
 
-    def messages(self, plan: ReadPlan) -> Iterator[bytes]:
-        """Every message of the stream `plan` describes, in order."""
-        if plan.nothing_left:
-            yield self.end_of_epoch(plan)
+    # --- at most message_cap_bytes a message ----------------------------------------------------
+    def _encode(
+        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, batch: pa.RecordBatch, part: int
+    ) -> Iterator[Message]:
+        """The messages of one built chunk, each encoded when asked for (the rows are let go before
+        the last one is handed out: a stream waiting to send it holds the message only)."""
+        cap = plan.message_cap_bytes
+        if chunk.samples is None and _size(header, batch) <= cap:
+            message = Message(encode_batch(header, batch), len(header.steps), batch.num_rows)
+            del batch
+            yield message
             return
-        steps = MessageSteps(plan)
-        while steps.remaining:
-            chunk = steps.next()
-            data, rows = self.build(plan, chunk)
-            steps.record(len(chunk), rows, len(data))
-            yield data
+        # Whole steps, grouped while they fit; a step that does not is cut into parts of its rows.
+        infos = list(header.steps)
+        starts = np.concatenate([[0], np.cumsum([st.rows for st in infos])]).astype(np.int64).tolist()
+
+        def group(i: int, j: int) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+            """Steps [i, j) of the chunk as one message's header and rows."""
+            return _header(header, infos[i:j], j == len(infos)), batch.slice(starts[i], starts[j] - starts[i])
+
+        i = 0
+        while i < len(infos):
+            j = i + 1  # steps [i, j) of the chunk go together
+            while j < len(infos) and _size(*group(i, j + 1)) <= cap:
+                j += 1
+            out, rows = group(i, j)
+            if chunk.samples is None and (j - i > 1 or _size(out, rows) <= cap):
+                yield Message(encode_batch(out, rows), j - i, rows.num_rows)
+            else:
+                yield from self._parts(plan, chunk, out, rows, part)
+            i = j
+
+    def _parts(
+        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, rows: pa.RecordBatch, part: int
+    ) -> Iterator[Message]:
+        """One step's rows (all of them, or one chunk of its samples: `header` has its one StepInfo)
+        as parts under the cap, numbered from `part`."""
+        cap = plan.message_cap_bytes
+        (info,) = header.steps
+        if not plan.split_steps:
+            raise InvalidArgumentError(
+                f"step {info.step} is {_size(header, rows)} bytes, over this server's cap of {cap} bytes "
+                "per message (--max-message-mib): a client that sets split_steps receives it in parts; "
+                "or ask for a smaller batch_size"
+            )
+        pieces = _row_pieces(rows, 0, rows.num_rows, cap - header.ByteSize() - _FRAMING_BYTES)
+        for k, (a, b) in enumerate(pieces):
+            last = k == len(pieces) - 1
+            out = pb.ReadHeader()
+            out.CopyFrom(header)
+            if not last:
+                out.end_of_epoch = False
+                out.dropped = 0
+            st = out.steps[0]
+            st.rows = b - a
+            st.part = part + k
+            st.more_parts = not (last and chunk.last)
+            if k:  # the part's skipped samples travel with its first piece
+                del st.skipped[:]
+            yield Message(encode_batch(out, rows.slice(a, b - a)), int(not st.more_parts), b - a, parts=True)
 
     def _transform(
         self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray
@@ -151,3 +302,33 @@ class MessageBuilder:
             st.rows = res.rows
             st.skipped.extend(res.skipped)
         return out
+
+
+def _size(header: pb.ReadHeader, batch: pa.RecordBatch) -> int:
+    """Bytes of the message `header` + `batch` would make, or a little more (counted, not written)."""
+    return header.ByteSize() + _FRAMING_BYTES + ipc_size(batch)
+
+
+def _header(whole: pb.ReadHeader, infos: list[pb.StepInfo], last: bool) -> pb.ReadHeader:
+    """The header of a message carrying `infos` of `whole`; end of epoch only on the last one."""
+    out = pb.ReadHeader(epoch=whole.epoch, steps=infos)
+    if last and whole.end_of_epoch:
+        out.end_of_epoch = True
+        out.dropped = whole.dropped
+    return out
+
+
+def _row_pieces(batch: pa.RecordBatch, start: int, end: int, budget: int) -> list[tuple[int, int]]:
+    """Rows [start, end) of `batch` cut into consecutive pieces whose IPC stream fits `budget`
+    (a single row larger than it is a piece of its own)."""
+    n = end - start
+    size = ipc_size(batch.slice(start, n))
+    if n <= 1 or size <= budget:
+        return [(start, end)]
+    k = min(n, size // max(1, budget) + 1)
+    bounds = np.linspace(start, end, k + 1).astype(np.int64).tolist()
+    out: list[tuple[int, int]] = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b > a:
+            out += _row_pieces(batch, a, b, budget)
+    return out

@@ -2,20 +2,51 @@
 
 Its own module because both ends of a server read it: the process that serves (app.py) and the
 supervisor of several such processes (workers.py), which hands each worker a copy as JSON
-(worker.py); neither of them imports the other for it.
+(worker.py) with its share of the server's memory and stream limits (`worker_shares`); neither of
+them imports the other for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from .admission import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_PEER,
+    DEFAULT_STREAM_BUFFER_BYTES,
+    AdmissionLimits,
+)
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES
+from .request_limits import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_SAMPLE_BYTES,
+    DEFAULT_MESSAGE_CAP_BYTES,
+    RequestLimits,
+)
 from .spill import DEFAULT_SPILL_BYTES
 
-__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_GRACE_S", "ServerConfig"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "DEFAULT_GRACE_S",
+    "DEFAULT_KEEPALIVE_TIMEOUT_S",
+    "DEFAULT_KEEPALIVE_TIME_S",
+    "DEFAULT_MAX_CONNECTION_IDLE_S",
+    "DEFAULT_WRITE_TIMEOUT_S",
+    "ServerConfig",
+]
 
 DEFAULT_CACHE_BYTES = 1 << 30
 DEFAULT_GRACE_S = 10.0
+# A write blocked this long means a client that stopped reading: longer than any pause of a
+# training loop that still reads (an evaluation, a checkpoint) should be; its stream is cut and
+# resumed by the client anyway, so a pause beyond it costs a reconnect, never data.
+DEFAULT_WRITE_TIMEOUT_S = 300.0
+# Keepalive pings from the server: a client that answers none for keepalive_timeout after one was
+# sent (a frozen process, a dead host) loses its connection and all its streams.
+DEFAULT_KEEPALIVE_TIME_S = 30.0
+DEFAULT_KEEPALIVE_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTION_IDLE_S = 600.0  # a connection without calls this long is closed (clients reconnect)
 
 
 @dataclass(frozen=True)
@@ -34,3 +65,37 @@ class ServerConfig:
     cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
     cache_dir_bytes: int = DEFAULT_SPILL_BYTES
     transform_threads: int = 1  # per-sample transform work (server/transforms/)
+    # Admission (request_limits.py, admission.py, reaper.py; the RUNBOOK's "Limits")
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_message_bytes: int = DEFAULT_MESSAGE_CAP_BYTES
+    max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES
+    max_streams: int = DEFAULT_MAX_STREAMS  # of the server: split between its workers
+    max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER  # of each worker
+    stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES  # of the server: split between its workers
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    keepalive_time_s: float = DEFAULT_KEEPALIVE_TIME_S
+    keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
+    max_connection_idle_s: float = DEFAULT_MAX_CONNECTION_IDLE_S
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_batch_size=self.max_batch_size,
+            max_message_bytes=self.max_message_bytes,
+            max_sample_bytes=self.max_sample_bytes,
+        )
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(
+            max_streams=self.max_streams,
+            max_streams_per_peer=self.max_streams_per_peer,
+            buffer_bytes=self.stream_buffer_bytes,
+        )
+
+    def worker_shares(self, workers: int) -> dict[str, Any]:
+        """One worker's share of what this config gives the whole server: its cache, streams and
+        stream buffer (so the server's memory and stream count stay as sized)."""
+        return {
+            "cache_bytes": self.cache_bytes // workers,
+            "max_streams": max(1, -(-self.max_streams // workers)),
+            "stream_buffer_bytes": max(1, self.stream_buffer_bytes // workers),
+        }

@@ -4,7 +4,8 @@
 `ReadPlan`: the dataset readers (one per mixture source), the sample order (DESIGN §4), the step
 layout of this slice, the columns, the steps to send and the transform pipeline. A bad request
 fails here, as the ShardstreamError that says what is wrong (INVALID_ARGUMENT, NOT_FOUND,
-FAILED_PRECONDITION), before a byte is read.
+FAILED_PRECONDITION), before a byte is read; a field over its limit (request_limits.py) is
+INVALID_ARGUMENT naming the field and the limit.
 
 Blocking (manifests are read from storage, a pipeline may load a tokenizer or import a codec): the
 servicer calls it in a worker thread; tests and tools call it directly. The planner keeps what
@@ -28,13 +29,16 @@ from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .reader import DatasetReader, RowGroupCache
+from .request_limits import RequestLimits
 from .selection import check_mixture_columns
 from .transforms import Pipeline, build_pipeline
+from .transforms.base import fixed_bytes
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_CACHED_ORDERS", "ReadPlan", "ReadPlanner"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 2 << 20  # several small steps travel together up to ~2 MiB
 MAX_CACHED_ORDERS = 64
+_PROVENANCE_BYTES = 16  # _shard, _row, _source per row
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,16 @@ class ReadPlan:
     first_step: int
     end_step: int
     stride: int
-    max_message_bytes: int
+    max_message_bytes: int  # the client's target, at most message_cap_bytes
     seed: int = 0
     pipeline: Pipeline | None = None
+    # The server's hard cap on one message: a step larger than it is sent in parts (split_steps) or
+    # refused. Parts of a step are built from parts of its samples when every transform is
+    # per-sample (per_sample), else cut from the built step's rows.
+    message_cap_bytes: int = 1 << 62
+    split_steps: bool = False
+    per_sample: bool = True
+    sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
 
     @property
     def nothing_left(self) -> bool:
@@ -64,8 +75,11 @@ class ReadPlan:
 class ReadPlanner:
     """Resolves datasets and plans Read requests over one registry, for all the streams of a server."""
 
-    def __init__(self, registry: Registry, cache: RowGroupCache) -> None:
+    def __init__(
+        self, registry: Registry, cache: RowGroupCache, limits: RequestLimits | None = None
+    ) -> None:
         self.registry = registry
+        self.limits = limits or RequestLimits()
         self._cache = cache
         self._readers: dict[tuple[str, int], DatasetReader] = {}
         self._lock = threading.Lock()
@@ -116,10 +130,7 @@ class ReadPlanner:
         return manifest
 
     def plan(self, req: pb.ReadRequest) -> ReadPlan:
-        if req.world_size < 1 or req.rank >= req.world_size:
-            raise InvalidArgumentError(
-                f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}"
-            )
+        self.limits.check(req)
         spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
         selector: DatasetOrder | MixtureOrder
         if req.mixture:
@@ -151,7 +162,13 @@ class ReadPlanner:
                 m = readers[source].manifest
                 return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
 
-            pipeline = build_pipeline(list(req.transforms), req.on_error, schema, describe)
+            pipeline = build_pipeline(
+                list(req.transforms),
+                req.on_error,
+                schema,
+                describe,
+                max_sample_bytes=self.limits.max_sample_bytes,
+            )
         layout = StepLayout(
             selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
         )
@@ -162,6 +179,7 @@ class ReadPlanner:
         end = (
             layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
         )
+        cap = self.limits.max_message_bytes
         return ReadPlan(
             readers=readers,
             selector=selector,
@@ -173,7 +191,26 @@ class ReadPlanner:
             first_step=req.first_step,
             end_step=end,
             stride=max(1, req.step_stride),
-            max_message_bytes=req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES,
+            max_message_bytes=min(req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES, cap),
             seed=req.seed,
             pipeline=pipeline,
+            message_cap_bytes=cap,
+            split_steps=req.split_steps,
+            per_sample=pipeline is None or pipeline.per_sample,
+            sample_bytes=_sample_bytes(readers, columns, pipeline),
         )
+
+
+def _sample_bytes(readers: list[DatasetReader], columns: list[str], pipeline: Pipeline | None) -> float:
+    """Bytes one sample will take in a message, before any was built: exact for fixed-size columns
+    (a decoded image), the datasets' stored bytes per row for the others (an underestimate when
+    they compress well; the messages that follow are sized from what was built)."""
+    schema = (
+        pipeline.transforms[-1].output_schema
+        if pipeline
+        else pa.schema([readers[0].manifest.schema.field(c) for c in columns])
+    )
+    sizes = [fixed_bytes(f.type) for f in schema]
+    fixed = sum(n for n in sizes if n is not None)
+    stored = max(r.manifest.num_bytes / max(1, r.manifest.num_rows) for r in readers)
+    return fixed + (stored if None in sizes else 0.0) + _PROVENANCE_BYTES

@@ -1,10 +1,13 @@
 """The ShardStream servicer: grpc.aio in and out, around the planner and the message builder.
 
-Proto in -> `ReadPlanner.plan` (read_plan.py) -> `MessageBuilder.build` (build.py) -> framed Arrow
-out. This module only adapts them to gRPC: it registers the handlers, runs the blocking work
-(manifest reads, Parquet reads, takes, IPC encoding) in worker threads, builds the next message
-while the last one is sent and streams with backpressure (grpc.aio awaits each write), keeps the
-RPC metrics, and maps errors: every ShardstreamError leaves as its own gRPC status code
+Proto in -> `ReadPlanner.plan` (read_plan.py) -> `MessageBuilder.stream` (build.py) -> framed Arrow
+out. This module only adapts them to gRPC: it registers the handlers, admits each Read stream
+(admission.py: streams per server and per peer, bytes held) or refuses it with RESOURCE_EXHAUSTED
+and a retry hint, runs the blocking work (manifest reads, Parquet reads, takes, IPC encoding) in
+worker threads, builds the next message while the last one is sent (while the server's stream
+buffer budget allows), streams with backpressure (grpc.aio awaits each write) and cuts a stream
+whose client reads nothing for the write timeout (reaper.py), keeps the RPC metrics, and maps
+errors (a request that does not even parse is INVALID_ARGUMENT): every ShardstreamError leaves as its own gRPC status code
 (errors.py); anything else is logged and leaves as INTERNAL. What a client reads of an error names
 dataset versions and shards, never a server path or an exception's text (redact.py); the server's
 log keeps the rest.
@@ -17,22 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from prometheus_client import Counter, Gauge
 
-from shardstream.errors import InternalError, ShardstreamError
+from shardstream.errors import InternalError, InvalidArgumentError, ResourceExhaustedError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.registry import BadEntry, Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .build import MessageBuilder, MessageSteps
-from .read_plan import ReadPlanner
+from .admission import Admission, Ticket
+from .build import Message, MessageBuilder, MessageSteps
+from .config import DEFAULT_WRITE_TIMEOUT_S
+from .read_plan import ReadPlan, ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from .reader import RowGroupCache
+from .reaper import Reaper, StreamGone
 from .redact import client_message
+from .request_limits import RequestLimits
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
 
@@ -61,6 +68,7 @@ for _m in METHODS:  # export 0 for the series known to exist
     for _code in (
         "INVALID_ARGUMENT",
         "NOT_FOUND",
+        "RESOURCE_EXHAUSTED",
         "FAILED_PRECONDITION",
         "DATA_LOSS",
         "UNAVAILABLE",
@@ -69,6 +77,20 @@ for _m in METHODS:  # export 0 for the series known to exist
         RPC_ERRORS.labels(_m, _code)
 
 T = TypeVar("T")
+_MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer
+
+
+def _lenient(parse: Callable[[bytes], T]) -> Callable[[bytes], T | None]:
+    """A request deserializer that answers None for bytes that do not parse (the handler then
+    refuses them with INVALID_ARGUMENT; gRPC would answer INTERNAL)."""
+
+    def parse_or_none(data: bytes) -> T | None:
+        try:
+            return parse(data)
+        except Exception:  # noqa: BLE001 — protobuf's DecodeError, invalid UTF-8 in a string field
+            return None
+
+    return parse_or_none
 
 
 class ShardStreamService:
@@ -81,10 +103,16 @@ class ShardStreamService:
         *,
         read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES,
         transform_threads: int = 1,
+        limits: RequestLimits | None = None,
+        admission: Admission | None = None,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
     ) -> None:
         self.registry = registry
-        self.planner = ReadPlanner(registry, cache)
+        self.planner = ReadPlanner(registry, cache, limits)
         self.builder = MessageBuilder(transform_threads=transform_threads)
+        self.admission = admission or Admission()
+        self.reaper = Reaper(write_timeout_s)
+        self.port = 0  # the port the server listens on, once bound (app.py)
         self._read_ahead = ReadAhead(read_ahead, cache)
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
@@ -96,17 +124,17 @@ class ShardStreamService:
             {
                 "GetDataset": grpc.unary_unary_rpc_method_handler(
                     self._unary("GetDataset", self.get_dataset),
-                    request_deserializer=pb.GetDatasetRequest.FromString,
+                    request_deserializer=_lenient(pb.GetDatasetRequest.FromString),
                     response_serializer=pb.DatasetInfo.SerializeToString,
                 ),
                 "ListDatasets": grpc.unary_unary_rpc_method_handler(
                     self._unary("ListDatasets", self.list_datasets),
-                    request_deserializer=pb.ListDatasetsRequest.FromString,
+                    request_deserializer=_lenient(pb.ListDatasetsRequest.FromString),
                     response_serializer=pb.ListDatasetsResponse.SerializeToString,
                 ),
                 "Read": grpc.unary_stream_rpc_method_handler(
                     self.read,
-                    request_deserializer=pb.ReadRequest.FromString,
+                    request_deserializer=_lenient(pb.ReadRequest.FromString),
                     response_serializer=None,  # messages are already wire bytes (framing.py)
                 ),
             },
@@ -126,7 +154,11 @@ class ShardStreamService:
         elif exc.grpc_code == grpc.StatusCode.DATA_LOSS and self._log_once(str(exc)):
             log.warning("%s: %s", method, exc, exc_info=exc)  # the cause chain: files and errors
         RPC_ERRORS.labels(method, exc.grpc_code.name).inc()
-        await context.abort(exc.grpc_code, client_message(exc, self.registry.storage))
+        details = client_message(exc, self.registry.storage)
+        if len(details) > _MAX_DETAILS_CHARS:
+            details = f"{details[:_MAX_DETAILS_CHARS]}... ({len(details)} characters)"
+        metadata = exc.trailing_metadata() if isinstance(exc, ResourceExhaustedError) else ()
+        await context.abort(exc.grpc_code, details, trailing_metadata=metadata)
 
     def _unary(
         self, method: str, fn: Callable[[Any], Awaitable[T]]
@@ -134,6 +166,8 @@ class ShardStreamService:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
             RPCS.labels(method).inc()
             try:
+                if request is None:
+                    raise InvalidArgumentError(f"the {method} request does not parse")
                 return await fn(request)
             except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
                 await self._abort(method, context, exc)
@@ -164,44 +198,73 @@ class ShardStreamService:
             )
 
     # --- data plane ----------------------------------------------------------------------------
-    async def read(self, request: pb.ReadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def read(self, request: pb.ReadRequest | None, context: grpc.aio.ServicerContext) -> None:
         RPCS.labels("Read").inc()
-        STREAMS_ACTIVE.inc()
-        pending = None
+        peer = context.peer()
         try:
+            ticket = self.admission.admit(peer)
+        except ResourceExhaustedError as exc:
+            await self._abort("Read", context, exc)
+            return
+        STREAMS_ACTIVE.inc()
+        try:
+            if request is None:
+                raise InvalidArgumentError("the Read request does not parse")
             # In a thread: planning reads manifests and may load a tokenizer or import a codec.
             plan = await asyncio.to_thread(self.planner.plan, request)
-            if plan.nothing_left:  # still tell the client the epoch is over
-                yield await asyncio.to_thread(self.builder.end_of_epoch, plan)
-                return
-            steps = MessageSteps(plan)
-
-            def submit() -> tuple[asyncio.Future[tuple[bytes, int]], int]:
-                chunk = steps.next()
-                # Fetch the row groups of the next message(s) while this one is built (a guess: same size).
-                self._read_ahead.schedule(plan, steps.ahead(self._read_ahead.messages))
-                return asyncio.ensure_future(asyncio.to_thread(self.builder.build, plan, chunk)), len(chunk)
-
-            pending = submit()
-            while pending is not None:
-                task, nsteps = pending
-                data, nrows = await task
-                steps.record(nsteps, nrows, len(data))  # size the next messages toward max_message_bytes
-                # Read ahead: build the next message while this one is being sent.
-                pending = submit() if steps.remaining else None
-                MESSAGES_SENT.inc()
-                BATCHES_SENT.inc(nsteps)
-                ROWS_SENT.inc(nrows)
-                BYTES_SENT.inc(len(data))
-                yield data
+            await self._send(plan, context, ticket, peer)
         except asyncio.CancelledError:
             raise
+        except StreamGone:
+            pass  # its client went away, or was cut: no status can reach it
         except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
             await self._abort("Read", context, exc)
         finally:
-            if pending is not None:  # the client went away mid-stream
-                pending[0].cancel()
+            ticket.close()
             STREAMS_ACTIVE.dec()
+
+    async def _send(
+        self, plan: ReadPlan, context: grpc.aio.ServicerContext, ticket: Ticket, peer: str
+    ) -> None:
+        """Write the stream's messages, each built in a worker thread while the last one is written."""
+
+        def read_ahead(steps: MessageSteps) -> None:
+            # Fetch the row groups of the next message(s) while this one is built (a guess: same size).
+            self._read_ahead.schedule(plan, steps.ahead(self._read_ahead.messages))
+
+        messages = self.builder.stream(plan, read_ahead)
+
+        async def build() -> Message | None:
+            message = await asyncio.to_thread(next, messages, None)
+            if message is not None:
+                ticket.hold(len(message.data))  # from built until written
+            return message
+
+        def build_next() -> asyncio.Future[Message | None]:
+            return asyncio.ensure_future(build())
+
+        pending: asyncio.Future[Message | None] | None = build_next()
+        try:
+            while pending is not None:
+                message = await pending
+                if message is None:
+                    return
+                n = len(message.data)
+                # Build the next message while this one is written, unless the server's streams
+                # already hold their buffer budget: then only after it (a slow client holds one).
+                pending = build_next() if self.admission.has_room() else None
+                ticket.hold(n)  # gRPC's copy, until the write completes
+                await self.reaper.write(context, message.data, peer, self.port)
+                ticket.release(2 * n)
+                MESSAGES_SENT.inc()
+                BATCHES_SENT.inc(message.steps)
+                ROWS_SENT.inc(message.rows)
+                BYTES_SENT.inc(n)
+                if pending is None:
+                    pending = build_next()
+        finally:
+            if pending is not None:  # the client went away mid-stream
+                pending.cancel()
 
 
 def dataset_info(m: Manifest) -> pb.DatasetInfo:

@@ -229,7 +229,7 @@ class Supervisor:
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,
-            cache_bytes=self.cfg.cache_bytes // self.cfg.workers,  # the server's memory stays as sized
+            **self.cfg.worker_shares(self.cfg.workers),  # the server's memory stays as sized
         )
         cmd = [
             sys.executable,

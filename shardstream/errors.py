@@ -13,7 +13,9 @@
 
 gRPC itself never produces INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE or
 DATA_LOSS, so when a client sees one the server sent it on purpose. `RETRYABLE_CODES` are the codes
-on which a client resumes a stream elsewhere instead of failing.
+on which a client resumes a stream elsewhere instead of failing. An overloaded server says how long
+to leave it alone in the trailing metadata `grpc-retry-pushback-ms` (gRPC's own key for a server's
+retry hint): `ResourceExhaustedError.retry_after_s` on the way out, `retry_pushback_s` on the way in.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ __all__ = [
     "PermissionDeniedError",
     "RETRYABLE_CODES",
     "RETRY_ONCE_CODES",
+    "RETRY_PUSHBACK_KEY",
     "ResourceExhaustedError",
     "ShardstreamError",
     "UnauthenticatedError",
     "UnavailableError",
     "from_grpc_error",
+    "retry_pushback_s",
 ]
 
 
@@ -57,6 +61,15 @@ class FailedPreconditionError(ShardstreamError):
 
 class ResourceExhaustedError(ShardstreamError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # sent as RETRY_PUSHBACK_KEY
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return ((RETRY_PUSHBACK_KEY, str(max(0, round(self.retry_after_s * 1000)))),)
 
 
 class DataLossError(ShardstreamError):
@@ -111,6 +124,23 @@ RETRYABLE_CODES = frozenset(
 # the training loop: that server's copy may be the bad one (a corrupt disk-cache file, a bug of one
 # build during a rollout), and a second failure is then the data's or the request's, not the server's.
 RETRY_ONCE_CODES = frozenset({grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL})
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def retry_pushback_s(exc: grpc.RpcError) -> float | None:
+    """The server's retry hint on a failed RPC, in seconds (None when it gave none)."""
+    try:
+        metadata = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 — an RpcError without metadata (a local failure)
+        return None
+    for key, value in metadata:
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                ms = int(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1000 if ms >= 0 else None
+    return None
 
 
 def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError:

@@ -34,6 +34,7 @@ __all__ = [
     "Params",
     "Result",
     "Transform",
+    "fixed_bytes",
     "fixed_tensor",
     "keep_rows",
     "map_samples",
@@ -43,6 +44,12 @@ __all__ = [
 ]
 
 _MISSING = object()
+_REPR_CHARS = 100  # of a bad value quoted in an error
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _REPR_CHARS else f"{text[:_REPR_CHARS]}... ({len(text)} characters)"
 
 
 class Params:
@@ -54,7 +61,9 @@ class Params:
         self._used: set[str] = {"op"}
 
     def _bad(self, name: str, want: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"{self.op}: parameter {name!r} must be {want}, got {self._raw[name]!r}")
+        return InvalidArgumentError(
+            f"{self.op}: parameter {name!r} must be {want}, got {_short_repr(self._raw[name])}"
+        )
 
     def _given(self, name: str, default: Any) -> tuple[bool, Any]:
         """(True, value) when the parameter is set, (False, default) when not; required without a default."""
@@ -205,6 +214,22 @@ def fixed_tensor(
     return tensor_array(out)
 
 
+def fixed_bytes(t: pa.DataType) -> int | None:
+    """Bytes one value of type `t` takes when its size is fixed (fixed-size lists and tensors of
+    fixed-width values, nested); None for variable-size types (strings, lists)."""
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
+    if pa.types.is_fixed_size_list(t):
+        inner = fixed_bytes(t.value_type)
+        return None if inner is None else t.list_size * inner
+    if pa.types.is_boolean(t):
+        return 1
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # not a fixed-width type
+        return None
+
+
 def tensor_type(shape: tuple[int, ...], dtype: np.dtype) -> pa.DataType:
     """The Arrow type `fixed_tensor` makes: a fixed-size list for 1-D, else a fixed-shape tensor."""
     value = pa.from_numpy_dtype(dtype)
@@ -246,6 +271,9 @@ class Transform:
     """One operation of the catalogue. Subclasses set `op`, parse params, set `output_schema`."""
 
     op: ClassVar[str]
+    # Each input row's output depends on that row only (not on the other rows of its step), so a
+    # step may be transformed in parts (build.py splits steps larger than a message that way).
+    per_sample: ClassVar[bool] = True
     output_schema: pa.Schema
 
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:

@@ -23,13 +23,13 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.transform_spec import ON_ERROR
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .base import BatchContext, Params, Transform
+from ..request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
+from .base import BatchContext, Params, Transform, fixed_bytes
 from .registry import OPS
 
 __all__ = ["ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
 
 PROVENANCE = ("_shard", "_row", "_source")
-MAX_TRANSFORMS = 16
 
 TRANSFORM_SECONDS = Histogram(
     "shardstream_transform_seconds",
@@ -65,6 +65,11 @@ class Pipeline:
 
     def __bool__(self) -> bool:
         return bool(self.transforms)
+
+    @property
+    def per_sample(self) -> bool:
+        """Every transform maps samples on their own: a step's samples may be transformed in parts."""
+        return all(t.per_sample for t in self.transforms)
 
     def apply(
         self,
@@ -125,11 +130,28 @@ class Pipeline:
         return out, [StepRows(counts[s], skipped[s]) for s in step_ids]
 
 
+def _check_output_size(op: str, before: pa.Schema, after: pa.Schema, max_sample_bytes: int) -> None:
+    """Refuse a transform whose new fixed-size columns take more than `max_sample_bytes` per row
+    (image.decode's pixels, video.frames' frames, audio.decode's samples, text.pack's seq_len,
+    rl.windows' window): what one 161-byte request may make a server allocate per sample."""
+    new = [f for f in after if f.name not in before.names or not before.field(f.name).equals(f)]
+    sizes = [(f, fixed_bytes(f.type)) for f in new]
+    total = sum(n for _, n in sizes if n is not None)
+    if total > max_sample_bytes:
+        parts = ", ".join(f"{f.name}: {f.type} = {n} bytes" for f, n in sizes if n)
+        raise InvalidArgumentError(
+            f"{op}: its output is {total} bytes per sample ({parts}), over this server's limit of "
+            f"{max_sample_bytes} bytes per sample (--max-sample-mib): ask for smaller outputs"
+        )
+
+
 def build_pipeline(
     specs: Sequence[pb.Transform],
     on_error: str,
     schema: pa.Schema,
     describe: Callable[[int, int, int], str],
+    *,
+    max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
 ) -> Pipeline:
     """Validate the request's transforms against the schema they will see; INVALID_ARGUMENT naming
     the op and parameter on any problem, before a byte is read."""
@@ -146,15 +168,17 @@ def build_pipeline(
             raise InvalidArgumentError(
                 f"transform {k}: unknown op {spec.op!r} (known: {', '.join(sorted(OPS))})"
             )
+        check_params_json(spec.op, spec.params_json)  # size and depth, before the parser recurses
         try:
             raw = json.loads(spec.params_json or "{}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # bad JSON; a number of over 4,300 digits
             raise InvalidArgumentError(f"{spec.op}: parameters are not valid JSON ({exc})") from exc
         if not isinstance(raw, dict):
             raise InvalidArgumentError(f"{spec.op}: parameters must be a JSON object, got {raw!r}")
         params = Params(spec.op, raw)
         t = cls(params, schema)
         params.check_unused()
+        _check_output_size(spec.op, schema, t.output_schema, max_sample_bytes)
         schema = t.output_schema
         out.append(t)
     return Pipeline(out, on_error, describe)

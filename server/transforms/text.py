@@ -140,6 +140,7 @@ def _is_token_list(t: pa.DataType) -> bool:
 
 class Pack(Transform):
     op = "text.pack"
+    per_sample = False  # packs all the documents of a step together
 
     def __init__(self, params: Params, schema: pa.Schema) -> None:
         self.column = params.str("column", "text")

@@ -7,32 +7,56 @@ from typing import Any
 
 from . import common
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "config_from_args"]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The ServerConfig the parsed `serve` arguments ask for."""
+    from shardstream.server.config import ServerConfig
+    from shardstream.server.workers import usable_cpus
+
+    return ServerConfig(
+        root=args.root,
+        port=args.port,
+        host=args.host,
+        metrics_port=args.metrics_port,
+        cache_bytes=args.cache_mib << 20,
+        grace_s=args.grace,
+        ready_file=args.ready_file,
+        s3_endpoint=args.s3_endpoint,
+        workers=args.workers or usable_cpus(),
+        # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
+        read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
+        cache_dir=args.cache_dir,
+        cache_dir_bytes=args.cache_dir_mib << 20,
+        transform_threads=args.transform_threads or usable_cpus(),
+        max_batch_size=args.max_batch_size,
+        max_message_bytes=args.max_message_mib << 20,
+        max_sample_bytes=args.max_sample_mib << 20,
+        max_streams=args.max_streams,
+        max_streams_per_peer=args.max_streams_per_peer,
+        stream_buffer_bytes=args.stream_buffer_mib << 20,
+        write_timeout_s=args.write_timeout,
+        keepalive_time_s=args.keepalive_time,
+        keepalive_timeout_s=args.keepalive_timeout,
+        max_connection_idle_s=args.max_connection_idle,
+    )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from shardstream.server.app import run
-    from shardstream.server.config import ServerConfig
-    from shardstream.server.workers import usable_cpus
 
-    run(
-        ServerConfig(
-            root=args.root,
-            port=args.port,
-            host=args.host,
-            metrics_port=args.metrics_port,
-            cache_bytes=args.cache_mib << 20,
-            grace_s=args.grace,
-            ready_file=args.ready_file,
-            s3_endpoint=args.s3_endpoint,
-            workers=args.workers or usable_cpus(),
-            # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
-            read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
-            cache_dir=args.cache_dir,
-            cache_dir_bytes=args.cache_dir_mib << 20,
-            transform_threads=args.transform_threads or usable_cpus(),
-        )
-    )
+    run(config_from_args(args))
     return 0
 
 
@@ -100,6 +124,80 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument(
         "--ready-file", help="write {port, metrics_port, pid, workers} as JSON here once every worker serves"
+    )
+    limits = sp.add_argument_group(
+        "limits", "admission control: what one request or client may take of a server (RUNBOOK: Limits)"
+    )
+    limits.add_argument(
+        "--max-batch-size",
+        type=common.positive_int,
+        default=65_536,
+        help="largest batch_size (rows per rank per step) a Read may ask for (default 65536)",
+    )
+    limits.add_argument(
+        "--max-message-mib",
+        type=common.positive_int,
+        default=64,
+        help="cap on one Read message; a client's larger max_message_bytes is clamped to it and a larger "
+        "step is sent in parts (default 64)",
+    )
+    limits.add_argument(
+        "--max-sample-mib",
+        type=common.positive_int,
+        default=64,
+        help="cap on a transform's output per sample (image pixels, video frames, audio samples, "
+        "text.pack seq_len, rl.windows window); larger asks are INVALID_ARGUMENT (default 64)",
+    )
+    limits.add_argument(
+        "--max-streams",
+        type=common.positive_int,
+        default=1024,
+        help="Read streams the server runs at once, split between its workers; more are refused with "
+        "RESOURCE_EXHAUSTED and a retry hint (default 1024)",
+    )
+    limits.add_argument(
+        "--max-streams-per-peer",
+        type=common.positive_int,
+        default=256,
+        help="Read streams one client address (all its connections) may run at once on each worker "
+        "(default 256)",
+    )
+    limits.add_argument(
+        "--stream-buffer-mib",
+        type=common.positive_int,
+        default=1024,
+        help="bytes of built messages the streams may hold before they stop building ahead and new "
+        "streams are refused, split between the workers (default 1024)",
+    )
+    limits.add_argument(
+        "--write-timeout",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="a stream whose client reads nothing this long is cut (its connection closed; the client "
+        "resumes at its first missing step) (default 300)",
+    )
+    limits.add_argument(
+        "--keepalive-time",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="ping each client this often (default 30)",
+    )
+    limits.add_argument(
+        "--keepalive-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose client answers no ping for this long: a frozen client's streams "
+        "end (default 10)",
+    )
+    limits.add_argument(
+        "--max-connection-idle",
+        type=_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="close a connection without calls for this long (default 600)",
     )
     sp.add_argument(
         "--transform-threads",

@@ -69,7 +69,7 @@ class MixtureSource(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ReadRequest(_message.Message):
     STEP_STRIDE_FIELD_NUMBER: _ClassVar[int]
     TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
     ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_STEPS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -110,7 +111,8 @@ class ReadRequest(_message.Message):
     step_stride: int
     transforms: _containers.RepeatedCompositeFieldContainer[Transform]
     on_error: str
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ...) -> None: ...
+    split_steps: bool
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ...) -> None: ...
 
 class Transform(_message.Message):
     __slots__ = ("op", "params_json")
@@ -121,7 +123,7 @@ class Transform(_message.Message):
     def __init__(self, op: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class StepInfo(_message.Message):
-    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped")
+    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped", "part", "more_parts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POSITION_START_FIELD_NUMBER: _ClassVar[int]
     POSITION_END_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +131,8 @@ class StepInfo(_message.Message):
     GLOBAL_END_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    MORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     position_start: int
     position_end: int
@@ -136,7 +140,9 @@ class StepInfo(_message.Message):
     global_end: int
     rows: int
     skipped: _containers.RepeatedCompositeFieldContainer[SkippedSample]
-    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ...) -> None: ...
+    part: int
+    more_parts: bool
+    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., part: _Optional[int] = ..., more_parts: _Optional[bool] = ...) -> None: ...
 
 class SkippedSample(_message.Message):
     __slots__ = ("position", "shard", "row", "source", "reason")

@@ -71,6 +71,11 @@ class ShardStreamServicer:
     def Read(self, request, context):
         """Stream the batches of one rank for a range of global steps of one epoch.
 
+        Admission: a server runs at most --max-streams Read streams at once (--max-streams-per-peer per
+        client address) and refuses more with RESOURCE_EXHAUSTED. A stream whose client reads nothing
+        for --write-timeout-s seconds is cut (its connection is closed), so a frozen client holds no
+        server memory; the client resumes at its first missing step, as after any broken stream.
+
         Framing: every message on the stream is a valid encoding of ReadResponse, so a generic gRPC
         client (grpcurl, other languages) can decode it with these definitions. The shardstream
         server writes it by hand so that the Arrow payload is never copied through a protobuf
