@@ -78,9 +78,12 @@ class JobCursors:
         self.store: CursorStore = cursor_store if isinstance(cursor_store, CursorStore) else open_store(url)
         self._owns_store = not given
         self._committer: Committer | None = None
+        self._closed = False
 
     def start(self) -> Committer:
         """The commit thread, started (and the rank claimed for this process) on first use."""
+        if self._closed:
+            raise RuntimeError(f"the Loader of job {self.job} is closed")
         if self._committer is None:
             self._committer = Committer(self.store, self.job, self.rank, self.world_size)
         return self._committer
@@ -101,7 +104,11 @@ class JobCursors:
             self._committer.flush(timeout_s)
 
     def close(self, timeout_s: float, *, quiet: bool) -> None:
-        """Write what is pending and stop; raise the newest commit's failure (log it when `quiet`)."""
+        """Write what is pending and stop; raise the newest commit's failure (log it when `quiet`).
+        Closing again does nothing; the store can still be read (a resume)."""
+        if self._closed:
+            return
+        self._closed = True
         committer, self._committer = self._committer, None
         error = committer.close(timeout_s) if committer is not None else None
         if self._owns_store and (committer is None or not committer.alive):

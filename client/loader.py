@@ -198,8 +198,7 @@ class Loader:
             conn.close()
         self._conns.clear()
         if self._job is not None:
-            job, self._job = self._job, None
-            job.close(self.timeout_s, quiet=quiet)
+            self._job.close(self.timeout_s, quiet=quiet)
 
     def __del__(self) -> None:
         if getattr(self, "_conns", None):

@@ -20,10 +20,10 @@ What `commit(wait=True)` waits for depends on how Redis persists (checked once p
 first claim or write, with CONFIG GET — or INFO persistence where a managed Redis disables CONFIG):
 
     appendonly yes, appendfsync always   Redis answers after the AOF is fsynced: nothing more to wait for
-    appendonly yes, Redis >= 7.2         WAITAOF 1 0: the AOF is fsynced (survives a host crash)
-    appendonly yes, Redis < 7.2          INFO persistence until aof_buffer_length is 0: the write is in
-                                         the AOF file (survives a Redis crash or kill -9; a host crash
-                                         may lose the last second with everysec)
+    appendonly yes, everysec, Redis 7.2+ WAITAOF 1 0: the AOF is fsynced (survives a host crash)
+    appendonly yes, older Redis, or      INFO persistence until aof_buffer_length is 0: the write is in
+    appendfsync no, or no WAITAOF        the AOF file (survives a Redis crash or kill -9; a host crash
+                                         may lose the last second with everysec, more with no)
     appendonly no, RDB snapshots         acknowledged only: a restart rolls back to the last snapshot
     no persistence                       acknowledged only: a restart loses everything
 
@@ -74,6 +74,8 @@ class Persistence:
             return "acknowledged"
         if self.appendfsync == "always":
             return "fsync"
+        if self.appendfsync == "no":  # the OS flushes when it likes: no fsync to wait for
+            return "aof-written"
         return "waitaof" if self.version >= (7, 2) else "aof-written"
 
     def problem(self, url: str) -> str | None:

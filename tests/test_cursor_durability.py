@@ -8,6 +8,7 @@ refused; commit failures are logged once per burst and never dropped by close().
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -279,6 +280,7 @@ def test_persistence_settings_say_what_a_durable_write_waits_for() -> None:
         (Persistence(True, "everysec", "", (7, 2, 4)), "waitaof", None),
         (Persistence(True, "everysec", "", (7, 0, 15)), "aof-written", None),
         (Persistence(True, None, None, (7, 0, 15), "INFO persistence"), "aof-written", None),
+        (Persistence(True, "no", "", (7, 2, 4)), "aof-written", None),
         (
             Persistence(False, "everysec", "3600 1", (7, 0, 15)),
             "acknowledged",
@@ -296,6 +298,32 @@ def test_persistence_settings_say_what_a_durable_write_waits_for() -> None:
         assert persistence.durability == durability, persistence
         text = persistence.problem("redis://r")
         assert (text is None) if problem is None else (text is not None and problem in text), persistence
+
+
+def test_a_redis_that_says_7_2_but_has_no_waitaof_still_gets_durable_writes(tmp_path: Path) -> None:
+    """A proxy or fork may report redis_version 7.2 without WAITAOF: the write goes through (in one
+    pipeline with WAITAOF), the store falls back to waiting for the AOF write, and stops asking. This
+    Redis (7.0) plays that server: its reported version is set to 7.2 in the store's cached check."""
+    server = RedisServer(tmp_path / "redis", persistent=True, appendfsync="everysec").start()
+    try:
+        store = RedisStore(server.url)
+        store._persistence = dataclasses.replace(store.persistence(), version=(7, 2, 0))
+        assert store.persistence().durability == "waitaof"
+        gen = store.claim("w", 0, 1, "T")
+        assert store.write("w", 1, "k", 0, 1, b"r", gen=gen, durable=True) is True
+        assert store.persistence().durability == "aof-written"  # not asked again
+        assert store.write("w", 2, "k", 0, 1, b"r", gen=gen, durable=True) is True
+        with pytest.raises(StaleRunError):  # a refusal still comes through the pipeline's path
+            store._persistence = dataclasses.replace(store.persistence(), version=(7, 2, 0))
+            store.write("w", 3, "k", 0, 1, b"r", gen=gen + 1, durable=True)
+        store.close()
+        server.kill()
+        server.start()
+        store = RedisStore(server.url)
+        assert store.committed("w") == [1, 2]
+        store.close()
+    finally:
+        server.kill()
 
 
 # --- commit(wait=True), failures, close() ---------------------------------------------------------
