@@ -18,6 +18,7 @@ BENCHMARKS = [
     "loadtest.bench",
     "loadtest.cli",
     "loadtest.gpu_check",
+    "loadtest.integrity_bench",
     "loadtest.plan_bench",
     "loadtest.resume_bench",
     "loadtest.storage_bench",
