@@ -59,6 +59,7 @@ class Committer:
         self._queue: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
         self._stale: StaleRunError | None = None
+        self._stale_logged = False
         self._unreported = 0  # failed commits nobody waited for, since the last flush
         self._last_failure: tuple[int, ShardstreamError] | None = None
         self._burst = 0  # consecutive failed store calls (logged at the first and at recovery)
@@ -96,13 +97,11 @@ class Committer:
             if items[-1] is _STOP:
                 return
 
-    def _claim(self) -> bool:
+    def _claim(self) -> None:
         try:
             self.gen = self.store.claim(self.job, self.rank, self.world_size, self.token)
         except Exception as exc:  # noqa: BLE001 — logged here, retried before the next write
             self._failed(_shardstream_error(exc, self.store.url), f"claiming rank {self.rank}")
-            return False
-        return True
 
     def _write(self, batch: list[PendingCommit]) -> None:
         item = batch[-1]
@@ -112,19 +111,15 @@ class Committer:
         try:
             if self._stale is not None:
                 raise self._stale
-            if self.gen is None and not self._claim():
-                raise UnavailableError(
-                    f"cursor store {self.store.url}: could not claim rank {self.rank} of job {self.job}"
-                )
+            if self.gen is None:  # the claim at start failed: again, as part of this commit
+                self.gen = self.store.claim(self.job, self.rank, self.world_size, self.token)
             try:
                 done = self._store_write(item, durable)
-            except (
-                UnclaimedError
-            ) as exc:  # the store lost the job's run (wiped, restarted empty): claim again
+            except UnclaimedError as exc:
+                # the store lost the job's run (wiped, restarted empty): nobody newer can hold the rank
                 log.warning("%s: claiming rank %d again", exc, self.rank)
                 self.gen = None
-                if not self._claim():
-                    raise
+                self.gen = self.store.claim(self.job, self.rank, self.world_size, self.token)
                 done = self._store_write(item, durable)
         except Exception as exc:  # noqa: BLE001 — handed to the consumer below
             err = _shardstream_error(exc, self.store.url)
@@ -168,11 +163,15 @@ class Committer:
         )
 
     def _failed(self, err: ShardstreamError, doing: str) -> None:
-        """Log the first failure of a burst; the rest are counted until the store answers again."""
+        """Log the first failure of a burst; the rest are counted until the store answers again.
+        A refusal as a stale run is logged once, at error: it never ends."""
+        if isinstance(err, StaleRunError):
+            if not self._stale_logged:
+                self._stale_logged = True
+                log.error("%s", err)
+            return
         self._burst += 1
-        if self._burst == 1 and self._stale is err:
-            log.error("%s", err)
-        elif self._burst == 1:
+        if self._burst == 1:
             log.warning(
                 "cursor store failing for job %s (rank %d), %s: %s — training goes on; further failures are "
                 "counted in shardstream_client_cursor_commit_failures_total and raised by flush_commits()",
