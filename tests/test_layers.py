@@ -31,6 +31,7 @@ GENERATED = ("shardstream.v1.",)
 ENTRY_POINTS = (
     "shardstream.cli",
     "shardstream.demo",
+    "shardstream.viz",  # the visualizers read through the client and may start a server (--root)
 )  # packages that may import both sides  # protoc's stubs: not ours to arrange
 
 

@@ -8,6 +8,7 @@
     inspect.py      inspect
     cursor.py       cursor list|show|migrate
     demo.py         demo
+    visualize.py    view (terminal UI) and web (browser UI), over shardstream.viz
 
 This package and `shardstream.demo` are the only shared code that imports the client and the server
 (DESIGN §2). Handlers import their side when they run, so a client-only install runs the client-side
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
 
-from . import common, cursor, datasets, demo, ingest, inspect, serve
+from . import common, cursor, datasets, demo, ingest, inspect, serve, visualize
 
 __all__ = ["build_parser", "main"]
 
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     datasets.add_commands(sub)
     inspect.add_commands(sub)
     cursor.add_commands(sub)
+    visualize.add_commands(sub)
     demo.add_commands(sub)
     return p
 
