@@ -76,6 +76,7 @@ def add_commands(sub: Any) -> None:
             "shardstream serve --root ./datasets --port 7070 --metrics-port 9090 --workers 4",
             "shardstream serve --root s3://bucket/registry --cache-dir /var/cache/shardstream --host 0.0.0.0",
             "shardstream --root ./datasets serve --port 0 --ready-file ready.json",
+            "shardstream serve --root ./datasets --max-streams 256 --stream-buffer-mib 512 --write-timeout 120",
         ),
     )
     common.root_options(sp)

@@ -26,7 +26,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .media import write_table
 
-__all__ = ["READ", "Streams", "server_rss", "stalled_process", "write_blobs"]
+__all__ = ["OPTIONS", "READ", "Streams", "server_rss", "stalled_process", "write_blobs"]
 
 READ = "/shardstream.v1.ShardStream/Read"
 REPO = Path(__file__).resolve().parents[2]
