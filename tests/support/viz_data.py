@@ -5,7 +5,7 @@
     sounds    CPython's test WAV, FLAC/MP3 made from it, and matplotlib-free synthetic tones
     clips     MP4 and WebM clips panning over shipped images
     episodes  RL episodes (obs, action, reward, done)
-    notes     more CPython sources, the same columns as text
+    notes     more CPython sources, the same columns as text; notes@2 appends 8 rows
     mix       not a dataset: `MIXTURE` mixes text and notes
 """
 
@@ -54,6 +54,9 @@ def _tones() -> list[tuple[str, bytes]]:
 def make_viz_registry(root: Path) -> Path:
     """Ingest the datasets above under `root` (once per directory) and return it."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardstream.server.ingest import IngestOptions, ingest
 
     if (root / "text").exists():
         return root
@@ -62,6 +65,11 @@ def make_viz_registry(root: Path) -> Path:
     for name, part in (("text", sources[:48]), ("notes", sources[48:])):
         columns = {"id": np.arange(len(part)), "name": [n for n, _ in part], "text": [t[:3000] for _, t in part]}
         write_table(root, name, pa.table(columns))
+    # notes@2 appends rows to notes@1: a version history with a diff
+    more = sources[:8]
+    src = root.parent / "src-notes-2.parquet"
+    pq.write_table(pa.table({"id": np.arange(48, 56), "name": [n for n, _ in more], "text": [t[:3000] for _, t in more]}), src)
+    ingest(src, "notes", root, IngestOptions(row_group_rows=8, shard_rows=40, progress=False), change="append")
     images = matplotlib_photos() + real_images()
     write_table(root, "photos", blob_table("image", images, repeat=2).rename_columns(["id", "name", "image"]))
     sounds = real_audio() + _tones()

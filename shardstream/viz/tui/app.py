@@ -50,7 +50,7 @@ class VersionsScreen(Screen[None]):
 
     def __init__(self, catalog: Catalog, name: str, defaults: dict[str, Any]) -> None:
         super().__init__()
-        self.catalog, self.name, self.defaults = catalog, name, defaults
+        self.catalog, self.dataset, self.defaults = catalog, name, defaults
         self.rows: dict[str, VersionRow] = {}
 
     def compose(self) -> ComposeResult:
@@ -62,10 +62,10 @@ class VersionsScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.title = f"{self.name}: versions (enter: browse steps)"
+        self.title = f"{self.dataset}: versions (enter: browse steps)"
         table = self.query_one(DataTable)
         table.add_columns("version", "parent", "change", "rows", "created", "tags")
-        for r in self.catalog.versions(self.name):
+        for r in self.catalog.versions(self.dataset):
             self.rows[r.ref] = r
             table.add_row(r.ref, str(r.parent or ""), r.change, f"{r.rows:,}", r.created[:19], ", ".join(r.tags), key=r.ref)
 

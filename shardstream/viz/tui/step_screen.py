@@ -40,6 +40,7 @@ class SamplePane(Static):
 
     def __init__(self, renderable: Any, summary: dict[str, Any]) -> None:
         super().__init__(renderable)
+        self.drawn = renderable  # what the pane draws (a Rich renderable)
         self.summary = summary
 
 
@@ -80,10 +81,10 @@ class StepScreen(Screen[None]):
 
     def __init__(self, source: DataSource, catalog: Catalog, query: StepQuery) -> None:
         super().__init__()
-        self.source, self.catalog, self.query = source, catalog, query
+        self.source, self.catalog, self.step_query = source, catalog, query
         self.step_batch: StepBatch | None = None
         self.steps_in_epoch = 0
-        self.loading = 0
+        self.pending = 0
 
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
@@ -91,11 +92,11 @@ class StepScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.show(self.query)
+        self.show(self.step_query)
 
     # --- reading --------------------------------------------------------------------------------
     def show(self, query: StepQuery) -> None:
-        self.loading += 1
+        self.pending += 1
         self.query_one("#status", Static).update(f"reading {query.describe()} …")
         self._read(query)
 
@@ -109,12 +110,12 @@ class StepScreen(Screen[None]):
         self.app.call_from_thread(self._shown, query, result)
 
     def _shown(self, query: StepQuery, result: StepBatch | str) -> None:
-        self.loading -= 1
+        self.pending -= 1
         status = self.query_one("#status", Static)
         if isinstance(result, str):
-            status.update(f"[red]{result}[/red]\n{self.query.describe()}")
+            status.update(f"[red]{result}[/red]\n{self.step_query.describe()}")
             return
-        self.query, self.step_batch = query, result
+        self.step_query, self.step_batch = query, result
         self.steps_in_epoch = result.steps_in_epoch
         box = self.query_one("#samples", VerticalScroll)
         box.remove_children()
@@ -137,33 +138,33 @@ class StepScreen(Screen[None]):
     # --- keys -------------------------------------------------------------------------------------
     def _go(self, **changes: Any) -> None:
         try:
-            self.show(self.query.moved(**changes))
+            self.show(self.step_query.moved(**changes))
         except (ShardstreamError, ValueError) as exc:
             self.notify(str(exc), severity="error")
 
     def action_step(self, delta: int) -> None:
-        target = self.query.step + delta
+        target = self.step_query.step + delta
         if 0 <= target < max(1, self.steps_in_epoch):
             self._go(step=target)
 
     def action_rank(self, delta: int) -> None:
-        if 0 <= self.query.rank + delta < self.query.world_size:
-            self._go(rank=self.query.rank + delta)
+        if 0 <= self.step_query.rank + delta < self.step_query.world_size:
+            self._go(rank=self.step_query.rank + delta)
 
     def action_epoch(self, delta: int) -> None:
-        if self.query.epoch + delta >= 0:
-            self._go(epoch=self.query.epoch + delta)
+        if self.step_query.epoch + delta >= 0:
+            self._go(epoch=self.step_query.epoch + delta)
 
     def action_transforms(self) -> None:
         def apply(text: str | None) -> None:
             if text is not None:
                 self._go(transforms=text.strip())
 
-        self.app.push_screen(PromptScreen("transforms (JSON list; empty = as stored)", self.query.transforms), apply)
+        self.app.push_screen(PromptScreen("transforms (JSON list; empty = as stored)", self.step_query.transforms), apply)
 
     def _locate(self, position: int) -> dict[str, int]:
         """The (step, rank) whose batch holds global position `position` (the plan's own layout)."""
-        q = self.query
+        q = self.step_query
         layout = StepLayout(self.source.target(q).num_rows, 0, q.world_size, q.batch_size, q.drop_last)
         step = position // q.global_batch
         for rank in range(q.world_size):
