@@ -5,7 +5,8 @@ breaks, ends before the steps it owes, or its server is unavailable, overloaded 
 session reopens it — on the next endpoint — at the first step not yet received, after a jittered
 exponential backoff, within a retry budget (`RetryPolicy`: a number of failures in a row and a time)
 that any progress resets. DATA_LOSS and INTERNAL are tried once more on the next endpoint (that
-server's copy may be the bad one); any other error, or a second one of those, is the caller's.
+server's copy may be the bad one), once per session (a stream's epoch); any other error, or a second
+one of those, is the caller's.
 Both the single stream of a rank (prefetch.py) and each of its striped streams (striped.py) are one.
 A step the server sends in parts (larger than its message cap) is handed on whole, once its last
 part is in (parts.py); the next step moves with whole steps only, so a stream that breaks mid-step
@@ -125,7 +126,9 @@ class StreamSession:
         self._it: Iterator[Message] | None = None
         self.failures = 0  # in a row, without progress
         self._failing_since = 0.0  # when the first of them happened
-        self._retried_once = False  # a DATA_LOSS/INTERNAL was retried elsewhere since the last progress
+        # A DATA_LOSS/INTERNAL was retried elsewhere in this session. Not reset by progress: a resumed
+        # stream delivers the steps before the bad one, and a reset would retry once per step.
+        self._retried_once = False
         self._parts = StepParts()  # of a step sent in parts, until its last one
         self._pushback: dict[int, float] = {}  # endpoint -> when it said it may be tried again
 
@@ -164,7 +167,6 @@ class StreamSession:
                 if header.steps:
                     self.next_step += len(header.steps) * self.step_stride
                     self.failures = 0  # progress resets the retry budget
-                    self._retried_once = False
                 return header, payload
             if not self.retry(error):
                 return None

@@ -182,12 +182,11 @@ def test_data_loss_and_internal_are_tried_once_more_on_the_next_endpoint(
     s, _, opened = session(
         [
             ScriptedCall([0], then=code),  # retried once, elsewhere
-            ScriptedCall([1], then=code),  # progress in between: once more
-            ScriptedCall([], then=code),  # a second one in a row: the caller's
+            ScriptedCall([1], then=code),  # progress does not buy another: the caller's
             ScriptedCall([2]),
         ]
     )
     assert steps_read(s, 2) == [0, 1]
     with pytest.raises(error, match=f"scripted {code.name}"):
         s.next_message()
-    assert opened == [("b:2", 0), ("c:3", 1), ("a:1", 2)]
+    assert opened == [("b:2", 0), ("c:3", 1)]
