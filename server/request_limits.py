@@ -2,9 +2,10 @@
 
 `RequestLimits.check(request)` refuses a malformed or absurd request with one INVALID_ARGUMENT that
 names the field and its limit: sizes (batch, world, stride, mixture block and epoch, columns,
-transforms), ranges (seed, epoch, offsets) and strings. Without these, one 161-byte request could
-make a server allocate gigabytes (`mixture_block` 2^32-1 builds 32 GiB of schedule) or fail with
-INTERNAL instead of saying what is wrong (`mixture_epoch_samples` 2^64-1 overflows int64 math).
+transforms), ranges (epoch, offsets; a seed may be any uint64: it is hashed) and strings. Without
+these, one 161-byte request could make a server allocate gigabytes (`mixture_block` 2^32-1 builds
+32 GiB of schedule) or fail with INTERNAL instead of saying what is wrong (`mixture_epoch_samples`
+2^64-1 overflows int64 math).
 
 `check_params_json(op, text)` bounds a transform's JSON parameters by size and nesting depth before
 `json.loads` sees them (100k nested brackets would otherwise end in a RecursionError). What a
@@ -38,7 +39,6 @@ DEFAULT_MAX_SAMPLE_BYTES = 64 << 20  # transform output per sample (fixed-size c
 
 MAX_WORLD_SIZE = 1 << 20
 MAX_STEP_STRIDE = 1 << 16
-MAX_SEED = (1 << 63) - 1
 MAX_EPOCH = (1 << 32) - 1
 MAX_COUNT = 1 << 62  # offsets and step counts
 MAX_SHUFFLE_WINDOW = 1 << 20
@@ -81,7 +81,6 @@ class RequestLimits:
         """Raise InvalidArgumentError naming the first field of `req` over its limit."""
         _too_long("dataset", req.dataset, MAX_REF_CHARS)
         _too_long("fingerprint", req.fingerprint, MAX_REF_CHARS)
-        _at_most("seed", req.seed, MAX_SEED)
         _at_most("epoch", req.epoch, MAX_EPOCH)
         _too_long("shuffle.mode", req.shuffle.mode, MAX_STRING_CHARS)
         _at_most("shuffle.window", req.shuffle.window, MAX_SHUFFLE_WINDOW, " blocks")
