@@ -1,0 +1,312 @@
+"""`shardstream web` in headless Chromium: every page loads cleanly, media are real, URLs carry state.
+
+The app runs as `shardstream web --root R` (which starts its own server over R) on a free port; a
+separate server over the same root feeds the Loader the pages are compared with. The browser is
+Debian's Chromium driven by playwright (`executable_path`, never `playwright install`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+import pytest
+
+from shardstream.client import Loader
+from shardstream.viz.query import StepQuery
+
+from .support.servers import Servers, unused_port, wait_for
+from .support.viz_data import MIXTURE, make_viz_registry
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DECODE = json.dumps([{"op": "image.decode", "column": "image", "size": [64, 48]}])
+AUDIO = json.dumps([{"op": "audio.decode", "column": "audio", "sample_rate": 8000, "seconds": 0.75}])
+VIDEO = json.dumps([{"op": "video.frames", "column": "video", "num_frames": 4, "stride": 2, "size": [32, 32]}])
+RL = json.dumps([{"op": "rl.windows", "window": 16, "stride": 8, "n_step": 3, "gamma": 0.99}])
+PACK = json.dumps([{"op": "text.tokenize", "column": "text"}, {"op": "text.pack", "column": "text", "seq_len": 64}])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_viz_registry(tmp_path_factory.mktemp("web") / "root")
+
+
+@pytest.fixture(scope="module")
+def store(root: Path) -> str:
+    """A cursor store holding job `train-1`: two ranks committed step 3 of photos@1 (world 2, batch 2)."""
+    from shardstream.client.cursor import CursorRecord
+    from shardstream.client.state import LoaderState
+    from shardstream.client.stores import open_store
+    from shardstream.registry import Registry
+
+    fingerprint = Registry(root).resolve("photos@1").fingerprint
+    url = f"sqlite:///{root.parent / 'cursors.db'}"
+    st = open_store(url)
+    try:
+        for rank in range(2):
+            rec = CursorRecord("train-1", rank, 3, LoaderState("photos@1", fingerprint, 0, "block(window=16)", 0, 12, 2, 2, 3))
+            st.write("train-1", 3, rec.key, rank, 2, rec.to_bytes())
+    finally:
+        st.close()
+    return url
+
+
+@pytest.fixture(scope="module")
+def web(root: Path, store: str) -> Iterator[str]:
+    port = unused_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardstream", "web", "--root", str(root), "--port", str(port), "--store", store],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "exited"
+        try:
+            with urllib.request.urlopen(base + "/", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, "shardstream web to answer")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def endpoint(root: Path) -> Iterator[str]:
+    with Servers(root) as servers:
+        yield servers.start().target
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is not installed (apt-get install chromium chromium-driver; .ci/run does this)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser page that records console errors and failed responses."""
+
+    def __init__(self, browser: Any, base: str) -> None:
+        self.base = base
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("response", lambda r: self.errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+
+    def open(self, path: str) -> Any:
+        resp = self.page.goto(self.base + path, wait_until="networkidle")
+        assert resp is not None and resp.status == 200, (path, resp and resp.status)
+        assert not self.errors, (path, self.errors)
+        return self.page
+
+
+@pytest.fixture
+def page(browser: Any, web: str) -> Iterator[Page]:
+    p = Page(browser, web)
+    yield p
+    p.page.close()
+
+
+def step_path(dataset: str, **kw: Any) -> str:
+    return "/step?" + urlencode(StepQuery(dataset, **kw).to_params())
+
+
+def loader_batch(endpoint: str, q: StepQuery) -> dict[str, Any]:
+    with Loader([endpoint], q.dataset, **q.loader_kwargs(), prefetch=2) as loader:
+        for i, batch in enumerate(loader):
+            if i == q.step:
+                return batch
+    raise AssertionError(f"no step {q.step}")
+
+
+def summaries(pg: Any) -> list[dict[str, Any]]:
+    return [json.loads(s) for s in pg.eval_on_selector_all(".card", "cs => cs.map(c => c.dataset.summary)")]
+
+
+# --- every page -----------------------------------------------------------------------------------
+def test_every_page_loads_without_console_errors(page: Page) -> None:
+    pages = [
+        "/",
+        "/d/notes",
+        "/v/notes@2",
+        "/diff?a=notes@1&b=notes@2",
+        "/jobs",
+        "/jobs/train-1",
+        "/fleet",
+        "/stats?d=photos@1",
+        "/mixture?" + urlencode({"d": MIXTURE, "ws": 2, "bs": 4, "step": 3}),
+        step_path(MIXTURE, world_size=2, batch_size=4, step=3),
+        step_path("clips@1", batch_size=3, transforms=VIDEO),
+        step_path("sounds@1", batch_size=3, transforms=AUDIO),
+        step_path("episodes@1", batch_size=3),
+        step_path("text@1", batch_size=2, transforms=PACK),
+    ]
+    for path in pages:
+        pg = page.open(path)
+        assert pg.inner_text("h1")
+    # and every link of the datasets and a version page
+    pg = page.open("/")
+    hrefs = pg.eval_on_selector_all("#datasets a", "as => as.map(a => a.getAttribute('href'))")
+    assert len(hrefs) == 2 * 6
+    for href in hrefs:
+        page.open(href)
+    pg = page.open("/v/photos@1")
+    looks = pg.eval_on_selector_all("#looks a", "as => as.map(a => a.getAttribute('href'))")
+    assert len(looks) == 3
+    for href in looks:
+        page.open(href)
+
+
+def test_the_pages_say_what_they_show(page: Page) -> None:
+    pg = page.open("/d/notes")
+    assert pg.inner_text("#versions").count("notes@") == 2
+    pg = page.open("/diff?a=notes@1&b=notes@2")
+    assert "48 → 56" in pg.inner_text("#diff") and "append" in pg.inner_text("#diff")
+    pg = page.open("/jobs/train-1")
+    links = pg.eval_on_selector_all("#job a", "as => as.map(a => a.getAttribute('href'))")
+    assert len(links) == 2 and all("step=3" in h for h in links)  # offset 12 = step 3 of 2 x 2
+    pg = page.open("/fleet")
+    assert "SERVING" in pg.inner_text("#fleet")
+    pg = page.open("/mixture?" + urlencode({"d": MIXTURE, "ws": 2, "bs": 5, "step": 2}))
+    row = pg.inner_text("#mixture tr.current")
+    assert "text@1" not in row and row.split("\t")[0].strip() == "2"
+    pg = page.open("/stats?d=photos@1&shuffle=none")
+    assert "mean_displacement" in pg.inner_text("#stats")
+    assert pg.eval_on_selector_all("#scatter circle", "cs => cs.length") > 10
+
+
+# --- media ----------------------------------------------------------------------------------------
+def variance(png: bytes) -> float:
+    from PIL import Image
+
+    return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), np.float64).var())
+
+
+def test_images_are_decoded_real_and_not_blank(page: Page) -> None:
+    pg = page.open(step_path("photos@1", batch_size=6, step=1, transforms=DECODE))
+    decoded = pg.query_selector_all("img.decoded")
+    originals = pg.query_selector_all("img.original")
+    assert len(decoded) == len(originals) == 6
+    for img in decoded + originals:
+        assert img.evaluate("i => i.complete && i.naturalWidth > 0")
+        assert variance(img.screenshot()) > 5.0
+    assert all(img.evaluate("i => [i.naturalWidth, i.naturalHeight]") == [48, 64] for img in decoded)
+
+
+def test_audio_players_report_the_received_duration(page: Page, endpoint: str) -> None:
+    q = StepQuery("sounds@1", batch_size=4, step=1, transforms=AUDIO)
+    pg = page.open(step_path(q.dataset, batch_size=4, step=1, transforms=AUDIO))
+    pg.wait_for_function("() => [...document.querySelectorAll('audio')].every(a => a.readyState >= 1)")
+    durations = pg.eval_on_selector_all("audio", "as => as.map(a => a.duration)")
+    batch = loader_batch(endpoint, q)
+    assert durations == pytest.approx([batch["audio"].shape[1] / 8000] * 4, abs=1e-3)
+    for img in pg.query_selector_all("img.waveform"):
+        assert img.evaluate("i => i.naturalWidth > 0")
+
+
+def test_the_rl_plot_has_a_point_per_step(page: Page, endpoint: str) -> None:
+    q = StepQuery("episodes@1", batch_size=3, step=2, transforms=RL)
+    pg = page.open(step_path(q.dataset, batch_size=3, step=2, transforms=RL))
+    points = pg.eval_on_selector_all(".rl", "ds => ds.map(d => d.querySelectorAll('circle.reward').length)")
+    batch = loader_batch(endpoint, q)
+    assert points == batch["valid"].sum(axis=1).tolist()
+    # episodes as stored: one point per time step of the episode
+    q = StepQuery("episodes@1", batch_size=3, step=2)
+    pg = page.open(step_path(q.dataset, batch_size=3, step=2, transforms=""))
+    points = pg.eval_on_selector_all(".rl", "ds => ds.map(d => d.querySelectorAll('circle.reward').length)")
+    assert points == loader_batch(endpoint, q)["length"].tolist()
+
+
+def test_video_frame_strips_are_images(page: Page) -> None:
+    pg = page.open(step_path("clips@1", batch_size=3, transforms=VIDEO))
+    strips = pg.query_selector_all("img.strip")
+    assert len(strips) == 3
+    for img in strips:
+        assert img.evaluate("i => i.naturalWidth > 0") and variance(img.screenshot()) > 5.0
+
+
+# --- state in the URL ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("dataset", "transforms"), [("photos@1", DECODE), ("text@1", PACK), ("text@1", "")])
+def test_the_url_of_rank_3_step_7_shows_what_a_loader_received_there(
+    page: Page, endpoint: str, dataset: str, transforms: str
+) -> None:
+    q = StepQuery(dataset, world_size=4, batch_size=1, rank=3, step=7, seed=11, transforms=transforms)
+    pg = page.open("/step?" + urlencode(q.to_params()))
+    batch = loader_batch(endpoint, q)
+    got = summaries(pg)
+    if "input_ids" in batch:
+        assert [s["tokens"] for s in got] == (batch["document_ids"] >= 0).sum(axis=1).tolist()
+    else:
+        assert [s["id"] for s in got] == batch["id"].tolist()
+    # the navigation links carry the state: the next step of the same rank, job and transforms
+    pg.click("#next")
+    pg.wait_for_load_state("networkidle")
+    assert "step=8" in pg.url and "rank=3" in pg.url and "seed=11" in pg.url
+    if "id" in batch:
+        assert [s["id"] for s in summaries(pg)] == loader_batch(endpoint, q.moved(step=8))["id"].tolist()
+
+
+def test_an_unpinned_name_redirects_to_its_version(page: Page) -> None:
+    pg = page.open("/step?d=notes&bs=4")
+    assert "d=notes%402" in pg.url
+
+
+def test_media_are_cacheable_and_revalidate_without_a_read(web: str) -> None:
+    q = StepQuery("photos@1", batch_size=2, transforms=DECODE)
+    url = web + "/m/image?" + urlencode({**q.to_params(), "col": "image", "i": 1})
+    with urllib.request.urlopen(url, timeout=30) as first:
+        etag = first.headers["ETag"]
+        assert "immutable" in first.headers["Cache-Control"] and first.read()[:4] == b"\x89PNG"
+    req = urllib.request.Request(url, headers={"If-None-Match": etag})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=30)
+    exc.value.close()
+    assert exc.value.code == 304
+
+
+def test_a_bad_query_is_a_page_that_says_why(web: str) -> None:
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(web + "/step?d=photos@1&rank=4&ws=2", timeout=30)
+    body = exc.value.read()
+    exc.value.close()
+    assert exc.value.code == 400 and b"rank must be in [0, 2)" in body
