@@ -39,7 +39,8 @@ class StepParts:
         part = header.steps[0] if len(header.steps) == 1 else None
         if part is None or not (part.part or part.more_parts):
             if self._header is not None:
-                raise DataLossError(f"step {self._header.steps[0].step} ended after part {self._part}")
+                pending = self._header.steps[0]
+                raise DataLossError(f"step {pending.step} ended after part {pending.part}")
             if any(st.part or st.more_parts for st in header.steps):
                 raise DataLossError("a message with several steps carries a part of one")
             return header, payload
@@ -70,10 +71,6 @@ class StepParts:
         step.more_parts = False
         out.end_of_epoch, out.dropped = header.end_of_epoch, header.dropped  # the last part's
         return out, ipc_bytes(_concat(batches))
-
-    @property
-    def _part(self) -> int:
-        return self._header.steps[0].part if self._header is not None else -1
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
