@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .images import image_phase
+from .images import IMAGE_SIDE, image_phase
 from .rank import CLASSES, DATASET, FEATURES, JOB, model
 
 __all__ = ["run_demo"]
@@ -221,6 +222,25 @@ def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False)
         codes = [s.stop() for s in servers]
         store.close()
     print(f"9. servers drained and stopped (exit codes {codes}) in {time.monotonic() - t0:.1f} s total")
-    if not keep and not workdir:
-        shutil.rmtree(work, ignore_errors=True)
+    if not keep and not workdir:  # the rest goes; the datasets and cursors stay for the visualizers
+        for path in work.iterdir():
+            if path.name not in ("datasets", "cursors.db"):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    _visualizer_lines(work, root, store_url, removable=not keep and not workdir)
     return 0 if ok and codes == [0, 0] else 1
+
+
+def _visualizer_lines(work: Path, root: Path, store_url: str, removable: bool) -> None:
+    """The commands that open what the demo trained on, as each rank received it."""
+    # phase 1's job (2 ranks x 32, seed 0) and the image phase's training transforms (images.py)
+    train = [
+        {"op": "image.decode", "column": "image", "size": [IMAGE_SIDE, IMAGE_SIDE], "layout": "CHW", "crop": "random",
+         "hflip": True, "normalize": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}
+    ]
+    tf = shlex.quote(json.dumps(train, separators=(",", ":")))
+    store = shlex.quote(store_url)
+    print("10. look at what the ranks received (the job's steps are on the Jobs page):")
+    print(f"    shardstream web --root {root} --store {store} --port 8080 {DATASET} --world-size 2 --batch-size 32")
+    print(f"    shardstream view --root {root} shapes --seed 1 --batch-size 32 --columns image,label --transforms {tf}")
+    if removable:
+        print(f"    (the datasets and cursors were kept for them in {work}: rm -rf {work} when done)")
