@@ -115,6 +115,7 @@ class Catalog:
     def __init__(self, source: DataSource) -> None:
         self.source = source
         self.registry = source.registry
+        self._shards: dict[str, list[str]] = {}  # pinned name@version -> its shard URIs
 
     # --- rows ------------------------------------------------------------------------------------
     def _from_manifest(self, m: Manifest, tags: dict[str, int]) -> VersionRow:
@@ -215,8 +216,13 @@ class Catalog:
     def shard_name(self, source_label: str, shard: int) -> str:
         """The shard's URI when manifests are at hand, else its index in the version's shard list."""
         if self.registry is not None:
-            try:
-                return self.registry.resolve(DatasetRef.parse(source_label)).shards[shard].uri
-            except (NotFoundError, IndexError):
-                pass
+            uris = self._shards.get(source_label)
+            if uris is None:
+                try:
+                    uris = [s.uri for s in self.registry.resolve(DatasetRef.parse(source_label)).shards]
+                except NotFoundError:
+                    uris = []
+                self._shards[source_label] = uris  # a pinned version never changes
+            if 0 <= shard < len(uris):
+                return uris[shard]
         return f"shard {shard}"
