@@ -128,7 +128,9 @@ class Catalog:
             m.num_bytes,
             m.fingerprint,
             fields,
-            str(m.metadata.get("modality") or infer_modality(fields)),
+            # "table" is what a JSON Lines / Parquet ingest records: the fields say more
+            str(m.metadata.get("modality") or "table") if m.metadata.get("modality") not in (None, "", "table")
+            else infer_modality(fields),
             m.parent,
             m.change,
             m.created_at,
