@@ -102,6 +102,11 @@ def web(root: Path, store: str) -> Iterator[str]:
             proc.wait()
         if proc.stdout:
             proc.stdout.close()
+    # SIGTERM stopped the server the app started over --root too
+    import psutil
+
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or ())]
+    assert not left, f"shardstream web left processes behind: {left}"
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ plan options) open the step browser directly.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,24 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the command through SystemExit, so the server it started is stopped on the way out.
+
+    uvicorn handles SIGTERM itself and then raises it again once it has shut down; with the default
+    action the process would die there, before the `with` block that stops the embedded server."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     if not _need("textual", "view"):
         return common.EXIT_ERROR
     from shardstream.viz.tui.app import ViewApp
 
+    _exit_on_sigterm()
     with _source(args) as source:
         start = _start(args, source)
         defaults = {k: v for k, v in _plan(args).items() if k in ("seed", "shuffle", "window", "world_size", "batch_size")}
@@ -91,6 +105,7 @@ def _cmd_web(args: argparse.Namespace) -> int:
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"shardstream: warning: serving the web UI on {args.host} without TLS or authentication", file=sys.stderr)
+    _exit_on_sigterm()
     with _source(args) as source:
         start = _start(args, source)
         base = f"http://{'localhost' if args.host in ('127.0.0.1', '::1') else args.host}:{args.port}"
