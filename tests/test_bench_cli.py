@@ -25,6 +25,7 @@ BENCHMARKS = [
     "loadtest.streams_bench",
     "loadtest.suite",
     "loadtest.transform_bench",
+    "loadtest.viz_bench",
     "loadtest.workers_bench",
 ]
 
