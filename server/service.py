@@ -253,13 +253,13 @@ class ShardStreamService:
                 # Build the next message while this one is written, unless the server's streams
                 # already hold their buffer budget: then only after it (a slow client holds one).
                 pending = build_next() if self.admission.has_room() else None
-                ticket.hold(n)  # gRPC's copy, until the write completes
-                await self.reaper.write(context, message.data, peer, self.port)
-                ticket.release(2 * n)
-                MESSAGES_SENT.inc()
+                MESSAGES_SENT.inc()  # counted as handed to gRPC (a client may go before its write ends)
                 BATCHES_SENT.inc(message.steps)
                 ROWS_SENT.inc(message.rows)
                 BYTES_SENT.inc(n)
+                ticket.hold(n)  # gRPC's copy, until the write completes
+                await self.reaper.write(context, message.data, peer, self.port)
+                ticket.release(2 * n)
                 if pending is None:
                     pending = build_next()
         finally:
