@@ -11,6 +11,11 @@ Row-group checksums (`ShardChecksums`, DESIGN §3 "Integrity at every size") are
 JSON: a shard entry written before they existed has no `checksums` key, still loads, keeps its
 fingerprint, and is served as it was — checked on open by size, row-group row counts and, for
 shards up to the server's whole-file hash limit (64 MiB by default), the sha256 of the whole file.
+
+A version made by `shardstream materialize` records where it comes from (`Derivation`: the source
+version, its fingerprint, the columns read and the transforms applied) under `derived_from`, a key
+only such manifests have: every other manifest's JSON stays as it was, and readers that predate the
+key ignore it. Like `renamed`, it stays out of the fingerprint (which names content only).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import pyarrow as pa
 from shardstream.errors import InvalidArgumentError
 from shardstream.storage import check_key
 
-__all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Manifest", "Shard", "ShardChecksums", "validate_name"]
+__all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Derivation", "Manifest", "Shard", "ShardChecksums", "validate_name"]
 
 FORMAT_VERSION = 1
 # How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
@@ -187,6 +192,42 @@ class Shard:
         )
 
 
+@dataclass(frozen=True)
+class Derivation:
+    """Where a materialized version comes from: `source` (NAME@VERSION) and its `fingerprint`, the
+    `columns` read from it (empty: all) and the `transforms` applied to them, in order, in the form a
+    Loader takes them (`{"op": ..., parameters...}`)."""
+
+    source: str
+    fingerprint: str
+    transforms: tuple[Mapping[str, Any], ...]
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        ref = DatasetRef.parse(self.source)
+        if ref.version is None:
+            raise InvalidArgumentError(f"derived_from: source must be NAME@VERSION, got {self.source!r}")
+        if not all(isinstance(t, Mapping) and isinstance(t.get("op"), str) for t in self.transforms):
+            raise InvalidArgumentError("derived_from: every transform needs an 'op' name")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            "columns": list(self.columns),
+            "transforms": [dict(t) for t in self.transforms],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Derivation:
+        return cls(
+            source=str(d["source"]),
+            fingerprint=str(d["fingerprint"]),
+            transforms=tuple(dict(t) for t in d["transforms"]),
+            columns=tuple(str(c) for c in d.get("columns", ())),
+        )
+
+
 def schema_to_b64(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
@@ -206,6 +247,7 @@ class Manifest:
     created_at: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     renamed: Mapping[str, str] = field(default_factory=dict)  # rename_columns: parent's name -> new name
+    derived_from: Derivation | None = None  # a materialized version: its source and transforms
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -267,6 +309,8 @@ class Manifest:
         }
         if self.renamed:  # only renames carry it: every other manifest's JSON stays as it was
             out["renamed"] = dict(self.renamed)
+        if self.derived_from is not None:  # likewise, only materialized versions
+            out["derived_from"] = self.derived_from.to_json()
         return out
 
     def dumps(self) -> str:
@@ -288,6 +332,7 @@ class Manifest:
                 created_at=str(d.get("created_at", "")),
                 metadata=dict(d.get("metadata", {})),
                 renamed={str(k): str(v) for k, v in dict(d.get("renamed", {})).items()},
+                derived_from=None if d.get("derived_from") is None else Derivation.from_json(d["derived_from"]),
             )
         except (KeyError, TypeError, ValueError, pa.ArrowInvalid) as exc:
             if isinstance(exc, InvalidArgumentError):

@@ -32,6 +32,8 @@ ENTRY_POINTS = (
     "shardstream.cli",
     "shardstream.demo",
     "shardstream.viz",  # the visualizers read through the client and may start a server (--root)
+    "shardstream.spark",  # engine adapters: they run the server's writer and checksum code inside the engine's tasks
+    "shardstream.ray",  # engine adapters: they run the server's writer and checksum code inside the engine's tasks
 )  # packages that may import both sides  # protoc's stubs: not ours to arrange
 
 

@@ -5,6 +5,7 @@
     serve.py        serve
     datasets.py     datasets list|show|history|diff|tag|verify, and register
     datasets_gc.py  datasets gc
+    materialize.py  materialize
     inspect.py      inspect
     cursor.py       cursor list|show|migrate
     demo.py         demo
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
 
-from . import common, cursor, datasets, demo, ingest, inspect, serve, visualize
+from . import common, cursor, datasets, demo, ingest, inspect, materialize, serve, visualize
 
 __all__ = ["build_parser", "main"]
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_commands(sub)
     serve.add_commands(sub)
     datasets.add_commands(sub)
+    materialize.add_commands(sub)
     inspect.add_commands(sub)
     cursor.add_commands(sub)
     visualize.add_commands(sub)

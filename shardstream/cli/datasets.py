@@ -104,6 +104,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
         order = {n: i for i, n in enumerate(m.schema.names)}  # stored sorted; shown in field order
         pairs = sorted(m.renamed.items(), key=lambda kv: order.get(kv[1], len(order)))
         print(f"  renamed      {', '.join(f'{o} -> {n}' for o, n in pairs)}")
+    if m.derived_from is not None:  # a materialized version: its source and the transforms applied
+        d = m.derived_from
+        columns = f", columns {', '.join(d.columns)}" if d.columns else ""
+        print(f"  derived from {d.source} (fingerprint {d.fingerprint[:16]}{columns})")
+        print(f"  transforms   {json.dumps([dict(t) for t in d.transforms], sort_keys=True)}")
     print(f"  created      {m.created_at}")
     print(f"  rows         {m.num_rows}")
     print(f"  size         {common.human_bytes(m.num_bytes)} in {len(m.shards)} shard(s)")
@@ -335,7 +340,8 @@ def add_commands(sub: Any) -> None:
         "show",
         _cmd_show,
         help="one version: fingerprint, lineage, fields, shards",
-        description="One version of a dataset: fingerprint, parent and change, size, metadata, fields and "
+        description="One version of a dataset: fingerprint, parent and change, what a materialized version "
+        "was derived from (source version and transforms), size, metadata, fields and "
         "shards (the first 10 unless --all-shards).",
         epilog=common.examples(
             "shardstream datasets show toy --root ./datasets",
