@@ -274,8 +274,13 @@ def test_random_requests_never_get_internal_and_memory_stays_bounded(property_se
 
 # --- stalled streams --------------------------------------------------------------------------------
 def stalled_rss_budget(server: LocalServer, cache_mib: int, buffer_mib: int) -> int:
-    """What the server may hold with streams stalled: its RSS at rest, its row-group cache and its
-    stream buffer budget, with half the budget again for what the allocator keeps around messages."""
+    """What the server may hold with streams stalled: its RSS once warm (one stream read through:
+    thread pools started, row-group cache filled), its cache again and its stream buffer budget,
+    with half the budget again for what the allocator keeps around messages."""
+    with Streams(server.target) as warm:
+        call = warm.channels[0].unary_stream(READ)(blobs().SerializeToString(), timeout=60)
+        assert sum(1 for _ in call) > 1
+    wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the warm-up stream to end")
     return server_rss(server) + (cache_mib + buffer_mib * 3 // 2) * MiB
 
 
