@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,10 +41,11 @@ from shardstream.manifest import Derivation, Manifest, Shard, schema_from_b64, s
 from shardstream.registry import Registry
 
 from .ingest import DEFAULT_ROW_GROUP_BYTES
-from .reader import PROVENANCE_COLUMNS
+from .reader import DEFAULT_HASH_CHECK_MAX_BYTES, PROVENANCE_COLUMNS
 from .registry_ops import _expand, _footer, _scan, _source_key  # register's own per-file steps
 from .roots import open_registry
 from .shard_writer import ShardWriter
+from .shards import open_shard
 
 __all__ = [
     "DEFAULT_ROW_GROUP_BYTES",
@@ -55,6 +56,7 @@ __all__ = [
     "describe_file",
     "new_write_id",
     "prepare_write",
+    "read_row_groups",
     "register_parts",
     "remove_write",
     "source_keys",
@@ -341,6 +343,31 @@ def describe_file(spec: FileSpec, part: int, key: str) -> dict[str, Any]:
             return Part.failed(part, exc).to_json()
         shard = Shard(key[len(spec.name) + 1 :], sum(f.row_groups), size, f.row_groups, sha, sums)
         return Part(part, shard, f.schema).to_json()
+
+
+# --- read (in a task) ----------------------------------------------------------------------------
+def read_row_groups(
+    registry: Registry, m: Manifest, shard: int, columns: Sequence[str], groups: Iterable[int] | None = None
+) -> Iterator[tuple[int, pa.Table]]:
+    """(group, table) of row groups `groups` (default: all) of shard `shard` of `m`, each opened and
+    checked as a server reads it (shards.py: size, footer crc32, column-chunk crc32s); a failed check
+    is DataLossError naming version, shard and row group."""
+    info = m.shards[shard]
+    where = f"{m.ref}: shard {info.uri}"
+    try:
+        f = open_shard(
+            registry.shard_path(m, info.uri), info, hash_check_max_bytes=DEFAULT_HASH_CHECK_MAX_BYTES
+        )
+    except ShardstreamError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
+    for group in range(len(info.row_groups)) if groups is None else groups:
+        try:
+            yield group, f.read_row_group(group, list(columns))
+        except ShardstreamError as exc:
+            raise type(exc)(f"{where}: row group {group}: {exc}") from exc
+        except (OSError, pa.ArrowException) as exc:  # a Parquet page checksum (pyarrow: OSError)
+            what = "a Parquet page checksum differs" if "checksum" in str(exc).lower() else "unreadable"
+            raise DataLossError(f"{where}: row group {group}: {what}") from exc
 
 
 # --- register (on the driver) --------------------------------------------------------------------

@@ -49,11 +49,18 @@ from shardstream.manifest import DatasetRef, Derivation, Manifest, validate_name
 from shardstream.registry import Registry
 from shardstream.transform_spec import to_wire
 
-from .bulk import Part, WriteSpec, new_write_id, register_parts, remove_write, task_root, write_part
+from .bulk import (
+    Part,
+    WriteSpec,
+    new_write_id,
+    read_row_groups,
+    register_parts,
+    remove_write,
+    task_root,
+    write_part,
+)
 from .ingest import DEFAULT_ROW_GROUP_BYTES
-from .reader import DEFAULT_HASH_CHECK_MAX_BYTES
 from .roots import open_registry
-from .shards import open_shard
 from .transforms import Pipeline, build_pipeline
 from .transforms.base import Transform, fixed_bytes
 from .transforms.pipeline import PROVENANCE
@@ -222,22 +229,12 @@ def _chunks(
     job: MaterializeJob, built: _Built, registry: Registry, index: int, pool: ThreadPoolExecutor | None
 ) -> Iterator[pa.RecordBatch]:
     m = built.manifest
-    shard = m.shards[index]
     first_row = sum(s.rows for s in m.shards[:index])
-    try:
-        f = open_shard(
-            registry.shard_path(m, shard.uri), shard, hash_check_max_bytes=DEFAULT_HASH_CHECK_MAX_BYTES
-        )
-    except ShardstreamError as exc:
-        raise type(exc)(f"{m.ref}: shard {shard.uri}: {exc}") from exc
     per_row = max(1, built.output_bytes_per_row)
     rows_at_once = max(1, CHUNK_OUTPUT_BYTES // per_row)
     at = 0
-    for group, rows in enumerate(shard.row_groups):
-        try:
-            table = f.read_row_group(group, built.columns)
-        except ShardstreamError as exc:
-            raise type(exc)(f"{m.ref}: shard {shard.uri}: row group {group}: {exc}") from exc
+    for _, table in read_row_groups(registry, m, index, built.columns):
+        rows = table.num_rows
         for start in range(0, rows, rows_at_once):
             part = table.slice(start, rows_at_once).combine_chunks().to_batches()
             batch = part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema)

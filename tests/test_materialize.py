@@ -5,6 +5,8 @@ with nothing registered. The Spark and Ray engines: tests/test_spark.py, tests/t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +317,19 @@ def test_materialize_rejects_a_mapping_that_is_not_a_list(root: Path) -> None:
     assert m.derived_from is not None and list(m.derived_from.transforms) == [IMAGE]
     with pytest.raises(InvalidArgumentError, match="transforms must be a list"):
         materialize(str(root), "images", "42", "single")
+
+
+def test_the_client_imports_no_engine() -> None:
+    """A GPU host never pulls Spark or Ray (nor the server code their adapters run)."""
+    code = (
+        "import sys\n"
+        "from shardstream.client import Loader\n"
+        "from shardstream.client.torch import ShardStreamDataset\n"
+        "import shardstream.cli\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'ray')"
+        " or m.startswith(('shardstream.spark', 'shardstream.ray')))\n"
+        "print(','.join(bad))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"imported: {r.stdout.strip()}"
