@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import grpc
 
 from shardstream import allocator
-from shardstream.errors import from_grpc_error
+from shardstream.errors import InvalidArgumentError, from_grpc_error
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -64,13 +64,25 @@ def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[st
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     out = [e.strip() for e in items if isinstance(e, str) and e.strip()]
     if not out or len(out) != len(items):
-        raise ValueError(f"endpoints must be a non-empty list of 'host:port' strings, got {endpoints!r}")
-    for e in out:
+        raise InvalidArgumentError(
+            f"endpoints must be a non-empty list of 'host:port' strings, got {endpoints!r}"
+        )
+    for given in out:
+        e = given
         if e.startswith("dns:"):  # dns:///host:port — every address the name resolves to
             e = e.split("/", 3)[-1] if e.startswith("dns://") else e.removeprefix("dns:")
+        elif "://" in e:
+            scheme, _, rest = e.partition("://")
+            raise InvalidArgumentError(
+                f"endpoint {given!r} has a scheme ({scheme}://): shardstream speaks gRPC to 'host:port' "
+                f"(e.g. {rest.rstrip('/')!r}), or 'dns:///host:port' for every address of a name"
+            )
         host, sep, port = e.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"endpoint {e!r} is not 'host:port'")
+            raise InvalidArgumentError(
+                f"endpoint {given!r} is not 'host:port' (the port is required: `shardstream serve` uses 7070 "
+                "unless --port says otherwise)"
+            )
     return out
 
 

@@ -20,6 +20,7 @@ resume) are job.py's.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import warnings
@@ -40,6 +41,7 @@ from . import metrics
 from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
 from .job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
+from .launcher import resolve_rank_world
 from .prefetch import Done, Producer
 from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
 from .state import LoaderState
@@ -64,8 +66,8 @@ class Loader:
         dataset: str | Mapping[str, float],
         *,
         batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         seed: int = 0,
         shuffle: bool | str | Mapping[str, Any] = True,
         shuffle_window: int | None = None,
@@ -91,6 +93,11 @@ class Loader:
         resume_min_step: int | None = None,
     ) -> None:
         # Everything is validated before any network call.
+        if rank is None or world_size is None or world_size == 1:
+            for name, value in (("rank", rank), ("world_size", world_size)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise InvalidArgumentError(f"{name} must be an integer or None, got {value!r}")
+            rank, world_size = resolve_rank_world(rank, world_size)  # the launcher's, else 0 of 1
         for name, value, low in (
             ("batch_size", batch_size, 1),
             ("world_size", world_size, 1),
@@ -225,16 +232,24 @@ class Loader:
 
     # --- dataset -------------------------------------------------------------------------------
     def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
+        """Ask the endpoints in turn (from this rank's) until one answers or `timeout_s` has passed:
+        a server that is still starting is waited for, and "no server" is only said after timeout_s."""
+        deadline = time.monotonic() + self.timeout_s
         last: ShardstreamError | None = None
-        for i in range(len(self.endpoints)):
-            target = self.endpoints[(self.rank + i) % len(self.endpoints)]
-            try:
-                return self._conn(target).get_dataset(dataset, self.timeout_s)
-            except UnavailableError as exc:
-                last = exc
+        for attempt in itertools.count():
+            for i in range(len(self.endpoints)):
+                target = self.endpoints[(self.rank + i) % len(self.endpoints)]
+                try:
+                    return self._conn(target).get_dataset(dataset, max(0.1, deadline - time.monotonic()))
+                except UnavailableError as exc:
+                    last = exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(min(remaining, 0.05 * 2 ** min(attempt, 5)))
         raise UnavailableError(
-            f"no shardstream server reachable at {', '.join(self.endpoints)} within {self.timeout_s:g} s "
-            f"(last error: {last})"
+            f"no shardstream server reachable at {', '.join(self.endpoints)} within {self.timeout_s:g} s: "
+            f"is `shardstream serve` running there? (last error: {last})"
         )
 
     @property
@@ -256,10 +271,22 @@ class Loader:
         return self.target.label
 
     def steps_per_epoch(self, offset: int = 0) -> int:
-        """Steps this loader takes in an epoch started at `offset`."""
+        """Steps this rank takes in an epoch started at `offset` (the last one short unless drop_last)."""
         return StepLayout(
             self.target.num_rows, offset, self.world_size, self.batch_size, self.drop_last
         ).num_steps
+
+    def __len__(self) -> int:
+        """This loader's steps in a whole epoch — the number an LR scheduler needs per epoch.
+
+        The same for a resumed loader (the epoch it resumes in has fewer left: `steps_per_epoch(offset)`);
+        without drop_last the last step is short; with `split_steps` it is this worker's share."""
+        if self.epochs is None:
+            raise TypeError(
+                "an endless Loader (epochs=None) has no len(); steps_per_epoch() gives the steps of one epoch"
+            )
+        steps = self.steps_per_epoch()
+        return len(range(self._split.worker, steps, self._split.workers))
 
     # --- state ---------------------------------------------------------------------------------
     @property

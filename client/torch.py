@@ -80,6 +80,12 @@ class ShardStreamDataset(IterableDataset):  # type: ignore[type-arg]
         loader.load_state_dict(state.to_dict())
         loader.split_steps(worker, workers)  # a global cursor: this worker's first step is `worker` steps on
 
+    def __len__(self) -> int:
+        """This rank's steps per epoch (every DataLoader worker together): what `len(DataLoader(ds,
+        batch_size=None))` and an LR scheduler see. TypeError for an endless stream (epochs=None)."""
+        with Loader(*self._args, **self._kwargs) as loader:
+            return len(loader)
+
     def state_dict(self) -> dict[str, Any]:
         if self.loader is None:
             if self._pending is not None:
