@@ -10,6 +10,9 @@ starts j global steps further and moves k global steps at a time.
     cursor_after(layout, epoch, step, split)   # the cursor once `step` is handed over
     epoch_start(num_rows, global_batch, split) # where a worker's first step of an epoch starts
     split_offset(offset, num_rows, global_batch, worker)  # a global cursor moved to a worker's first step
+
+A `ScheduledLayout` (batch-size phases, skip ranges: scheduled_layout.py) works the same way; the
+next epoch's first step is then where its layout says (a skip range may cover the epoch's start).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import StepLayout
+from shardstream.scheduled_layout import Layout, ScheduledLayout
 
 __all__ = ["NO_SPLIT", "WorkerSplit", "cursor_after", "epoch_start", "is_last_step", "split_offset"]
 
@@ -53,16 +56,18 @@ def epoch_start(num_rows: int, global_batch: int, split: WorkerSplit = NO_SPLIT)
     return split_offset(0, num_rows, global_batch, split.worker)
 
 
-def is_last_step(layout: StepLayout, step: int, split: WorkerSplit = NO_SPLIT) -> bool:
+def is_last_step(layout: Layout, step: int, split: WorkerSplit = NO_SPLIT) -> bool:
     """Whether `step` (of a layout that starts at this worker's cursor) is its last of the epoch."""
     return step + split.workers >= layout.num_steps
 
 
-def cursor_after(layout: StepLayout, epoch: int, step: int, split: WorkerSplit = NO_SPLIT) -> tuple[int, int]:
+def cursor_after(layout: Layout, epoch: int, step: int, split: WorkerSplit = NO_SPLIT) -> tuple[int, int]:
     """The (epoch, offset) cursor once `step` of `layout` is handed over by this worker.
 
     `layout` starts at the worker's cursor, and the worker takes its steps 0, workers, 2·workers, …;
     after its last one, the cursor is the next epoch's start for this worker."""
     if is_last_step(layout, step, split):
+        if isinstance(layout, ScheduledLayout):
+            return epoch + 1, layout.next_epoch_start(split.worker)
         return epoch + 1, epoch_start(layout.num_rows, layout.global_batch, split)
     return epoch, layout.global_range(step + split.workers)[0]
