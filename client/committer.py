@@ -55,6 +55,7 @@ class Committer:
         self.rank = rank
         self.world_size = world_size
         self.token = process_token()
+        self._metrics = metrics.for_rank(job, rank)
         self.gen: int | None = None  # this process's claim on the rank, once made
         self._queue: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
@@ -87,7 +88,7 @@ class Committer:
             batch = [i for i in items if isinstance(i, PendingCommit)]
             try:
                 if batch:
-                    metrics.COMMITS_SKIPPED.inc(len(batch) - 1)
+                    self._metrics.commits_skipped.inc(len(batch) - 1)
                     self._write(batch)
                 if items[-1] is _CLAIM:
                     self._claim()
@@ -106,7 +107,7 @@ class Committer:
     def _write(self, batch: list[PendingCommit]) -> None:
         item = batch[-1]
         durable = any(p.durable for p in batch)
-        metrics.COMMITS.inc()
+        self._metrics.commits.inc()
         t0 = time.perf_counter()
         try:
             if self._stale is not None:
@@ -125,7 +126,7 @@ class Committer:
             err = _shardstream_error(exc, self.store.url)
             if isinstance(err, StaleRunError):
                 self._stale = err
-            metrics.COMMIT_FAILURES.inc()
+            self._metrics.commit_failures.inc()
             with self._lock:
                 if not any(p.waited for p in batch):
                     self._unreported += 1
@@ -135,7 +136,8 @@ class Committer:
                     p.done.set()
             self._failed(err, f"committing step {item.step}")
             return
-        metrics.COMMIT_SECONDS.observe(time.perf_counter() - t0)
+        self._metrics.commit_seconds.observe(time.perf_counter() - t0)
+        self._metrics.last_commit.set_to_current_time()
         if self._burst:
             log.warning(
                 "cursor commits of job %s (rank %d) work again after %d failed attempt(s)",

@@ -20,7 +20,6 @@ from shardstream.framing import read_ipc
 from shardstream.plan import StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
-from . import metrics
 from .batch import PROVENANCE, BatchInfo, SkippedSample
 from .convert import splitter
 from .spec import ReadSpec
@@ -60,7 +59,7 @@ def decode_message(
     GIL for a whole message of small steps while the training loop waits for it."""
     if header.epoch != epoch:
         raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
-    metrics.BYTES.inc(payload.size)
+    spec.metrics.bytes.inc(payload.size)
     batch = read_ipc(payload)
     covered = sum(st.rows for st in header.steps)
     if covered != batch.num_rows:

@@ -21,6 +21,7 @@ resume) are job.py's.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 import warnings
@@ -310,6 +311,11 @@ class Loader:
             world_size=self.world_size,
             batch_size=self.batch_size,
             steps=self._steps,
+            drop_last=self.drop_last,
+            transforms=tuple({"op": t.op, **json.loads(t.params_json or "{}")} for t in self.transforms),
+            on_error=self.on_error,
+            mixture_block=self.mixture_block,
+            mixture_epoch_samples=self.mixture_epoch_samples,
         ).to_dict()
 
     def split_steps(self, worker: int, workers: int) -> None:
@@ -350,6 +356,7 @@ class Loader:
             retry=RetryPolicy(
                 max_retries=self.max_retries, budget_s=self.timeout_s, idle_timeout_s=self.stream_idle_timeout_s
             ),
+            job=self.job or "",
         )
 
     # --- job cursors -------------------------------------------------------------------------
@@ -435,11 +442,12 @@ class Loader:
     def _iterate(self) -> Iterator[Any]:
         self._active = True
         producer = Producer(self._read_spec(), self._open_call, self._epoch, self._offset)
+        rank_metrics = metrics.for_rank(self.job, self.rank)
         try:
             while True:
                 t0 = time.perf_counter()
                 item = producer.get()
-                metrics.WAIT_SECONDS.observe(time.perf_counter() - t0)
+                rank_metrics.wait_seconds.observe(time.perf_counter() - t0)
                 if isinstance(item, Done):
                     return
                 if item.next_epoch != item.epoch:
@@ -448,7 +456,7 @@ class Loader:
                 if item.info is None:
                     continue  # an epoch with no steps
                 self._steps += 1
-                metrics.BATCHES.inc()
+                rank_metrics.batches.inc()
                 self.last_batch = item.info
                 yield item.batch
         finally:

@@ -103,6 +103,7 @@ class Producer:
             step_stride=stride,
             retry=spec.retry,
             what=f"{spec.label} epoch {epoch}",
+            rank_metrics=spec.metrics,
         )
         try:
             while True:

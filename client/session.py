@@ -38,6 +38,7 @@ from shardstream.errors import (
     from_grpc_error,
     retry_pushback_s,
 )
+from shardstream.framing import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
@@ -113,8 +114,10 @@ class StreamSession:
         step_stride: int,
         retry: RetryPolicy,
         what: str,
+        rank_metrics: metrics.RankMetrics | None = None,
     ) -> None:
         self._calls = calls
+        self._metrics = rank_metrics or metrics.for_rank(None, 0)
         self._request_at = request_at  # the Read that starts at a given step
         self.endpoints = endpoints
         self.endpoint = endpoint  # index of the endpoint in use
@@ -176,12 +179,13 @@ class StreamSession:
         """Give up on the current call and back off before the next endpoint; False when stopped.
 
         Raises UnavailableError once the retry budget (failures in a row and time) is spent."""
+        stream_id = self._stream_id()  # before close() cancels the call
         self.close()
         now = time.monotonic()
         if self.failures == 0:
             self._failing_since = now
         self.failures += 1
-        metrics.RETRIES.inc()
+        self._metrics.retries.inc()
         failing_s = now - self._failing_since
         if self.failures > self._retry.max_retries and failing_s >= self._retry.budget_s:
             raise UnavailableError(
@@ -189,13 +193,41 @@ class StreamSession:
                 f"{failing_s:.1f} s over {', '.join(self.endpoints)} (last error: {error or 'stream ended early'})"
             )
         if len(self.endpoints) > 1:
-            metrics.FAILOVERS.inc()
+            self._metrics.failovers.inc()
+        left = self.endpoints[self.endpoint]
         self.endpoint = (self.endpoint + 1) % len(self.endpoints)
         wait = self._retry.backoff_s(self.failures)
         # An endpoint that asked to be left alone (a busy server's hint) is not tried before then.
         until = self._pushback.pop(self.endpoint, 0.0)
         wait = max(wait, min(until - time.monotonic(), self._retry.backoff_max_s))
+        # The server's stream id: its stream.end line says how that stream ended.
+        log.log(
+            logging.WARNING if self.endpoints[self.endpoint] != left else logging.INFO,
+            "%s: stream %s on %s ended at step %d (%s); %s %s in %.2f s (retry %d)",
+            self._what,
+            stream_id,
+            left,
+            self.next_step,
+            error or "stream ended early",
+            "failing over to" if self.endpoints[self.endpoint] != left else "retrying",
+            self.endpoints[self.endpoint],
+            wait,
+            self.failures,
+        )
         return not self._calls.stopped.wait(wait)
+
+    def _stream_id(self) -> str:
+        """The server's id of the current stream (initial metadata), '-' if it sent none yet."""
+        call = self._call
+        try:
+            if call is None or not call.done():  # initial_metadata() would wait for the headers
+                return "-"
+            for key, value in call.initial_metadata() or ():
+                if key == STREAM_ID_METADATA:
+                    return str(value)
+        except Exception:  # noqa: BLE001 - a call without metadata (a test's scripted call)
+            pass
+        return "-"
 
     def close(self) -> None:
         if self._call is not None:

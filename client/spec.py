@@ -14,6 +14,7 @@ from shardstream.cursor_math import NO_SPLIT, WorkerSplit, epoch_start
 from shardstream.plan import ShuffleSpec, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
+from . import metrics
 from .target import Target
 
 __all__ = [
@@ -80,6 +81,11 @@ class ReadSpec:
     epochs: int | None  # None: endless
     split: WorkerSplit = NO_SPLIT  # data-loader workers sharing this rank's stream
     retry: RetryPolicy = RetryPolicy()
+    job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
+
+    @property
+    def metrics(self) -> metrics.RankMetrics:
+        return metrics.for_rank(self.job, self.rank)
 
     @property
     def label(self) -> str:

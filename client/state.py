@@ -3,6 +3,11 @@
 The cursor of a job is one number per epoch — the global sample offset — so a state saved by any
 rank after global step t resumes every rank of a new job, with any world size and batch size, at
 the same place. World size and batch size are recorded for information, not required to match.
+
+So are the rest of what decides a step's samples besides the order — drop_last, the transforms and
+on_error, a mixture's block and epoch samples — so that `shardstream explain` can replay any step of
+a job from its cursors. States of older clients lack them and read as the defaults (format 1 still:
+older clients ignore them).
 """
 
 from __future__ import annotations
@@ -30,9 +35,17 @@ class LoaderState:
     world_size: int
     batch_size: int
     steps: int = 0  # global steps consumed by the job so far (informational)
+    # What else the job's steps depend on (informational, for `shardstream explain`)
+    drop_last: bool = False
+    transforms: tuple[dict[str, Any], ...] = ()  # [{"op": ..., params...}]
+    on_error: str = "fail"
+    mixture_block: int = 0  # 0: the default block
+    mixture_epoch_samples: int = 0  # 0: the sources' total rows
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": _KIND, "format": STATE_FORMAT, **asdict(self)}
+        d = asdict(self)
+        d["transforms"] = [dict(t) for t in self.transforms]
+        return {"kind": _KIND, "format": STATE_FORMAT, **d}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LoaderState:
@@ -55,6 +68,11 @@ class LoaderState:
                 world_size=_typed(d, "world_size", int),
                 batch_size=_typed(d, "batch_size", int),
                 steps=int(d.get("steps", 0)),
+                drop_last=bool(d.get("drop_last", False)),
+                transforms=tuple(dict(t) for t in d.get("transforms") or () if isinstance(t, Mapping)),
+                on_error=str(d.get("on_error", "fail")),
+                mixture_block=int(d.get("mixture_block", 0)),
+                mixture_epoch_samples=int(d.get("mixture_epoch_samples", 0)),
             )
         except KeyError as exc:
             raise InvalidArgumentError(f"Loader state is missing {exc.args[0]!r}") from None

@@ -47,6 +47,7 @@ def stream_epoch_striped(
             step_stride=k * stride,
             retry=spec.retry,
             what=f"{spec.label} epoch {epoch} (stream {j} of {k})",
+            rank_metrics=spec.metrics,
         )
         for j in range(k)
     ]

@@ -24,6 +24,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = [
     "ALIGNMENT",
+    "STREAM_ID_METADATA",
     "decode_read_response",
     "encode_batch",
     "encode_read_response",
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 ALIGNMENT = 16
+# Initial metadata of every Read stream: the server's id of the stream, which its log lines name
+# (server/stream_log.py) and the client's failover lines repeat (client/session.py).
+STREAM_ID_METADATA = "x-shardstream-stream-id"
 _HEADER_TAG = b"\x0a"  # field 1, length-delimited
 _PAYLOAD_TAG = b"\x12"  # field 2, length-delimited
 

@@ -442,8 +442,8 @@ def test_client_metrics_count_batches_stall_bytes_and_commits(endpoints, tmp_pat
 
     from shardstream.client import metrics
 
-    def value(name: str) -> float:
-        return REGISTRY.get_sample_value(name) or 0.0
+    def value(name: str) -> float:  # this Loader's series: the job and rank are labels
+        return REGISTRY.get_sample_value(name, {"job_name": "metrics", "rank": "0"}) or 0.0
 
     before = {
         n: value(n)
@@ -482,6 +482,9 @@ def test_client_metrics_count_batches_stall_bytes_and_commits(endpoints, tmp_pat
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "shardstream_client_wait_seconds_bucket" in text
+    assert 'shardstream_client_batches_total{job_name="metrics",rank="0"} ' in text
+    assert value("shardstream_client_cursor_last_commit_timestamp_seconds") > 0
+    assert value("shardstream_client_failovers_total") == 0  # exported from the start
 
 
 def test_commits_coalesce_when_the_store_lags() -> None:

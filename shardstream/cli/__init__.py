@@ -7,6 +7,7 @@
     datasets_gc.py  datasets gc
     materialize.py  materialize
     inspect.py      inspect
+    explain.py      explain
     cursor.py       cursor list|show|migrate
     demo.py         demo
     visualize.py    view (terminal UI) and web (browser UI), over shardstream.viz
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
 
-from . import common, cursor, datasets, demo, ingest, inspect, materialize, serve, visualize
+from . import common, cursor, datasets, demo, explain, ingest, inspect, materialize, serve, visualize
 
 __all__ = ["build_parser", "main"]
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     datasets.add_commands(sub)
     materialize.add_commands(sub)
     inspect.add_commands(sub)
+    explain.add_commands(sub)
     cursor.add_commands(sub)
     visualize.add_commands(sub)
     demo.add_commands(sub)

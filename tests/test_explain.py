@@ -1,0 +1,179 @@
+"""`shardstream explain` against what real ranks received.
+
+Jobs run real Loaders (provenance=True) against a real server and commit cursors to an SQLite store;
+`explain --job J --step T` must then name, rank by rank, exactly the (source,) shards and rows the
+ranks' BatchInfo said they got at step T — across an epoch boundary, before the first cursor, after a
+resume with another world and batch size, for a mixture with a non-default block — and
+`explain DATASET --sample SHARD:ROW` must name the step and rank that received that sample. The walk
+itself (`place_step`) is checked against a brute-force enumeration of steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardstream.cli import main
+from shardstream.client import Loader
+from shardstream.explain import Cursor, place_of, place_step
+from shardstream.plan import StepLayout
+from shardstream.server.fleet import LocalServer
+
+from .support import media
+from .support.data import N_ROWS, write_dataset
+from .support.servers import Servers
+
+TOKENIZE = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("explain") / "root"
+    write_dataset(root, "toy", N_ROWS)
+    write_dataset(root, "toy", N_ROWS, start=10_000)
+    images = media.real_images()[:6]
+    pics = images[:2] + [("bad-0.jpg", b"not an image")] + images[2:5] + [("bad-1.jpg", b"\xff\xd8 cut")]
+    media.write_table(root, "pics", media.blob_table("image", pics), row_group_rows=3, shard_rows=6)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[LocalServer]:
+    with Servers(root) as servers:
+        yield servers.start()
+
+
+def explain(root: Path, store: str, *args: str) -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["explain", *args, "--root", str(root), "--store", store, "--json"])
+    assert code == 0
+    return json.loads(out.getvalue())
+
+
+def run(server: LocalServer, dataset: Any, steps: int, commits: tuple[int, ...], **kw: Any) -> dict[int, Any]:
+    """Take `steps` batches, commit after `commits` of them; the job step -> BatchInfo of each."""
+    got = {}
+    with Loader([server.target], dataset, provenance=True, epochs=None, **kw) as ld:
+        first = ld.state_dict()["steps"]  # where a resumed job continues
+        for i, _ in enumerate(ld):
+            got[first + i] = ld.last_batch
+            if first + i + 1 in commits:
+                ld.commit(first + i + 1)
+            if i + 1 == steps:
+                break
+        ld.flush_commits()
+    return got
+
+
+def rows_of(info: Any, sources: list[str] | None = None) -> list[tuple[Any, ...]]:
+    shards, rows = info.shards.tolist(), info.rows.tolist()
+    if sources is None:
+        return list(zip(shards, rows, strict=True))
+    return list(zip([sources[s] for s in info.sources.tolist()], shards, rows, strict=True))
+
+
+def test_a_jobs_steps_are_what_its_ranks_received(server: LocalServer, root: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    job = dict(job="run-1", cursor_store=store, seed=5, shuffle="block", shuffle_window=4)
+    # world 2 x 16: 32 steps an epoch (the last of 17 samples, split 8 / 9); 45 steps cross into epoch 1
+    first = {
+        r: run(server, "toy@1", 45, (10, 40), batch_size=16, rank=r, world_size=2, transforms=TOKENIZE, **job)
+        for r in range(2)
+    }
+    # resumed at checkpoint 40 with world 1 x 24
+    second = run(server, "toy@1", 10, (45,), batch_size=24, rank=0, world_size=1, resume="latest", **job)
+    assert min(second) == 40
+    for t in (0, 9, 10, 31, 32, 39, 44):
+        out = explain(root, store, "--job", "run-1", "--step", str(t))
+        assert out["world_size"] == 2 and out["from_cursor"]["steps"] == (10 if t < 40 else 40), t
+        assert [r["rank"] for r in out["ranks"]] == [0, 1]
+        for r in out["ranks"]:
+            assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(first[r["rank"]][t]), (t, r["rank"])
+            assert r["positions"] == [first[r["rank"]][t].position_start, first[r["rank"]][t].position_end]
+            assert r["skipped"] == []  # on_error="fail": nothing is ever left out
+        assert out["epoch"] == first[0][t].epoch and out["transforms"] == TOKENIZE and out["on_error"] == "fail"
+    assert explain(root, store, "--job", "run-1", "--step", "31")["ranks"][1]["positions"][1] == N_ROWS
+    for t in (45, 49):
+        out = explain(root, store, "--job", "run-1", "--step", str(t), "--rank", "0")
+        assert out["world_size"] == 1 and out["batch_size"] == 24 and out["from_cursor"]["checkpoint"] == 45
+        assert [(s["shard"], s["row"]) for s in out["ranks"][0]["samples"]] == rows_of(second[t])
+        assert out["transforms"] == []
+    # where each sample of a step landed, asked the other way round
+    for t, r in ((3, 1), (33, 0)):
+        info = first[r][t]
+        for shard, row in rows_of(info)[:3]:
+            where = explain(
+                root, store, "toy@1", "--sample", f"{shard}:{row}", "--seed", "5", "--shuffle", "block",
+                "--window", "4", "--world-size", "2", "--batch-size", "16", "--epoch", str(info.epoch),
+            )  # fmt: skip
+            assert (where["job_step"], where["rank"]) == (t, r)
+
+
+def test_a_mixture_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    mix = {"toy@1": 0.7, "toy@2": 0.3}
+    kw = dict(job="mix", cursor_store=store, batch_size=8, world_size=2, seed=3, mixture_block=50)
+    got = {r: run(server, mix, 12, (6,), rank=r, **kw) for r in range(2)}
+    for t in (2, 6, 11):  # before, at and after the cursor
+        out = explain(root, store, "--job", "mix", "--step", str(t))
+        for r in out["ranks"]:
+            received = rows_of(got[r["rank"]][t], ["toy@1", "toy@2"])
+            assert [(s["source"], s["shard"], s["row"]) for s in r["samples"]] == received, (t, r["rank"])
+
+
+def test_samples_a_transform_skipped_are_read_with_server(server: LocalServer, root: Path, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    decode = [{"op": "image.decode", "size": [8, 8]}]
+    kw = dict(job="pics", cursor_store=store, batch_size=2, world_size=1, rank=0, seed=1, columns=["image"])
+    got = run(server, "pics@1", 4, (4,), transforms=decode, on_error="skip", **kw)
+    assert any(info.skipped for info in got.values())
+    for t, info in got.items():
+        blind = explain(root, store, "--job", "pics", "--step", str(t))
+        assert blind["ranks"][0]["skipped"] is None  # unknown without reading the data
+        out = explain(root, store, "--job", "pics", "--step", str(t), "--server", server.target)
+        assert [s["position"] for s in out["ranks"][0]["skipped"]] == [s.position for s in info.skipped]
+        # what the plan gave, skipped ones included
+        assert len(out["ranks"][0]["samples"]) == info.position_end - info.position_start
+
+
+def test_explain_needs_a_job_or_a_sample(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = f"sqlite:///{tmp_path}/none.db"
+    assert main(["explain", "--root", str(root), "--store", store]) == 1
+    assert main(["explain", "--job", "nope", "--step", "0", "--root", str(root), "--store", store]) == 1
+    err = capsys.readouterr().err
+    assert "give either --job" in err and "has no cursors" in err
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 200),
+    w=st.integers(1, 5),
+    b=st.integers(1, 9),
+    drop=st.booleans(),
+    at=st.integers(0, 40),
+    t=st.integers(0, 60),
+)
+def test_place_step_walks_the_plan_like_a_loader(n: int, w: int, b: int, drop: bool, at: int, t: int) -> None:
+    """From a cursor at any step of a job that ran from (0, 0), every step lands where stepping gets."""
+    steps = []  # (epoch, global range) of the job's steps in order
+    epoch, per_epoch = 0, StepLayout(n, 0, w, b, drop)
+    if per_epoch.num_steps == 0:
+        return
+    while len(steps) <= max(at, t):
+        steps += [(epoch, per_epoch.global_range(k)) for k in range(per_epoch.num_steps)]
+        epoch += 1
+    e, (offset, _) = steps[at]
+    place = place_step(n, Cursor(e, offset, at, w, b, drop), t)
+    assert (place.epoch, place.layout.global_range(place.index)) == steps[t]
+    start, end = steps[t][1]
+    for p in {start, end - 1}:
+        assert place_of(place.layout, p)[0] == place.index  # type: ignore[index]
