@@ -16,6 +16,7 @@ from loadtest.common import RESULTS, bench_main, bench_parser, results_path
 BENCHMARKS = [
     "loadtest.ab_commits",
     "loadtest.bench",
+    "loadtest.bulk_bench",
     "loadtest.cli",
     "loadtest.gpu_check",
     "loadtest.integrity_bench",

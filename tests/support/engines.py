@@ -89,7 +89,7 @@ def spark_session(work: Path) -> Any:
     require_java()
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # what pyspark starts its workers with
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("shardstream-tests")
@@ -98,7 +98,6 @@ def spark_session(work: Path) -> Any:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.local.dir", str(work))
         .config("spark.driver.memory", "1g")
-        .config("spark.pyspark.python", sys.executable)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
