@@ -3,7 +3,8 @@
 Each item carries the cursor the Loader moves to once the item is handed to the training loop
 (`cursor_math.cursor_after`), so a batch that was received but never handed over is read again after
 a restart, and one handed over is never read twice. The message is checked against what was asked
-for: its epoch, its steps in order, their rows, and where the epoch ends.
+for: its epoch, its steps in order, their global positions (the plan's, schedules included), their
+rows, and where the epoch ends.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow as pa
 from shardstream.cursor_math import cursor_after, is_last_step
 from shardstream.errors import DataLossError
 from shardstream.framing import read_ipc
-from shardstream.plan import StepLayout
+from shardstream.scheduled_layout import Layout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .batch import PROVENANCE, BatchInfo, SkippedSample
@@ -41,13 +42,13 @@ class Item:
 
 def empty_epoch(spec: ReadSpec, epoch: int, dropped: int) -> Item:
     """The item of an epoch with no steps left for this reader: only the cursor moves on."""
-    return Item(epoch, epoch + 1, spec.epoch_start(), dropped)
+    return Item(epoch, epoch + 1, spec.epoch_start(epoch + 1), dropped)
 
 
 def decode_message(
     spec: ReadSpec,
     epoch: int,
-    layout: StepLayout,
+    layout: Layout,
     first_step: int,
     step_stride: int,
     header: pb.ReadHeader,
@@ -75,6 +76,12 @@ def decode_message(
         if st.step != first_step + i * step_stride:
             raise DataLossError(
                 f"server sent step {st.step}, expected {first_step + i * step_stride} (epoch {epoch})"
+            )
+        if (st.global_start, st.global_end) != layout.global_range(st.step):
+            # e.g. a server that predates schedules, which ignores batch_schedule and skip ranges
+            raise DataLossError(
+                f"server sent positions [{st.global_start}, {st.global_end}) for step {st.step} of epoch {epoch}, "
+                f"the plan says {list(layout.global_range(st.step))} (is every server of the fleet up to date?)"
             )
         n = st.rows
         end = row + n

@@ -28,13 +28,15 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardstream.cursor_math import NO_SPLIT, WorkerSplit, split_offset
+from shardstream.cursor_math import NO_SPLIT, WorkerSplit
 from shardstream.errors import (
     InvalidArgumentError,
     ShardstreamError,
     UnavailableError,
 )
-from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.plan import ShuffleSpec
+from shardstream.schedule import Schedule, job_position
+from shardstream.scheduled_layout import Layout, make_layout, split_start
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -44,6 +46,7 @@ from .channel import Connection, normalize_endpoints
 from .job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
 from .launcher import resolve_rank_world
 from .prefetch import Done, Producer
+from .schedule_state import LoaderSchedule
 from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
 from .state import LoaderState
 from .stores import CursorStore
@@ -66,7 +69,7 @@ class Loader:
         endpoints: str | Sequence[str],
         dataset: str | Mapping[str, float],
         *,
-        batch_size: int,
+        batch_size: int | Sequence[tuple[int, int]],
         rank: int | None = None,
         world_size: int | None = None,
         seed: int = 0,
@@ -88,6 +91,7 @@ class Loader:
         stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S,
         mixture_block: int = 0,
         mixture_epoch_samples: int = 0,
+        skip_steps: Sequence[tuple[int, int]] | None = None,
         job: str | None = None,
         cursor_store: str | CursorStore | None = None,
         resume: str | int | None = None,
@@ -100,7 +104,6 @@ class Loader:
                     raise InvalidArgumentError(f"{name} must be an integer or None, got {value!r}")
             rank, world_size = resolve_rank_world(rank, world_size)  # the launcher's, else 0 of 1
         for name, value, low in (
-            ("batch_size", batch_size, 1),
             ("world_size", world_size, 1),
             ("seed", seed, 0),
             ("prefetch", prefetch, 1),
@@ -139,7 +142,9 @@ class Loader:
         check_job_options(job, cursor_store, resume, resume_min_step)
         self.endpoints = normalize_endpoints(endpoints)
         self.dataset = normalize_dataset(dataset)
-        self.batch_size = batch_size
+        # Batch-size phases and skip ranges (schedule_state.py); batch_size: the first phase's
+        self._schedule = LoaderSchedule(batch_size, skip_steps)
+        self.batch_size = self._schedule.first_batch
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
@@ -271,11 +276,44 @@ class Loader:
     def pinned(self) -> str:
         return self.target.label
 
-    def steps_per_epoch(self, offset: int = 0) -> int:
-        """Steps this rank takes in an epoch started at `offset` (the last one short unless drop_last)."""
-        return StepLayout(
-            self.target.num_rows, offset, self.world_size, self.batch_size, self.drop_last
-        ).num_steps
+    def steps_per_epoch(self, offset: int = 0, epoch: int | None = None) -> int:
+        """Steps this rank takes in an epoch started at `offset` (the last one short unless drop_last);
+        with a batch-size schedule or skip ranges, in epoch `epoch` (default: the current one)."""
+        return self._layout(offset, self._epoch if epoch is None else epoch).num_steps
+
+    def _layout(self, offset: int, epoch: int) -> Layout:
+        return make_layout(
+            self.target.num_rows,
+            offset,
+            self.world_size,
+            self.batch_size,
+            self.drop_last,
+            epoch=epoch,
+            schedule=self.schedule,
+        )
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The plan's batch-size phases and skip ranges (job positions), None when plain. Skip ranges
+        asked for as steps are placed from the cursor the first time this is read (schedule_state.py)."""
+        return self._schedule.schedule(**self._cursor())
+
+    @property
+    def skipped(self) -> int:
+        """Samples the job's cursor has moved past without delivering them (skip ranges)."""
+        sched = self.schedule
+        n = self.target.num_rows
+        return 0 if sched is None else sched.skipped_between(0, job_position(self._epoch, self._offset, n))
+
+    def _cursor(self) -> dict[str, Any]:
+        return {
+            "num_rows": self.target.num_rows,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+            "epoch": self._epoch,
+            "offset": self._offset,
+            "steps": self._steps,
+        }
 
     def __len__(self) -> int:
         """This loader's steps in a whole epoch — the number an LR scheduler needs per epoch.
@@ -311,6 +349,7 @@ class Loader:
             world_size=self.world_size,
             batch_size=self.batch_size,
             steps=self._steps,
+            schedule=self._schedule.state(target, **self._cursor()),
             drop_last=self.drop_last,
             transforms=tuple({"op": t.op, **json.loads(t.params_json or "{}")} for t in self.transforms),
             on_error=self.on_error,
@@ -329,8 +368,7 @@ class Loader:
             raise RuntimeError("split_steps() while iterating: split before the loop starts")
         self._split = WorkerSplit(worker, workers)
         if worker:  # (worker 0's first step is where the cursor is: no need to resolve the target)
-            global_batch = self.world_size * self.batch_size
-            self._offset = split_offset(self._offset, self.target.num_rows, global_batch, worker)
+            self._offset = split_start(self._layout(self._offset, self._epoch), worker)
 
     def _read_spec(self) -> ReadSpec:
         return ReadSpec(
@@ -352,6 +390,7 @@ class Loader:
             prefetch=self.prefetch,
             streams=self.streams,
             epochs=self.epochs,
+            schedule=self.schedule,
             split=self._split,
             retry=RetryPolicy(
                 max_retries=self.max_retries, budget_s=self.timeout_s, idle_timeout_s=self.stream_idle_timeout_s
@@ -406,22 +445,25 @@ class Loader:
         self._resumed_from = step
         self._resume_pending = False
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], schedule: str = "same") -> None:
+        """Resume at `state`'s cursor. A state saved with other batch-size or mixture phases is refused
+        unless `schedule="new"`: this loader's then apply from the cursor on (schedule_state.py)."""
         if self._active:
             raise RuntimeError("load_state_dict() while iterating: load the state before the loop starts")
-        self._load(LoaderState.from_dict(state))
+        self._load(LoaderState.from_dict(state), schedule)
         self._resume_pending = False  # an explicit state wins over resume=
 
-    def _load(self, st: LoaderState) -> None:
+    def _load(self, st: LoaderState, schedule: str = "same") -> None:
         target = self.target
         st.check_compatible(
             dataset=target.label,
-            fingerprint=target.fingerprint,
+            fingerprint=self._schedule.load(st.schedule, target, st.fingerprint, schedule),
             seed=self.seed,
             shuffle=str(self.shuffle),
             num_rows=target.num_rows,
         )
         self._epoch, self._offset, self._steps = st.epoch, st.offset, st.steps
+        self._schedule.records(**self._cursor())  # skip ranges asked for as steps: placed from here
 
     # --- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

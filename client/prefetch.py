@@ -84,7 +84,7 @@ class Producer:
             while spec.epochs is None or epoch < spec.epochs:
                 if not stream_epoch(epoch, offset):
                     return
-                epoch, offset = epoch + 1, spec.epoch_start()
+                epoch, offset = epoch + 1, spec.epoch_start(epoch + 1)
             self._put(Done())
         except BaseException as exc:  # handed to the consumer, never swallowed here
             self._put(_Failed(exc))
@@ -92,7 +92,7 @@ class Producer:
     def _stream_epoch(self, epoch: int, offset: int) -> bool:
         """Stream one epoch from `offset` over one session; False when stopped."""
         spec = self._spec
-        layout = spec.layout(offset)
+        layout = spec.layout(offset, epoch)
         stride = spec.split.workers
         session = StreamSession(
             self._calls,

@@ -12,6 +12,7 @@ error: a step not committed, a record that is not what it claims, a fingerprint 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from shardstream.errors import FailedPreconditionError
 
@@ -63,7 +64,15 @@ def committed_state(
             raise CorruptCursorError(
                 f"{where}, rank {r}: the record belongs to job {rec.job!r} step {rec.step} rank {rec.rank}"
             )
-    states = {(rec.state.fingerprint, rec.state.epoch, rec.state.offset) for rec in records.values()}
+    states = {
+        (
+            rec.state.fingerprint,
+            rec.state.epoch,
+            rec.state.offset,
+            json.dumps(rec.state.schedule, sort_keys=True),
+        )
+        for rec in records.values()
+    }
     if len(states) != 1:
         raise CorruptCursorError(f"{where}: ranks disagree on the cursor ({sorted(states)})")
     state = next(iter(records.values())).state

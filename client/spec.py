@@ -11,7 +11,9 @@ import random
 from dataclasses import dataclass
 
 from shardstream.cursor_math import NO_SPLIT, WorkerSplit, epoch_start
-from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.plan import ShuffleSpec
+from shardstream.schedule import Schedule
+from shardstream.scheduled_layout import Layout, make_layout, split_start
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
@@ -79,6 +81,7 @@ class ReadSpec:
     prefetch: int  # batches decoded ahead of the training loop
     streams: int  # streams per rank, striped by step (client/striped.py)
     epochs: int | None  # None: endless
+    schedule: Schedule | None = None  # batch-size phases and skip ranges (None: one batch size, no skips)
     split: WorkerSplit = NO_SPLIT  # data-loader workers sharing this rank's stream
     retry: RetryPolicy = RetryPolicy()
     job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
@@ -91,13 +94,23 @@ class ReadSpec:
     def label(self) -> str:
         return self.target.label
 
-    def layout(self, offset: int) -> StepLayout:
-        """The steps of an epoch that starts (for this reader) at `offset`."""
-        return StepLayout(self.target.num_rows, offset, self.world_size, self.batch_size, self.drop_last)
+    def layout(self, offset: int, epoch: int = 0) -> Layout:
+        """The steps of epoch `epoch` from `offset` (this reader's cursor)."""
+        return make_layout(
+            self.target.num_rows,
+            offset,
+            self.world_size,
+            self.batch_size,
+            self.drop_last,
+            epoch=epoch,
+            schedule=self.schedule,
+        )
 
-    def epoch_start(self) -> int:
-        """Where this reader's first step of every epoch after the first starts."""
-        return epoch_start(self.target.num_rows, self.world_size * self.batch_size, self.split)
+    def epoch_start(self, epoch: int = 0) -> int:
+        """Where this reader's first step of epoch `epoch` starts when it starts the epoch afresh."""
+        if self.schedule is None:
+            return epoch_start(self.target.num_rows, self.world_size * self.batch_size, self.split)
+        return split_start(self.layout(0, epoch), self.split.worker)
 
     def request(self, epoch: int, offset: int, first_step: int, step_stride: int) -> pb.ReadRequest:
         """The Read of steps first_step, first_step + step_stride, ... of the epoch from `offset`."""
@@ -119,4 +132,11 @@ class ReadSpec:
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
         )
         self.target.fill(request)
+        if self.schedule is not None:
+            if len(self.schedule.batch) > 1:
+                request.batch_size = 0
+                for start, size in self.schedule.batch:
+                    request.batch_schedule.add(start=start, batch_size=size)
+            for start, end in self.schedule.skips:
+                request.skip.add(start=start, end=end)
         return request

@@ -2,7 +2,9 @@
 
 The cursor of a job is one number per epoch — the global sample offset — so a state saved by any
 rank after global step t resumes every rank of a new job, with any world size and batch size, at
-the same place. World size and batch size are recorded for information, not required to match.
+the same place. World size and batch size are recorded for information, not required to match;
+a Loader's schedules — batch-size phases, mixture phases, skip ranges — are checked, under the
+"schedule" key only such a Loader writes (schedule_state.py).
 
 So are the rest of what decides a step's samples besides the order — drop_last, the transforms and
 on_error, a mixture's block and epoch samples — so that `shardstream explain` can replay any step of
@@ -35,6 +37,8 @@ class LoaderState:
     world_size: int
     batch_size: int
     steps: int = 0  # global steps consumed by the job so far (informational)
+    # Batch-size phases, mixture phases, skip ranges (schedule_state.py); None: the key is left out
+    schedule: Mapping[str, Any] | None = None
     # What else the job's steps depend on (informational, for `shardstream explain`)
     drop_last: bool = False
     transforms: tuple[dict[str, Any], ...] = ()  # [{"op": ..., params...}]
@@ -45,6 +49,8 @@ class LoaderState:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["transforms"] = [dict(t) for t in self.transforms]
+        if d["schedule"] is None:  # only a Loader with a schedule writes the key
+            del d["schedule"]
         return {"kind": _KIND, "format": STATE_FORMAT, **d}
 
     @classmethod
@@ -68,6 +74,7 @@ class LoaderState:
                 world_size=_typed(d, "world_size", int),
                 batch_size=_typed(d, "batch_size", int),
                 steps=int(d.get("steps", 0)),
+                schedule=_schedule(d.get("schedule")),
                 drop_last=bool(d.get("drop_last", False)),
                 transforms=tuple(dict(t) for t in d.get("transforms") or () if isinstance(t, Mapping)),
                 on_error=str(d.get("on_error", "fail")),
@@ -100,6 +107,12 @@ class LoaderState:
             raise InvalidArgumentError(
                 f"the state's offset {self.offset} is past the epoch of {num_rows} samples"
             )
+
+
+def _schedule(value: object) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"Loader state field 'schedule' must be a dict, got {value!r}")
+    return value
 
 
 def _typed(d: Mapping[str, Any], key: str, typ: type) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shardstream.plan import StepLayout
+from shardstream.scheduled_layout import Layout
 
 from .decode import Item, decode_message, empty_epoch
 from .session import CallRegistry, StreamSession
@@ -31,7 +31,7 @@ def stream_epoch_striped(
 ) -> bool:
     """Stream one epoch from `offset` over `spec.streams` sessions, handing items to `put` in step
     order; False when stopped (by `calls.stop()` or `put` returning False)."""
-    layout = spec.layout(offset)
+    layout = spec.layout(offset, epoch)
     if layout.num_steps == 0:  # nothing left in this epoch: no stream to open
         return put(empty_epoch(spec, epoch, layout.dropped))
     stride = spec.split.workers  # this reader's step stride (data-loader workers)
@@ -73,7 +73,7 @@ def stream_epoch_striped(
             s.close()
 
 
-def _fill(spec: ReadSpec, s: StreamSession, epoch: int, layout: StepLayout) -> Iterator[Item] | None:
+def _fill(spec: ReadSpec, s: StreamSession, epoch: int, layout: Layout) -> Iterator[Item] | None:
     """The items of session s's next message with steps; None when stopped."""
     while True:
         first = s.next_step

@@ -1,20 +1,34 @@
-"""What a Loader reads: one pinned dataset version or a pinned weighted mixture of them."""
+"""What a Loader reads: one pinned dataset version, a pinned weighted mixture of them, or mixture
+phases over pinned versions (a curriculum: mixture_schedule.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import DatasetRef
 from shardstream.mixture import MixturePlan, SourceInfo, is_mixture, parse_mixture
+from shardstream.mixture_schedule import (
+    MixtureSchedule,
+    is_mixture_schedule,
+    parse_mixture_schedule,
+    schedule_sources,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["Target", "normalize_dataset", "resolve_target"]
 
 
-def normalize_dataset(dataset: str | Mapping[str, float]) -> str | list[tuple[str, float]]:
-    """A dataset ref (validated) or the mixture's [(ref, weight)]; raises before any network call."""
+Phases = list[tuple[int, list[tuple[str, float]]]]
+
+
+def normalize_dataset(dataset: object) -> str | list[tuple[str, float]] | Phases:
+    """A dataset ref (validated), the mixture's [(ref, weight)], or mixture phases [(offset, [(ref,
+    weight)])] (one phase is a plain mixture); raises before any network call."""
+    if is_mixture_schedule(dataset):
+        phases = parse_mixture_schedule(dataset)
+        return phases[0][1] if len(phases) == 1 else phases
     if is_mixture(dataset):
         return parse_mixture(dataset)  # type: ignore[arg-type]
     if not isinstance(dataset, str):
@@ -29,7 +43,7 @@ class Target:
     num_rows: int  # samples per epoch
     fields: list[str]
     sources: list[pb.DatasetInfo]
-    mixture: MixturePlan | None
+    mixture: MixturePlan | MixtureSchedule | None
 
     def fill(self, request: pb.ReadRequest) -> None:
         """Name what to read in a Read request."""
@@ -38,22 +52,32 @@ class Target:
             request.dataset = f"{info.name}@{info.version}"
             request.fingerprint = info.fingerprint
             return
+        phases = isinstance(self.mixture, MixtureSchedule)
         for src, info in zip(self.mixture.sources, self.sources, strict=True):
-            request.mixture.add(dataset=src.ref, fingerprint=info.fingerprint, weight=src.weight)
+            request.mixture.add(
+                dataset=src.ref, fingerprint=info.fingerprint, weight=0.0 if phases else src.weight
+            )
+        if isinstance(self.mixture, MixtureSchedule):
+            for start, weights in self.mixture.requested:
+                request.mixture_phases.add(start=start, weights=weights)
         request.mixture_block = self.mixture.block_size
         request.mixture_epoch_samples = self.mixture.epoch_samples
 
 
 def resolve_target(
     get_dataset: Callable[[str], pb.DatasetInfo],
-    dataset: str | list[tuple[str, float]],
+    dataset: str | list[tuple[str, float]] | Phases,
     *,
     columns: Sequence[str] | None,
     seed: int,
     mixture_block: int = 0,
     mixture_epoch_samples: int = 0,
 ) -> Target:
-    refs = [dataset] if isinstance(dataset, str) else [r for r, _ in dataset]
+    phases = None
+    if not isinstance(dataset, str) and isinstance(dataset[0][0], int):
+        refs, phases = schedule_sources(dataset)  # type: ignore[arg-type]
+    else:
+        refs = [dataset] if isinstance(dataset, str) else [r for r, _ in dataset]  # type: ignore[misc]
     infos = [get_dataset(r) for r in refs]
     names = [f.name for f in infos[0].fields]
     for info in infos:
@@ -68,6 +92,15 @@ def resolve_target(
     if isinstance(dataset, str):
         info = infos[0]
         return Target(f"{info.name}@{info.version}", info.fingerprint, info.num_rows, names, infos, None)
+    if phases is not None:
+        sched = MixtureSchedule(
+            [SourceInfo(f"{i.name}@{i.version}", i.fingerprint, i.num_rows, 0.0) for i in infos],
+            phases,
+            seed,
+            mixture_block,
+            mixture_epoch_samples,
+        )
+        return Target(sched.label, sched.fingerprint, sched.epoch_samples, names, infos, sched)
     plan = MixturePlan(
         [
             SourceInfo(f"{i.name}@{i.version}", i.fingerprint, i.num_rows, w)

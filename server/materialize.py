@@ -19,7 +19,7 @@ make them random; anything else is refused before a byte is read, saying why:
                                    position in the epoch's order) when there is no episode column
     text.pack                      never: it packs each step's documents together, so its rows depend
                                    on the reader's batch and world size
-    anything else                  refused (not known to be deterministic)
+    any other op                   accepted when its `deterministic` property says so, else refused
 
 How: one task per source shard (`materialize_shard`), run here (`run_local`) or in Spark or Ray tasks
 (`shardstream.spark`, `shardstream.ray`). A task reads its shard's row groups through the server's
@@ -111,11 +111,15 @@ DETERMINISTIC: dict[str, Callable[[Transform], str | None]] = {
 
 
 def random_reason(t: Transform) -> str | None:
-    """Why the built transform `t` cannot be materialized, or None when it can."""
+    """Why the built transform `t` cannot be materialized, or None when it can. An op this table does
+    not name is accepted when it says its output depends on each row's values alone (a
+    `deterministic` property that is true), else refused."""
     check = DETERMINISTIC.get(t.op)
-    if check is None:
-        return "it is not known to be deterministic"
-    return check(t)
+    if check is not None:
+        return check(t)
+    if getattr(t, "deterministic", False) is True:
+        return None
+    return "it is not known to be deterministic (its output may depend on the seed, epoch, position or other rows)"
 
 
 @dataclass(frozen=True)

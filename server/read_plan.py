@@ -23,11 +23,13 @@ import pyarrow as pa
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError
 from shardstream.manifest import DatasetRef, Manifest
-from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, parse_mixture
-from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
+from shardstream.mixture import MixtureOrder
+from shardstream.plan import DatasetOrder, ShuffleSpec
 from shardstream.registry import Registry
+from shardstream.scheduled_layout import Layout, make_layout
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .read_schedule import mixture_weights, request_mixture, request_schedule
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
 from .selection import check_mixture_columns
@@ -48,7 +50,7 @@ class ReadPlan:
     readers: list[DatasetReader]  # one per source (one for a plain dataset)
     selector: DatasetOrder | MixtureOrder
     mixture: bool
-    layout: StepLayout
+    layout: Layout  # a StepLayout, or a ScheduledLayout for a request with schedules
     columns: list[str]
     rank: int
     epoch: int
@@ -134,18 +136,10 @@ class ReadPlanner:
         spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
         selector: DatasetOrder | MixtureOrder
         if req.mixture:
-            weights = parse_mixture([(s.dataset, s.weight) for s in req.mixture])
+            weights = mixture_weights(req)
             manifests = [self._pinned(s.dataset, s.fingerprint) for s in req.mixture]
             readers = [self.reader(m) for m in manifests]
-            mixture = MixturePlan(
-                [
-                    SourceInfo(m.ref, m.fingerprint, m.num_rows, w)
-                    for m, (_, w) in zip(manifests, weights, strict=True)
-                ],
-                req.seed,
-                req.mixture_block,
-                req.mixture_epoch_samples,
-            )
+            mixture = request_mixture(req, manifests, weights)
             selector = MixtureOrder(mixture, [self._order(r, req.seed, spec) for r in readers])
             columns = check_mixture_columns(readers, list(req.columns))
         else:
@@ -169,8 +163,14 @@ class ReadPlanner:
                 describe,
                 max_sample_bytes=self.limits.max_sample_bytes,
             )
-        layout = StepLayout(
-            selector.num_rows, req.start_offset, req.world_size, req.batch_size, req.drop_last
+        layout = make_layout(
+            selector.num_rows,
+            req.start_offset,
+            req.world_size,
+            req.batch_size,
+            req.drop_last,
+            epoch=req.epoch,
+            schedule=request_schedule(req),
         )
         if req.first_step > layout.num_steps:
             raise InvalidArgumentError(

@@ -2,7 +2,7 @@
 
 `RequestLimits.check(request)` refuses a malformed or absurd request with one INVALID_ARGUMENT that
 names the field and its limit: sizes (batch, world, stride, mixture block and epoch, columns,
-transforms), ranges (epoch, offsets; a seed may be any uint64: it is hashed) and strings. Without
+transforms, schedule phases and skip ranges), ranges (epoch, offsets; a seed may be any uint64: it is hashed) and strings. Without
 these, one 161-byte request could make a server allocate gigabytes (`mixture_block` 2^32-1 builds
 32 GiB of schedule) or fail with INTERNAL instead of saying what is wrong (`mixture_epoch_samples`
 2^64-1 overflows int64 math).
@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.mixture_schedule import MAX_MIXTURE_PHASES
+from shardstream.schedule import MAX_BATCH_PHASES, MAX_SKIP_RANGES
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = [
@@ -90,9 +92,13 @@ class RequestLimits:
                 f"rank must be in [0, world_size), got rank={req.rank}, world_size={req.world_size}"
             )
         _at_most("world_size", req.world_size, MAX_WORLD_SIZE)
-        if req.batch_size < 1:
+        if req.batch_schedule:
+            if req.batch_size:
+                raise InvalidArgumentError(f"batch_size must be 0 with batch_schedule, got {req.batch_size}")
+        elif req.batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, got {req.batch_size}")
         _at_most("batch_size", req.batch_size, self.max_batch_size, " (this server's --max-batch-size)")
+        self._check_schedules(req)
         _at_most("first_step", req.first_step, MAX_COUNT)
         _at_most("num_steps", req.num_steps, MAX_COUNT)
         _at_most("step_stride", req.step_stride, MAX_STEP_STRIDE)
@@ -105,6 +111,37 @@ class RequestLimits:
             _too_long(f"transforms[{i}].op", t.op, MAX_STRING_CHARS)
             check_params_json(f"transforms[{i}] ({t.op[:64]})", t.params_json)
         _too_long("on_error", req.on_error, MAX_STRING_CHARS)
+
+    def _check_schedules(self, req: pb.ReadRequest) -> None:
+        """Sizes and ranges of batch_schedule, skip and mixture_phases (their order and meaning are
+        checked where they are parsed: schedule.py, mixture_schedule.py)."""
+        _at_most("batch_schedule", len(req.batch_schedule), MAX_BATCH_PHASES, " phases")
+        for i, ph in enumerate(req.batch_schedule):
+            _at_most(f"batch_schedule[{i}].start", ph.start, MAX_COUNT)
+            if ph.batch_size < 1:
+                raise InvalidArgumentError(
+                    f"batch_schedule[{i}].batch_size must be >= 1, got {ph.batch_size}"
+                )
+            _at_most(
+                f"batch_schedule[{i}].batch_size",
+                ph.batch_size,
+                self.max_batch_size,
+                " (this server's --max-batch-size)",
+            )
+        _at_most("skip", len(req.skip), MAX_SKIP_RANGES, " ranges")
+        for i, r in enumerate(req.skip):
+            _at_most(f"skip[{i}].end", r.end, MAX_COUNT)
+            if r.start >= r.end:
+                raise InvalidArgumentError(f"skip[{i}] must have start < end, got [{r.start}, {r.end})")
+        _at_most("mixture_phases", len(req.mixture_phases), MAX_MIXTURE_PHASES, " phases")
+        if req.mixture_phases and not req.mixture:
+            raise InvalidArgumentError("mixture_phases needs the mixture's sources in `mixture`")
+        for i, ph in enumerate(req.mixture_phases):
+            _at_most(f"mixture_phases[{i}].start", ph.start, MAX_COUNT)
+            if len(ph.weights) != len(req.mixture):
+                raise InvalidArgumentError(
+                    f"mixture_phases[{i}] has {len(ph.weights)} weights for {len(req.mixture)} mixture sources"
+                )
 
     @staticmethod
     def _check_mixture(req: pb.ReadRequest) -> None:

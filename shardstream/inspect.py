@@ -1,7 +1,9 @@
 """What the plan delivers, computed from the plan alone (pure: manifests in, arrays out).
 
 `shardstream inspect` uses these to say which samples rank r gets at step t — the same functions
-the server runs — and to report a shuffle configuration's read locality and mixing quality.
+the server runs — and to report a shuffle configuration's read locality and mixing quality. Layouts
+may be scheduled (batch-size phases, skip ranges: scheduled_layout.make_layout) and selectors mixture
+phases (`make_selector(..., phases=...)`): the server's own objects either way.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import numpy as np
 
 from shardstream.manifest import Manifest
 from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo
-from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
+from shardstream.mixture_schedule import MixtureSchedule
+from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec
+from shardstream.scheduled_layout import Layout
 
 __all__ = ["Selector", "StepSamples", "make_selector", "shuffle_stats", "step_samples"]
 
@@ -47,12 +51,26 @@ def make_selector(
     shuffle: ShuffleSpec,
     mixture_block: int = 0,
     epoch_samples: int = 0,
+    phases: Sequence[tuple[int, Sequence[float]]] | None = None,
 ) -> Selector:
+    """A dataset (`weights` None), a mixture (`weights`), or mixture phases ([(position, weights)],
+    weights aligned with `manifests`: mixture_schedule.py)."""
     locators = [RowLocator([s.row_groups for s in m.shards]) for m in manifests]
     orders = [
         DatasetOrder(m.fingerprint, loc.block_sizes, seed, shuffle)
         for m, loc in zip(manifests, locators, strict=True)
     ]
+    if phases is not None:
+        sched = MixtureSchedule(
+            [SourceInfo(m.ref, m.fingerprint, m.num_rows, 0.0) for m in manifests],
+            phases,
+            seed,
+            mixture_block,
+            epoch_samples,
+        )
+        return Selector(
+            list(manifests), MixtureOrder(sched, orders), locators, sched.label, sched.fingerprint
+        )
     if weights is None:
         m = manifests[0]
         return Selector(list(manifests), orders[0], locators, m.ref, m.fingerprint)
@@ -80,7 +98,7 @@ class StepSamples:
     row_groups: np.ndarray  # row group within the shard
 
 
-def step_samples(selector: Selector, layout: StepLayout, epoch: int, step: int, rank: int) -> StepSamples:
+def step_samples(selector: Selector, layout: Layout, epoch: int, step: int, rank: int) -> StepSamples:
     start, end = layout.rank_range(step, rank)
     positions = np.arange(start, end, dtype=np.int64)
     src, rows = selector.order.select(epoch, positions)
@@ -106,7 +124,7 @@ def step_samples(selector: Selector, layout: StepLayout, epoch: int, step: int, 
     )
 
 
-def shuffle_stats(selector: Selector, layout: StepLayout, epoch: int) -> dict[str, float | int]:
+def shuffle_stats(selector: Selector, layout: Layout, epoch: int) -> dict[str, float | int]:
     """Locality (distinct row groups per rank batch) and mixing quality of one epoch.
 
     mean_displacement: mean |row - position| / N over the epoch (0 = stored order; ~1/3 for a

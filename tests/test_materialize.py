@@ -20,7 +20,8 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
-from shardstream.server.materialize import materialize
+from shardstream.server.materialize import materialize, random_reason
+from shardstream.server.transforms.base import Transform
 
 from .support.flips import flip_byte
 from .support.media import (
@@ -333,3 +334,15 @@ def test_the_client_imports_no_engine() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"imported: {r.stdout.strip()}"
+
+
+def test_ops_the_table_does_not_name_are_judged_by_their_deterministic_property() -> None:
+    class Said(Transform):
+        op = "x.said"
+        deterministic = True
+
+    class Silent(Transform):
+        op = "x.silent"
+
+    assert random_reason(Said()) is None
+    assert "not known to be deterministic" in str(random_reason(Silent()))

@@ -69,7 +69,7 @@ class MixtureSource(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,9 @@ class ReadRequest(_message.Message):
     TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
     ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     SPLIT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIELD_NUMBER: _ClassVar[int]
+    MIXTURE_PHASES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -112,7 +115,34 @@ class ReadRequest(_message.Message):
     transforms: _containers.RepeatedCompositeFieldContainer[Transform]
     on_error: str
     split_steps: bool
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ...) -> None: ...
+    batch_schedule: _containers.RepeatedCompositeFieldContainer[BatchPhase]
+    skip: _containers.RepeatedCompositeFieldContainer[SkipRange]
+    mixture_phases: _containers.RepeatedCompositeFieldContainer[MixturePhase]
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ...) -> None: ...
+
+class BatchPhase(_message.Message):
+    __slots__ = ("start", "batch_size")
+    START_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    batch_size: int
+    def __init__(self, start: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class SkipRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class MixturePhase(_message.Message):
+    __slots__ = ("start", "weights")
+    START_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, start: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Transform(_message.Message):
     __slots__ = ("op", "params_json")
