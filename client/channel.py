@@ -1,4 +1,8 @@
-"""gRPC channels to shardstream servers: options, retries and the stub calls, in one place."""
+"""gRPC channels to shardstream servers: options, retries and the stub calls, in one place.
+
+A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurity`
+(credentials.py); the token rides on every call as metadata.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from shardstream import allocator
 from shardstream.errors import InvalidArgumentError, from_grpc_error
 from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
+
+from .credentials import ChannelSecurity
 
 __all__ = ["Connection", "normalize_endpoints"]
 
@@ -89,10 +95,12 @@ def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[st
 class Connection:
     """One channel to one server, with the three calls the client makes."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, security: ChannelSecurity | None = None) -> None:
         allocator.tune()  # received messages are multi-MiB bytes: keep their pages in the heap
         self.target = target
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        security = security or ChannelSecurity()
+        self._metadata = security.metadata or None  # the bearer token, on every call
+        self._channel = security.channel(target, CHANNEL_OPTIONS)
         self._get = self._channel.unary_unary(
             f"/{_SERVICE}/GetDataset",
             request_serializer=pb.GetDatasetRequest.SerializeToString,
@@ -112,19 +120,19 @@ class Connection:
 
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo:
         try:
-            return self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s)
+            return self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
 
     def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
         try:
-            return self._list(pb.ListDatasetsRequest(), timeout=timeout_s)
+            return self._list(pb.ListDatasetsRequest(), timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
 
     def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> Iterator:  # type: ignore[type-arg]
         """The raw call (an iterator of (header, payload) that can be cancelled)."""
-        return self._read(request, timeout=timeout_s)
+        return self._read(request, timeout=timeout_s, metadata=self._metadata)
 
     def close(self) -> None:
         self._channel.close()

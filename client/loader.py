@@ -10,6 +10,7 @@ A background thread keeps a bounded queue of decoded batches full; the cursor ad
 batch is handed to the caller, so prefetched batches are never lost on restart. When a stream
 breaks or a server is unavailable, the thread reconnects — to the next endpoint — at the first step
 it has not received, with jittered exponential backoff, within a retry budget that progress resets.
+`tls` and `token` (default $SHARDSTREAM_TOKEN) secure every channel it opens (credentials.py).
 
 This module is the SDK's public surface — every option validated in one place, the state, the job
 cursors — which is why it is a little over 400 lines; the machinery is elsewhere: the prefetch
@@ -43,6 +44,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 from . import metrics
 from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
+from .credentials import ChannelSecurity, TlsOption
 from .job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
 from .launcher import resolve_rank_world
 from .prefetch import Done, Producer
@@ -96,6 +98,8 @@ class Loader:
         cursor_store: str | CursorStore | None = None,
         resume: str | int | None = None,
         resume_min_step: int | None = None,
+        tls: TlsOption = None,
+        token: str | None = None,
     ) -> None:
         # Everything is validated before any network call.
         if rank is None or world_size is None or world_size == 1:
@@ -140,6 +144,7 @@ class Loader:
         if not stream_idle_timeout_s > 0:
             raise InvalidArgumentError(f"stream_idle_timeout_s must be > 0, got {stream_idle_timeout_s!r}")
         check_job_options(job, cursor_store, resume, resume_min_step)
+        self._security = ChannelSecurity.from_options(tls, token)  # files read here: a bad path fails now
         self.endpoints = normalize_endpoints(endpoints)
         self.dataset = normalize_dataset(dataset)
         # Batch-size phases and skip ranges (schedule_state.py); batch_size: the first phase's
@@ -233,7 +238,7 @@ class Loader:
             raise RuntimeError("this Loader is closed")
         conn = self._conns.get(target)
         if conn is None:
-            conn = self._conns[target] = Connection(target)
+            conn = self._conns[target] = Connection(target, self._security)
         return conn
 
     # --- dataset -------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from shardstream import allocator
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
+from . import security
 from .admission import Admission
+from .auth import Authenticator
 from .config import ServerConfig
 from .reader import new_row_group_cache
 from .ready import write_ready_file
@@ -91,22 +93,25 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         limits=cfg.request_limits(),
         admission=Admission(cfg.admission_limits()),
         write_timeout_s=cfg.write_timeout_s,
+        auth=Authenticator(cfg.auth_file),
     )
     server = grpc.aio.server(options=server_options(cfg))
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
+    if cfg.reflection:  # off unless asked for: it lists the services to anyone who connects
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
     address = f"{cfg.host}:{cfg.port}"
     if cfg.port and not cfg.reuse_port:  # one clear line, before grpc logs its own about the bind
         from .workers import reserve_port
 
         reserve_port(cfg.host, cfg.port, hold=False)
+    creds = security.credentials(cfg)
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError as exc:
         raise InvalidArgumentError(f"cannot listen on {address}: {exc} (is the port in use?)") from exc
     if port == 0:
@@ -125,7 +130,14 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("serving %s on %s:%d (metrics on %s)", registry.root, cfg.host, port, metrics_port or "-")
+    log.info(
+        "serving %s on %s:%d (%s; metrics on %s)",
+        registry.root,
+        cfg.host,
+        port,
+        security.describe(cfg),
+        metrics_port or "-",
+    )
     if cfg.ready_file:
         pid = os.getpid()
         write_ready_file(
@@ -147,6 +159,8 @@ def run(cfg: ServerConfig) -> None:
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
         stream=sys.stderr,
     )
+    if not cfg.reuse_port:  # once per server (a supervisor's workers were checked by it)
+        security.check(cfg)
     if cfg.workers > 1:
         from .workers import supervise
 

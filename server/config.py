@@ -76,6 +76,12 @@ class ServerConfig:
     keepalive_time_s: float = DEFAULT_KEEPALIVE_TIME_S
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     max_connection_idle_s: float = DEFAULT_MAX_CONNECTION_IDLE_S
+    # Security (tls.py, auth.py; DESIGN §10): every worker reads the same files and follows their changes.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # mTLS: clients need a certificate signed by this CA
+    auth_file: str | None = None  # principals, their tokens (sha256) or subjects, and datasets
+    reflection: bool = False  # gRPC server reflection (lists the services to anyone who connects)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -27,10 +27,13 @@ __all__ = ["LocalServer", "wait_healthy"]
 DEFAULT_START_TIMEOUT_S = 60.0
 
 
-def wait_healthy(target: str, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
-    """Block until `target` answers grpc.health.v1 Check with SERVING."""
+def wait_healthy(
+    target: str, timeout_s: float = DEFAULT_START_TIMEOUT_S, credentials: grpc.ChannelCredentials | None = None
+) -> None:
+    """Block until `target` answers grpc.health.v1 Check with SERVING (over TLS with `credentials`)."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as channel:
+    channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             remaining = deadline - time.monotonic()
@@ -59,8 +62,10 @@ class LocalServer:
         log_path: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         workers: int | None = 1,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.root = str(root)
+        self.credentials = credentials  # for the health checks of a server started with --tls-cert
         self.metrics = metrics
         self.extra_args = extra_args
         self.log_path = log_path
@@ -129,7 +134,7 @@ class LocalServer:
             time.sleep(0.02)
         info = self.info()
         self.port, self.metrics_port = info["port"], info["metrics_port"]
-        wait_healthy(self.target, max(1.0, deadline - time.monotonic()))
+        wait_healthy(self.target, max(1.0, deadline - time.monotonic()), self.credentials)
         return self
 
     def info(self) -> dict[str, Any]:

@@ -5,7 +5,9 @@
 layout of this slice, the columns, the steps to send and the transform pipeline. A bad request
 fails here, as the ShardstreamError that says what is wrong (INVALID_ARGUMENT, NOT_FOUND,
 FAILED_PRECONDITION), before a byte is read; a field over its limit (request_limits.py) is
-INVALID_ARGUMENT naming the field and the limit.
+INVALID_ARGUMENT naming the field and the limit. The caller's principal (auth.py) is checked on
+every dataset the request names — each mixture source in turn — before the registry is asked about
+it: PERMISSION_DENIED says no more than NOT_FOUND would.
 
 Blocking (manifests are read from storage, a pipeline may load a tokenizer or import a codec): the
 servicer calls it in a worker thread; tests and tools call it directly. The planner keeps what
@@ -30,6 +32,7 @@ from shardstream.scheduled_layout import Layout, make_layout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .read_schedule import mixture_weights, request_mixture, request_schedule
+from .auth import OPEN, Principal
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
 from .selection import check_mixture_columns
@@ -88,15 +91,20 @@ class ReadPlanner:
         # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).
         self._orders: OrderedDict[tuple[str, int, ShuffleSpec], DatasetOrder] = OrderedDict()
 
-    def resolve(self, dataset: str) -> Manifest:
-        """The manifest `dataset` (`name@version|tag`) names; a pinned version already read is not re-read."""
+    def resolve(self, dataset: str, principal: Principal = OPEN, what: str = "") -> Manifest:
+        """The manifest `dataset` (`name@version|tag`) names, if `principal` may read it; a pinned
+        version already read is not re-read."""
         ref = DatasetRef.parse(dataset)
+        principal.check(ref, what)  # before the registry is asked: denied whether it exists or not
         if ref.version is not None:
             with self._lock:
                 cached = self._readers.get((ref.name, ref.version))
             if cached is not None:
                 return cached.manifest
-        return self.registry.resolve(ref)
+        manifest = self.registry.resolve(ref)
+        if ref.version is None:  # a tag or the latest: the version it resolved to may be one not granted
+            principal.check_version(manifest.name, manifest.version, what)
+        return manifest
 
     def latest(self) -> list[Manifest]:
         """The latest manifest of every readable dataset of the registry (bad entries: `Registry.listing`)."""
@@ -122,8 +130,8 @@ class ReadPlanner:
             self._orders.move_to_end(key)
             return order
 
-    def _pinned(self, dataset: str, fingerprint: str) -> Manifest:
-        manifest = self.resolve(dataset)
+    def _pinned(self, dataset: str, fingerprint: str, principal: Principal, what: str = "") -> Manifest:
+        manifest = self.resolve(dataset, principal, what)
         if fingerprint and fingerprint != manifest.fingerprint:
             raise FailedPreconditionError(
                 f"{manifest.ref} has fingerprint {manifest.fingerprint[:12]}…, the request pins "
@@ -131,19 +139,22 @@ class ReadPlanner:
             )
         return manifest
 
-    def plan(self, req: pb.ReadRequest) -> ReadPlan:
+    def plan(self, req: pb.ReadRequest, principal: Principal = OPEN) -> ReadPlan:
         self.limits.check(req)
         spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
         selector: DatasetOrder | MixtureOrder
         if req.mixture:
             weights = mixture_weights(req)
-            manifests = [self._pinned(s.dataset, s.fingerprint) for s in req.mixture]
+            manifests = [
+                self._pinned(s.dataset, s.fingerprint, principal, f"mixture source {i}: ")
+                for i, s in enumerate(req.mixture)
+            ]
             readers = [self.reader(m) for m in manifests]
             mixture = request_mixture(req, manifests, weights)
             selector = MixtureOrder(mixture, [self._order(r, req.seed, spec) for r in readers])
             columns = check_mixture_columns(readers, list(req.columns))
         else:
-            manifest = self._pinned(req.dataset, req.fingerprint)
+            manifest = self._pinned(req.dataset, req.fingerprint, principal)
             readers = [self.reader(manifest)]
             selector = self._order(readers[0], req.seed, spec)
             columns = readers[0].check_columns(list(req.columns))

@@ -14,6 +14,11 @@ log keeps the rest.
 
 ListDatasets lists every dataset it can read and skips the bad entries (registry.py): each is logged
 once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
+
+Every call is authenticated first (auth.py: a bearer token or a client certificate's subject, when
+the server has `--auth`) and every dataset it names is checked against the caller's patterns;
+ListDatasets lists only the latest versions the caller may read. Each Read stream, and each call
+refused as UNAUTHENTICATED or PERMISSION_DENIED, leaves one line in the audit log (audit.py).
 """
 
 from __future__ import annotations
@@ -26,12 +31,22 @@ from typing import Any, TypeVar
 import grpc
 from prometheus_client import Counter, Gauge
 
-from shardstream.errors import InternalError, InvalidArgumentError, ResourceExhaustedError, ShardstreamError
+from shardstream.errors import (
+    InternalError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    ShardstreamError,
+    UnauthenticatedError,
+)
+from shardstream.extension_types import plain_schema
 from shardstream.manifest import Manifest
 from shardstream.registry import BadEntry, Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .admission import Admission, Ticket
+from .audit import StreamAudit, audit_call
+from .auth import OPEN, Authenticator, Principal
 from .build import Message, MessageBuilder, MessageSteps
 from .config import DEFAULT_WRITE_TIMEOUT_S
 from .read_plan import ReadPlan, ReadPlanner
@@ -106,8 +121,10 @@ class ShardStreamService:
         limits: RequestLimits | None = None,
         admission: Admission | None = None,
         write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
+        auth: Authenticator | None = None,
     ) -> None:
         self.registry = registry
+        self.auth = auth or Authenticator(None)
         self.planner = ReadPlanner(registry, cache, limits)
         self.builder = MessageBuilder(transform_threads=transform_threads)
         self.admission = admission or Admission()
@@ -160,32 +177,44 @@ class ShardStreamService:
         metadata = exc.trailing_metadata() if isinstance(exc, ResourceExhaustedError) else ()
         await context.abort(exc.grpc_code, details, trailing_metadata=metadata)
 
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        """The caller (auth.py); UnauthenticatedError when the server has --auth and it is nobody known."""
+        return self.auth.authenticate(context.invocation_metadata(), context.auth_context())
+
     def _unary(
-        self, method: str, fn: Callable[[Any], Awaitable[T]]
+        self, method: str, fn: Callable[[Any, Principal], Awaitable[T]]
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
             RPCS.labels(method).inc()
+            principal = None
             try:
+                principal = self._principal(context)
                 if request is None:
                     raise InvalidArgumentError(f"the {method} request does not parse")
-                return await fn(request)
+                return await fn(request, principal)
             except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
+                if isinstance(exc, (UnauthenticatedError, PermissionDeniedError)):
+                    dataset = getattr(request, "dataset", "")
+                    audit_call(method, principal.name if principal else "-", dataset, exc.grpc_code.name, context.peer())
                 await self._abort(method, context, exc)
                 raise AssertionError("unreachable: abort raises") from exc
 
         return handle
 
     # --- control plane -------------------------------------------------------------------------
-    async def get_dataset(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
-        return dataset_info(await asyncio.to_thread(self.planner.resolve, request.dataset))
+    async def get_dataset(self, request: pb.GetDatasetRequest, principal: Principal = OPEN) -> pb.DatasetInfo:
+        return dataset_info(await asyncio.to_thread(self.planner.resolve, request.dataset, principal))
 
-    async def list_datasets(self, request: pb.ListDatasetsRequest) -> pb.ListDatasetsResponse:
+    async def list_datasets(
+        self, request: pb.ListDatasetsRequest, principal: Principal = OPEN
+    ) -> pb.ListDatasetsResponse:
         del request
         listing = await asyncio.to_thread(self.registry.listing)
         REGISTRY_BAD_ENTRIES.set(len(listing.bad))
         for bad in listing.bad:
             self._report(bad)
-        return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in listing.manifests])
+        readable = [m for m in listing.manifests if principal.may_read(m.name, m.version)]
+        return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in readable])
 
     def _report(self, bad: BadEntry) -> None:
         if self._log_once(f"{bad.ref}: {bad.reason}"):
@@ -201,30 +230,38 @@ class ShardStreamService:
     async def read(self, request: pb.ReadRequest | None, context: grpc.aio.ServicerContext) -> None:
         RPCS.labels("Read").inc()
         peer = context.peer()
+        audit = StreamAudit(peer, request)
         try:
+            principal = self._principal(context)
+            audit.principal = principal.name
             ticket = self.admission.admit(peer)
-        except ResourceExhaustedError as exc:
+        except (ResourceExhaustedError, UnauthenticatedError) as exc:
+            audit.done(exc.grpc_code.name)
             await self._abort("Read", context, exc)
             return
         STREAMS_ACTIVE.inc()
+        outcome = "GONE"  # a cancelled stream: its client went away
         try:
             if request is None:
                 raise InvalidArgumentError("the Read request does not parse")
             # In a thread: planning reads manifests and may load a tokenizer or import a codec.
-            plan = await asyncio.to_thread(self.planner.plan, request)
-            await self._send(plan, context, ticket, peer)
+            plan = await asyncio.to_thread(self.planner.plan, request, principal)
+            await self._send(plan, context, ticket, peer, audit)
+            outcome = "OK"
         except asyncio.CancelledError:
             raise
         except StreamGone:
             pass  # its client went away, or was cut: no status can reach it
         except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
+            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
             await self._abort("Read", context, exc)
         finally:
             ticket.close()
             STREAMS_ACTIVE.dec()
+            audit.done(outcome)
 
     async def _send(
-        self, plan: ReadPlan, context: grpc.aio.ServicerContext, ticket: Ticket, peer: str
+        self, plan: ReadPlan, context: grpc.aio.ServicerContext, ticket: Ticket, peer: str, audit: StreamAudit
     ) -> None:
         """Write the stream's messages, each built in a worker thread while the last one is written."""
 
@@ -259,6 +296,7 @@ class ShardStreamService:
                 BYTES_SENT.inc(n)
                 ticket.hold(n)  # gRPC's copy, until the write completes
                 await self.reaper.write(context, message.data, peer, self.port)
+                audit.sent(n)
                 ticket.release(2 * n)
                 if pending is None:
                     pending = build_next()
@@ -277,5 +315,5 @@ def dataset_info(m: Manifest) -> pb.DatasetInfo:
         num_shards=len(m.shards),
         num_bytes=m.num_bytes,
         fields=[pb.Field(name=n, type=t) for n, t in m.fields],
-        arrow_schema=m.schema.serialize().to_pybytes(),
+        arrow_schema=plain_schema(m.schema).serialize().to_pybytes(),  # no extension type a client would revive
     )

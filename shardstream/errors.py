@@ -16,6 +16,10 @@ DATA_LOSS, so when a client sees one the server sent it on purpose. `RETRYABLE_C
 on which a client resumes a stream elsewhere instead of failing. An overloaded server says how long
 to leave it alone in the trailing metadata `grpc-retry-pushback-ms` (gRPC's own key for a server's
 retry hint): `ResourceExhaustedError.retry_after_s` on the way out, `retry_pushback_s` on the way in.
+
+A message that quotes what a caller sent quotes `excerpt(text)`: at most EXCERPT_CHARS of it, so an
+error never echoes a request back (a server's answer to untrusted input stays small and says which
+value was wrong, not the whole of it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import grpc
 
 __all__ = [
     "DataLossError",
+    "EXCERPT_CHARS",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
@@ -36,9 +41,20 @@ __all__ = [
     "ShardstreamError",
     "UnauthenticatedError",
     "UnavailableError",
+    "excerpt",
     "from_grpc_error",
     "retry_pushback_s",
 ]
+
+
+EXCERPT_CHARS = 48  # of a caller's value quoted in an error message
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` as an error message may quote it: whole when short, else its start and its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 class ShardstreamError(Exception):

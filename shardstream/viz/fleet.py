@@ -17,6 +17,8 @@ from typing import Any
 
 import grpc
 
+from shardstream.client.credentials import ChannelSecurity
+
 __all__ = ["FleetMonitor", "JobStep", "ServerStatus", "job_steps", "list_jobs"]
 
 HEALTH = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
@@ -34,9 +36,10 @@ class ServerStatus:
     error: str = ""
 
 
-def check_health(endpoint: str, timeout_s: float = 3.0) -> str:
-    """grpc.health.v1.Health/Check with the empty service name: SERVING, NOT_SERVING, or why not."""
-    with grpc.insecure_channel(endpoint) as channel:
+def check_health(endpoint: str, timeout_s: float = 3.0, security: ChannelSecurity | None = None) -> str:
+    """grpc.health.v1.Health/Check with the empty service name: SERVING, NOT_SERVING, or why not
+    (over TLS when `security` has it: health shares the port)."""
+    with (security or ChannelSecurity()).channel(endpoint, []) as channel:
         call = channel.unary_unary("/grpc.health.v1.Health/Check")
         try:
             raw: bytes = call(b"", timeout=timeout_s)
@@ -63,8 +66,11 @@ def scrape(url: str, timeout_s: float = 3.0) -> dict[str, float]:
 class FleetMonitor:
     """Scrapes each server's metrics and keeps the last scrape, for rows/s between two visits."""
 
-    def __init__(self, endpoints: list[str], metrics_urls: list[str]) -> None:
+    def __init__(
+        self, endpoints: list[str], metrics_urls: list[str], security: ChannelSecurity | None = None
+    ) -> None:
         self.endpoints = endpoints
+        self.security = security
         self.metrics_urls = metrics_urls
         self._last: dict[str, tuple[float, float]] = {}  # url -> (time, rows_total)
         self._lock = threading.Lock()
@@ -77,7 +83,7 @@ class FleetMonitor:
         out = []
         for i, endpoint in enumerate(self.endpoints):
             url = self.metrics_urls[i] if i < len(self.metrics_urls) else None
-            health = check_health(endpoint)
+            health = check_health(endpoint, security=self.security)
             if url is None:
                 out.append(ServerStatus(endpoint, health, None))
                 continue

@@ -9,7 +9,8 @@ that offset starts (`loader_state()` returns that state). Only that one step is 
 decoded differently for display; the panes draw the arrays the trainer would get.
 
 `DataSource.open(server=..., root=...)` dials a fleet, or starts a server of its own over a registry
-root (`shardstream serve` in a subprocess, as `LocalServer` runs it) and stops it on close.
+root (`shardstream serve` in a subprocess, as `LocalServer` runs it) and stops it on close. A fleet
+with TLS or `--auth` is dialled with the Loader's `tls` and `token` options (`security`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pyarrow as pa
 from shardstream.client.batch import PROVENANCE, BatchInfo
 from shardstream.client.channel import Connection, normalize_endpoints
 from shardstream.client.convert import to_numpy
+from shardstream.client.credentials import ChannelSecurity, TlsOption
 from shardstream.client.decode import decode_message
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import ReadSpec, RetryPolicy
@@ -92,13 +94,15 @@ class DataSource:
         metrics_urls: Sequence[str] = (),
         timeout_s: float = DEFAULT_TIMEOUT_S,
         owned: Any = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.endpoints = normalize_endpoints(list(endpoints))
+        self.security = security or ChannelSecurity()
         self.registry = registry  # manifests: history, diffs, shard names, shuffle stats (optional)
         self.metrics_urls = list(metrics_urls)  # the servers' /metrics (the fleet page)
         self.timeout_s = timeout_s
         self._owned = owned  # an embedded LocalServer, stopped on close
-        self._conns = {e: Connection(e) for e in self.endpoints}
+        self._conns = {e: Connection(e, self.security) for e in self.endpoints}
         self._targets: dict[tuple[Any, ...], Target] = {}
         self._cache: OrderedDict[StepQuery, StepBatch] = OrderedDict()
         self._lock = threading.Lock()
@@ -106,11 +110,20 @@ class DataSource:
 
     @classmethod
     def open(
-        cls, *, server: str | None, root: str | None, registry: Registry | None = None, metrics: Sequence[str] = ()
+        cls,
+        *,
+        server: str | None,
+        root: str | None,
+        registry: Registry | None = None,
+        metrics: Sequence[str] = (),
+        tls: TlsOption = None,
+        token: str | None = None,
     ) -> DataSource:
-        """Dial `server` ('host:port[,host:port]'), or start a server over `root` and dial it."""
+        """Dial `server` ('host:port[,host:port]', with `tls` and `token` as a Loader takes them), or
+        start a server over `root` and dial it."""
         if server:
-            return cls(server.split(","), registry=registry, metrics_urls=metrics)
+            security = ChannelSecurity.from_options(tls, token)
+            return cls(server.split(","), registry=registry, metrics_urls=metrics, security=security)
         if not root:
             raise InvalidArgumentError("give --server HOST:PORT (a running fleet) or --root (a registry to serve)")
         from shardstream.server.fleet import LocalServer

@@ -10,6 +10,7 @@
     processes     the command line and fresh interpreters as subprocesses
     resume        the one resume harness (check_resume) and the multi-rank job it drives (Ranks)
     chart         helm/shardstream rendered offline, validated, and its server container run as rendered
+    certs         real X.509 certificates (cryptography): a CA, server and client certificates
     bad_registry  unreadable registry entries as they happen (one FAULT INJECTOR: a denied read) and
                   a real ingest killed mid-way (what `datasets gc` removes)
 

@@ -33,7 +33,7 @@ HERE = Path(__file__).parent
 def create_app(source: DataSource, *, store: str | None = None) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(links=links, version=__version__)
-    viz = Viz(source, Catalog(source), store, FleetMonitor(source.endpoints, source.metrics_urls), templates)
+    viz = Viz(source, Catalog(source), store, FleetMonitor(source.endpoints, source.metrics_urls, source.security), templates)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         status = 404 if isinstance(exc, NotFoundError | LookupError) else 400
