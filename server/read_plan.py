@@ -31,8 +31,8 @@ from shardstream.registry import Registry
 from shardstream.scheduled_layout import Layout, make_layout
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .read_schedule import mixture_weights, request_mixture, request_schedule
 from .auth import OPEN, Principal
+from .read_schedule import mixture_weights, request_mixture, request_schedule
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
 from .selection import check_mixture_columns
