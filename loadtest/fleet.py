@@ -36,11 +36,12 @@ SERVER_METRICS = (
 STOP_TIMEOUT_S = 10.0
 
 
-def scrape(server: LocalServer) -> dict[str, float]:
+def scrape(server: LocalServer, names: tuple[str, ...] = SERVER_METRICS) -> dict[str, float]:
+    """The server's unlabelled metrics `names` (0 when absent)."""
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    out = dict.fromkeys(SERVER_METRICS, 0.0)
+    out = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         if line.startswith("#"):
             continue

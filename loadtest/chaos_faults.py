@@ -1,0 +1,319 @@
+"""Faults of processes: servers killed or drained, trainer ranks killed, the job resized, Redis lost.
+
+Each function runs one fault against real processes (Ctx) and returns its row (chaos_ctx.row); the
+fault's own schedule (kill every N s, drain one server after another) uses timers — that is the
+fault — while everything else waits on what the processes log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from typing import Any
+
+from shardstream.client.stores import open_store
+
+from .chaos_ctx import Ctx, Row, row
+from .chaos_job import Job, Phase
+
+__all__ = ["kill9_servers", "rank_kills", "redis_restart", "redis_wipe", "resize", "rolling_restart"]
+
+POLL_S = 0.02
+
+
+def _run_until_done(phase: Phase, every_s: float, fault: Any) -> int:
+    """Call `fault()` every `every_s` while the phase runs; how many times it was called."""
+    done = 0
+    due = time.monotonic() + every_s
+    while not all(phase.finished(r) for r in phase.ranks):
+        if any(p.poll() is not None for p in phase.procs) and not all(phase.finished(r) for r in phase.ranks):
+            break  # a trainer died: the tally says what it left
+        if time.monotonic() >= due:
+            fault(done)
+            done += 1
+            due = time.monotonic() + every_s
+        time.sleep(POLL_S)
+    return done
+
+
+def kill9_servers(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """kill -9 one of 3 servers every kill_every_s (round robin, restarted at once on its port)."""
+    s = ctx.sizes
+    servers = ctx.servers(stack, 3)
+    step_ms = ctx.step_ms_for(s.kill9_s, s.rows, s.ranks, s.batch, s.epochs)
+    job = ctx.job(
+        "kill9",
+        ctx.trainer(
+            [x.target for x in servers], ctx.vectors, world_size=s.ranks, epochs=s.epochs, step_ms=step_ms
+        ),
+        ctx.plan(ctx.vectors, s.epochs),
+    )
+    stack.callback(job.kill)
+    phase = job.start([[r] for r in range(s.ranks)])
+    phase.wait_step(1)
+    restart_s: list[float] = []
+
+    def kill(i: int) -> None:
+        victim = servers[i % len(servers)]
+        victim.kill()
+        t0 = time.perf_counter()
+        victim.start()
+        restart_s.append(time.perf_counter() - t0)
+
+    kills = _run_until_done(phase, s.kill_every_s, kill)
+    phase.wait_exit()
+    load = (
+        f"{s.ranks} ranks x {s.epochs} epochs of {s.rows:,} rows (step {step_ms:.0f} ms), 3 servers, "
+        f"kill -9 every {s.kill_every_s:g} s"
+    )
+    schedule = [] if kills >= 2 else [f"only {kills} kills happened while the job ran"]
+    return row(
+        "kill -9 servers",
+        load,
+        job.tally(),
+        schedule=schedule,
+        details={"kills": kills, "restart_s": [round(x, 2) for x in restart_s]},
+    )
+
+
+def rolling_restart(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """Every server in turn: SIGTERM (health NOT_SERVING, drain for --grace), restarted on its port."""
+    s = ctx.sizes
+    servers = ctx.servers(stack, 3, args=("--grace", f"{s.grace_s:g}"))
+    step_ms = ctx.step_ms_for(s.rolling_s, s.rows, s.ranks, s.batch, s.epochs)
+    job = ctx.job(
+        "rolling",
+        ctx.trainer(
+            [x.target for x in servers], ctx.vectors, world_size=s.ranks, epochs=s.epochs, step_ms=step_ms
+        ),
+        ctx.plan(ctx.vectors, s.epochs),
+    )
+    stack.callback(job.kill)
+    phase = job.start([[r] for r in range(s.ranks)])
+    phase.wait(lambda: phase.progress() >= 0.1, "10% of the epochs")
+    drains = []
+    for server in servers:
+        t0 = time.perf_counter()
+        code = server.stop(timeout_s=s.grace_s + 30)
+        drained = time.perf_counter() - t0
+        server.start()
+        drains.append(
+            {"exit": code, "drain_s": round(drained, 2), "down_s": round(time.perf_counter() - t0, 2)}
+        )
+    mid_epoch = not all(phase.finished(r) for r in phase.ranks)
+    phase.wait_exit()
+    load = (
+        f"{s.ranks} ranks x {s.epochs} epochs of {s.rows:,} rows (step {step_ms:.0f} ms), 3 servers drained "
+        f"in turn (grace {s.grace_s:g} s)"
+    )
+    schedule = [] if mid_epoch else ["the job finished before the last server was restarted"]
+    schedule += [f"a server exited with {d['exit']} on SIGTERM" for d in drains if d["exit"] != 0]
+    return row(
+        "rolling restart (SIGTERM, drain)", load, job.tally(), schedule=schedule, details={"servers": drains}
+    )
+
+
+def rank_kills(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """A job of 2 rank processes: one rank is SIGKILLed at a random step (its peer goes down with it, as a
+    launcher tears a job down), the job restarts with resume="latest" (from the start while nothing is
+    committed yet); rank_kills times, then it runs to its end."""
+    s = ctx.sizes
+    rng = random.Random(s.seed)
+    redis = ctx.redis(stack, "redis-rank-kills", persistent=True)
+    cfg = ctx.trainer(
+        [x.target for x in ctx.fleet],
+        ctx.vectors,
+        world_size=2,
+        batch_size=s.rank_batch,
+        step_ms=s.rank_step_ms,
+        job="rank-kills",
+        store=redis.url,
+        commit_every=s.commit_every,
+    )
+    job = ctx.job("rank-kills", cfg, ctx.plan(ctx.vectors, 1))
+    stack.callback(job.kill)
+    kills, resumed_at = [], []
+    for _ in range(s.rank_kills):
+        # as a launcher would: resume when the job has a checkpoint (a step every rank committed)
+        phase = job.start([[0], [1]], resume=_committed(redis.url, cfg.job) is not None)
+        start = _started(phase)
+        resumed_at.append(start)
+        victim, at = rng.randrange(2), start + rng.randint(1, 3 * s.commit_every)
+        phase.wait(lambda ph=phase, v=victim, a=at: (ph.step(v) or 0) >= a or ph.finished(v), f"step {at}")
+        if phase.finished(victim):
+            break
+        phase.procs[victim].kill()  # SIGKILL the rank, then the launcher takes the others down
+        phase.kill()
+        kills.append({"rank": victim, "step": phase.step(victim)})
+    last = job.start([[0], [1]], resume=_committed(redis.url, cfg.job) is not None, step_ms=0.0)
+    last.wait_exit()
+    load = f"2 ranks, batch {s.rank_batch}, {s.rows:,} rows; commit every {s.commit_every} steps to Redis"
+    schedule = [] if len(kills) == s.rank_kills else [f"{len(kills)} of {s.rank_kills} kills happened"]
+    return row(
+        f"trainer rank kill -9 x{len(kills)}, resume latest",
+        load,
+        job.tally(),
+        schedule=schedule,
+        details={"kills": kills, "resumed_at": resumed_at},
+    )
+
+
+def _committed(store_url: str, job: str | None) -> int | None:
+    """The job's newest step committed by all its ranks (None: none yet)."""
+    assert job is not None
+    store = open_store(store_url)
+    try:
+        return store.latest(job)
+    finally:
+        store.close()
+
+
+def _start(phase: Phase, rank: int) -> int | None:
+    starts = [r["start"] for r in phase.records(rank) if "start" in r]
+    return starts[-1] if starts else None
+
+
+def _started(phase: Phase) -> int:
+    """The step the phase's ranks start after, once they have all said so."""
+    phase.wait(lambda: all(_start(phase, r) is not None for r in phase.ranks), "the ranks' start")
+    return _start(phase, phase.ranks[0]) or 0
+
+
+RESIZE_KINDS = ("plain", "mixture", "mixture+transforms")
+
+
+def resize(ctx: Ctx, stack: contextlib.ExitStack, kind: str) -> Row:
+    """8 ranks (one process) commit and die past a checkpoint; 4 ranks resume and die past the next;
+    16 ranks resume and finish the epoch. `kind`: a dataset, a mixture, or a mixture of texts
+    tokenized and packed by the servers."""
+    s = ctx.sizes
+    redis = ctx.redis(stack, f"redis-resize-{kind}", persistent=True)
+    kw: dict[str, Any] = {"batch_size": s.resize_batch}
+    if kind == "plain":
+        dataset: str | dict[str, float] = ctx.vectors
+    elif kind == "mixture":
+        dataset = {ctx.vectors: 0.7, ctx.mix_vectors: 0.3}
+        kw["key"] = "source_id"
+    else:
+        dataset = {ctx.texts[0]: 0.6, ctx.texts[1]: 0.4}
+        kw.update(
+            key="text",
+            columns=["text"],
+            transforms=[
+                {"op": "text.tokenize", "column": "text", "tokenizer": "bytes"},
+                {"op": "text.pack", "column": "text", "seq_len": 128},
+            ],
+            batch_size=max(4, s.resize_batch // 2),
+        )
+    job_name = f"resize-{kind.replace('+', '-')}"
+    cfg = ctx.trainer(
+        [x.target for x in ctx.fleet],
+        dataset,
+        job=job_name,
+        store=redis.url,
+        commit_every=s.commit_every,
+        step_ms=0.0,
+        **kw,
+    )
+    job = ctx.job(job_name, cfg, ctx.plan(dataset, 1))
+    stack.callback(job.kill)
+    holds = list(s.resize_holds)
+    for i, (world, hold) in enumerate(zip((8, 4), holds, strict=True)):
+        phase = job.start([list(range(world))], world_size=world, resume=i > 0, hold_at=hold)
+        phase.wait_held()
+        phase.kill()
+    job.start([list(range(16))], world_size=16, resume=True).wait_exit()
+    load = f"8 -> 4 -> 16 ranks, {kind}" + (f" ({' + '.join(dataset)})" if isinstance(dataset, dict) else "")
+    t = job.tally()
+    return row(f"resume 8 -> 4 -> 16 ranks ({kind})", load, t, details={"holds": holds})
+
+
+def _redis_job(ctx: Ctx, stack: contextlib.ExitStack, name: str, persistent: bool) -> tuple[Any, Job]:
+    """A job of 2 ranks in one process, checkpointing every commit_every steps (chaos_rank: commit, then
+    the model checkpoint with the Loader's state); resumes fall back to that checkpoint."""
+    s = ctx.sizes
+    redis = ctx.redis(stack, f"redis-{name}", persistent=persistent)
+    cfg = ctx.trainer(
+        [x.target for x in ctx.fleet],
+        ctx.vectors,
+        world_size=2,
+        batch_size=s.rank_batch,
+        step_ms=s.rank_step_ms,
+        job=name,
+        store=redis.url,
+        commit_every=s.commit_every,
+        commit_timeout_s=5.0,
+        checkpoint_dir=str(ctx.workdir / "jobs" / name / "checkpoints"),
+        fallback_to_checkpoint=True,
+    )
+    job = ctx.job(name, cfg, ctx.plan(ctx.vectors, 1))
+    stack.callback(job.kill)
+    return redis, job
+
+
+def redis_restart(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """Redis (append-only file, fsync always) kill -9ed mid-run, down for redis_outage_s, restarted;
+    training goes on; later the job is killed and resumes from the store."""
+    s = ctx.sizes
+    redis, job = _redis_job(ctx, stack, "redis-restart", persistent=True)
+    k = s.commit_every
+    phase = job.start([[0, 1]])
+    phase.wait_step(2 * k + 1)
+    redis.kill()
+    time.sleep(s.redis_outage_s)  # the outage (the fault's schedule)
+    down_until = phase.step(0) or 0
+    redis.start()
+    phase.wait_step(down_until + 3 * k)
+    phase.kill()
+    job.start([[0, 1]], resume=True, step_ms=0.0).wait_exit()
+    t = job.tally()
+    schedule = [] if t.resumes.get("store") == 1 else [f"the job resumed {t.resumes}, not from the store"]
+    load = f"2 ranks, batch {s.rank_batch}; Redis down {s.redis_outage_s:g} s mid-run, then the job killed and resumed"
+    return row(
+        "Redis kill -9 + restart (AOF)",
+        load,
+        t,
+        schedule=schedule,
+        details={"commit_failures": t.commit_failures, "resumes": t.resumes},
+    )
+
+
+def redis_wipe(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """Redis without persistence: wiped (kill -9, restarted empty) mid-run — commits claim the job
+    again and go on; the job killed and resumed from the store. Then wiped while the job is down: a
+    resume with resume_min_step (its checkpoint's step) must fail loudly (CursorStoreBehindError),
+    and the trainer's fallback resumes from the checkpoint's state_dict."""
+    s = ctx.sizes
+    redis, job = _redis_job(ctx, stack, "redis-wipe", persistent=False)
+    k = s.commit_every
+    phase = job.start([[0, 1]])
+    phase.wait_step(2 * k + 1)
+    redis.kill()
+    redis.start()  # empty: wiped while the job runs
+    wiped_at = phase.step(0) or 0
+    phase.wait_step(wiped_at + 3 * k)
+    phase.kill()
+    phase = job.start([[0, 1]], resume=True)
+    phase.wait_step(_started(phase) + 2 * k + 1)
+    phase.kill()
+    redis.kill()
+    redis.start()  # wiped while the job is down
+    loud = job.start([[0, 1]], resume=True, fallback_to_checkpoint=False)
+    codes = loud.wait_exit()
+    job.start([[0, 1]], resume=True, step_ms=0.0).wait_exit()
+    t = job.tally()
+    schedule = [] if codes == [3] else [f"the resume without fallback exited {codes}, not 3 (a typed error)"]
+    if t.resumes.get("checkpoint") != 1 or t.resumes.get("store") != 1:
+        schedule.append(f"resumed {t.resumes}: expected once from the store, once from the checkpoint")
+    load = (
+        f"2 ranks, batch {s.rank_batch}; Redis without persistence wiped mid-run, then while the job was down"
+    )
+    return row(
+        "Redis wiped (restarted empty)",
+        load,
+        t,
+        allowed_errors=("CursorStoreBehindError",),
+        schedule=schedule,
+        details={"resumes": t.resumes, "resume_errors": t.resume_errors, "loud_exit_codes": codes},
+    )
