@@ -143,19 +143,7 @@ class FlightProcess:
         shards_file = self.workdir / f"{self.name}-shards.json"
         shards_file.write_text(json.dumps([str(p) for p in self.shards]))
         ready = self.workdir / f"{self.name}-ready.json"
-        script = Path(__file__).with_name("flight_server.py")
-        cmd = [
-            sys.executable,
-            str(script),
-            "--shards",
-            str(shards_file),
-            "--batch-rows",
-            str(self.batch_rows),
-            "--ready-file",
-            str(ready),
-        ]
-        if self.from_memory:
-            cmd.append("--from-memory")
+        cmd = self.command(shards_file, ready)
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(self.env or {})}
         )
@@ -172,6 +160,21 @@ class FlightProcess:
             self.__exit__()
             raise
         return self
+
+    def command(self, shards_file: Path, ready: Path) -> list[str]:
+        """The server's command line (loadtest/flight_server.py; subclasses run other Flight servers)."""
+        script = Path(__file__).with_name("flight_server.py")
+        cmd = [
+            sys.executable,
+            str(script),
+            "--shards",
+            str(shards_file),
+            "--batch-rows",
+            str(self.batch_rows),
+            "--ready-file",
+            str(ready),
+        ]
+        return [*cmd, "--from-memory"] if self.from_memory else cmd
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is None:
