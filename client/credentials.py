@@ -27,7 +27,7 @@ import grpc
 
 from shardstream.errors import InvalidArgumentError
 
-__all__ = ["TOKEN_ENV", "ChannelSecurity", "TlsOption"]
+__all__ = ["ChannelSecurity", "TOKEN_ENV", "TlsOption"]
 
 log = logging.getLogger("shardstream.client")
 

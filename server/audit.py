@@ -10,7 +10,7 @@ is OK, the status code the stream ended with, or GONE for a client that went awa
 record is an event as the server's other structured lines are (`record.event` = "audit", the fields
 in `record.fields`), so `--log-format json` writes them as the keys of one object. Its own logger
 name, so an operator can route it (a file, a SIEM) or silence it apart from the server's other
-lines. Values a caller chose are quoted as `excerpt`s; a token never appears.
+lines. Values a caller chose are cut to EXCERPT_CHARS; a token never appears.
 """
 
 from __future__ import annotations
@@ -21,13 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardstream.errors import excerpt
+from shardstream.errors import EXCERPT_CHARS
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["AUDIT_LOGGER", "StreamAudit", "audit_call"]
 
 AUDIT_LOGGER = "shardstream.audit"
 log = logging.getLogger(AUDIT_LOGGER)
+
+
+def _cut(text: str, limit: int = EXCERPT_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)})"
 
 
 def _text(value: Any) -> str:
@@ -45,8 +49,8 @@ def _dataset(request: pb.ReadRequest | None) -> str:
     if request is None:
         return "-"
     if request.mixture:
-        return excerpt("+".join(s.dataset for s in request.mixture), 200)
-    return excerpt(request.dataset)
+        return _cut("+".join(s.dataset for s in request.mixture), 200)
+    return _cut(request.dataset)
 
 
 @dataclass
@@ -69,7 +73,7 @@ class StreamAudit:
         _emit(
             {
                 "method": "Read",
-                "principal": excerpt(self.principal),
+                "principal": _cut(self.principal),
                 "dataset": _dataset(r),
                 "rank": r.rank if r is not None else "-",
                 "world": r.world_size if r is not None else "-",
@@ -90,8 +94,8 @@ def audit_call(method: str, principal: str, dataset: str, outcome: str, peer: st
     _emit(
         {
             "method": method,
-            "principal": excerpt(principal),
-            "dataset": excerpt(dataset) if dataset else "-",
+            "principal": _cut(principal),
+            "dataset": _cut(dataset) if dataset else "-",
             "outcome": outcome,
             "peer": peer,
         }

@@ -52,9 +52,9 @@ from shardstream.manifest import DatasetRef
 
 __all__ = [
     "AUTHORIZATION_KEY",
-    "OPEN",
     "AuthFile",
     "Authenticator",
+    "OPEN",
     "Principal",
     "load_principals",
     "normalize_subject",
@@ -269,7 +269,7 @@ class Authenticator:
                 if p.subject is not None and p.subject == attrs:
                     return p
             raise UnauthenticatedError(
-                f"the client certificate's subject {excerpt(subject)!r} is not one this server accepts"
+                f"the client certificate's subject {excerpt(subject)} is not one this server accepts"
             )
         raise UnauthenticatedError(
             "this server needs credentials: a bearer token (Loader(token=...), $SHARDSTREAM_TOKEN) or a "

@@ -17,9 +17,9 @@ on which a client resumes a stream elsewhere instead of failing. An overloaded s
 to leave it alone in the trailing metadata `grpc-retry-pushback-ms` (gRPC's own key for a server's
 retry hint): `ResourceExhaustedError.retry_after_s` on the way out, `retry_pushback_s` on the way in.
 
-A message that quotes what a caller sent quotes `excerpt(text)`: at most EXCERPT_CHARS of it, so an
-error never echoes a request back (a server's answer to untrusted input stays small and says which
-value was wrong, not the whole of it).
+A message that quotes what a caller sent quotes `excerpt(text)` — its repr, cut to EXCERPT_CHARS —
+so an error never echoes a request back (a server's answer to untrusted input stays small and says
+which value was wrong, not the whole of it).
 """
 
 from __future__ import annotations
@@ -47,14 +47,19 @@ __all__ = [
 ]
 
 
-EXCERPT_CHARS = 48  # of a caller's value quoted in an error message
+# Of a caller's value quoted in an error message: a whole dataset name (at most 128 characters),
+# not a whole request (a reference may have 512, transform parameters 64 KiB).
+EXCERPT_CHARS = 128
 
 
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """`text` as an error message may quote it: whole when short, else its start and its length."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
+def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
+    """`text` quoted as an error message may quote it: its repr, whole when short, else cut to `limit`
+    characters and followed by its length."""
+    shown = repr(text)
+    if len(shown) <= limit + 2:  # the quotes
+        return shown
+    size = f" ({len(text)} characters)" if isinstance(text, str) else ""
+    return f"{shown[:limit]}...{shown[-1] if isinstance(text, str) else ''}{size}"
 
 
 class ShardstreamError(Exception):

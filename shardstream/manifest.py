@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import InvalidArgumentError, excerpt
 from shardstream.storage import check_key
 
 __all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Derivation", "Manifest", "Shard", "ShardChecksums", "validate_name"]
@@ -49,7 +49,7 @@ _CRCS_RE = re.compile(r"(?:[0-9a-f]{8})+")
 def validate_name(name: str, what: str = "dataset name") -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise InvalidArgumentError(
-            f"invalid {what} {name!r}: use letters, digits, '.', '_' or '-' (at most 128, not starting "
+            f"invalid {what} {excerpt(name)}: use letters, digits, '.', '_' or '-' (at most 128, not starting "
             "with a punctuation mark)"
         )
     return name
@@ -66,14 +66,14 @@ class DatasetRef:
     @classmethod
     def parse(cls, text: str) -> DatasetRef:
         if not isinstance(text, str) or not text:
-            raise InvalidArgumentError(f"dataset must be 'NAME', 'NAME@VERSION' or 'NAME@TAG', got {text!r}")
+            raise InvalidArgumentError(f"dataset must be 'NAME', 'NAME@VERSION' or 'NAME@TAG', got {excerpt(text)}")
         name, sep, rest = text.partition("@")
         validate_name(name)
         if not sep:
             return cls(name)
         if rest.isdigit():
             if int(rest) < 1:
-                raise InvalidArgumentError(f"dataset versions start at 1, got {text!r}")
+                raise InvalidArgumentError(f"dataset versions start at 1, got {excerpt(text)}")
             return cls(name, version=int(rest))
         validate_name(rest, "tag")
         return cls(name, tag=rest)

@@ -347,3 +347,18 @@ def test_bad_security_flags_stop_the_server_with_one_line(pki, tmp_path: Path, a
     assert done.returncode == 1
     assert message.format(**paths) in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_visualizers_data_source_dials_a_tls_fleet_with_a_token(tls_server, pki) -> None:  # type: ignore[no-untyped-def]
+    from shardstream.viz.fleet import FleetMonitor
+    from shardstream.viz.query import StepQuery
+    from shardstream.viz.source import DataSource
+
+    with DataSource.open(server=tls_server.target, root=None, tls=tls(pki), token=TOKEN_A) as source:
+        assert [d.name for d in source.list_datasets()] == ["code-py", "toy"]
+        step = source.read_step(StepQuery("toy@1", batch_size=4, step=2))
+        assert len(step.batch["id"]) == 4
+        with pytest.raises(PermissionDeniedError):
+            source.dataset_info("web@1")
+        (status,) = FleetMonitor(source.endpoints, [], source.security).status()
+        assert status.health == "SERVING"  # grpc.health.v1 over the same TLS port
