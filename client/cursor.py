@@ -131,9 +131,11 @@ class CursorRecord:
             "batch_size": s.batch_size,
             "epoch": s.epoch,
             "offset": s.offset,
+            "steps": s.steps,
             "dataset": s.dataset,
             "time": self.time,
             "run": self.run,
+            **({"schedule": dict(s.schedule)} if s.schedule else {}),
         }
 
 

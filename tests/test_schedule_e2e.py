@@ -4,7 +4,10 @@ exactly the plan's, every source epoch once, skipped samples counted and never d
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,3 +228,88 @@ def test_a_fleet_that_ignores_schedules_is_data_loss(endpoints, monkeypatch) -> 
     with Loader(endpoints, "toy@1", batch_size=10, skip_steps=[(1, 2)], shuffle=False) as ld:
         with pytest.raises(DataLossError, match="up to date"):
             list(ld)
+
+
+def test_cursor_skip_on_a_committed_job(endpoints, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = f"sqlite:///{tmp_path}/c.db"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "shardstream",
+            "cursor",
+            "skip",
+            "--job",
+            "spike",
+            *args,
+            "--store",
+            store,
+        ]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    with Loader(endpoints, "toy@1", batch_size=10, shuffle=False, job="spike", cursor_store=store) as ld:
+        it = iter(ld)
+        for _ in range(5):
+            next(it)
+        ld.commit(5, wait=True)
+        it.close()
+    r = cli("--steps", "3:9")
+    assert r.returncode == 1 and "starts before step 5" in r.stderr and "Traceback" not in r.stderr
+    r = cli("--steps", "7:9")
+    assert r.returncode == 0 and "steps 7..8 will be skipped" in r.stdout, r.stderr
+    assert "already" in cli("--steps", "7:9").stdout  # rerunning it changes nothing
+    # resumed with another batch size: its steps 7 and 8 (of 5 samples each, from offset 50) are skipped
+    with Loader(
+        endpoints, "toy@1", batch_size=5, shuffle=False, job="spike", cursor_store=store, resume="latest"
+    ) as ld:
+        got = [i for b in ld for i in b["id"].tolist()]
+        assert ld.skipped == 10
+        assert ld.state_dict()["schedule"]["skip"] == [{"steps": [7, 9], "positions": [60, 70]}]
+    assert got == list(range(50, 60)) + list(range(70, N_ROWS))
+
+
+def test_inspect_understands_schedules(endpoints, data_root) -> None:  # type: ignore[no-untyped-def]
+    mix = "0=toy@1:0.75,toy@2:0.25;600=toy@2:1"
+    args = [
+        "--batch-size",
+        "0:8,300:20",
+        "--skip",
+        "96:144",
+        "--world-size",
+        "2",
+        "--rank",
+        "1",
+        "--step",
+        "20",
+    ]
+    args += ["--mixture-block", "50", "--seed", "4", "--epoch", "1", "--shuffle", "full", "--json"]
+    r = subprocess.run(
+        [sys.executable, "-m", "shardstream", "inspect", mix, *args, "--root", str(data_root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    assert planned["batch_size"] == 20 and planned["mixture_weights"] == {"toy@2": 1.0}
+    assert planned["skipped_before"] == 48 and planned["job_position"] >= 2 * N_ROWS
+    phases = [(0, {"toy@1": 0.75, "toy@2": 0.25}), (600, {"toy@2": 1.0})]
+    with Loader(
+        endpoints,
+        phases,
+        batch_size=[(0, 8), (300, 20)],
+        skip_steps=[(6, 9)],  # steps 6..8 of 2 x 8 samples: job positions [96, 144)
+        rank=1,
+        world_size=2,
+        seed=4,
+        shuffle="full",
+        mixture_block=50,
+        epochs=2,
+    ) as ld:
+        ld.load_state_dict({**ld.state_dict(), "epoch": 1, "offset": 0})
+        assert ld.schedule is not None and ld.schedule.skips == ((96, 144),)
+        it = iter(ld)
+        for _ in range(21):
+            got = next(it)
+    assert [s["id"] for s in planned["samples"]] == got["id"].tolist()

@@ -1,4 +1,5 @@
-"""`shardstream cursor list|show|migrate`: what jobs committed, and moving a job to a new version.
+"""`shardstream cursor list|show|migrate|skip`: what jobs committed, moving a job to a new version, and
+skipping steps of a job from its committed cursor (cursor_skip.py).
 
 `list` and `show` only read. An embedded (sqlite) store that does not exist yet holds no jobs, and no
 cursor command creates it.
@@ -17,6 +18,7 @@ from shardstream.manifest import DatasetRef
 from shardstream.mixture import is_mixture
 
 from . import common
+from .cursor_skip import add_skip_command
 
 if TYPE_CHECKING:
     from shardstream.client.stores import CursorStore
@@ -196,7 +198,7 @@ def add_commands(sub: Any) -> None:
         sub,
         "cursor",
         None,
-        help="job cursors: list jobs, show a job's committed steps, move a job to a new version",
+        help="job cursors: list jobs, show a job's committed steps, move a job to a new version, skip steps",
         description="Inspect the cursors jobs commit per checkpoint step (Loader(job=..., "
         "cursor_store=...)). --store defaults to $SHARDSTREAM_CURSOR_STORE or "
         "sqlite:///.shardstream/cursors.db.",
@@ -255,4 +257,5 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--to", required=True, help="NAME@VERSION to move to")
     common.store_option(sp)
     common.root_options(sp)
+    add_skip_command(csub)
     common.add_global_options(cur, common.accepted_globals(list(csub.choices.values())))

@@ -1,6 +1,8 @@
 """`shardstream inspect`: which samples rank R gets at step T, computed from the read plan alone.
 
-Only the id column (or, with --show, the rows) is read from the shards; nothing is written.
+Only the id column (or, with --show, the rows) is read from the shards; nothing is written. Schedules
+are understood (DESIGN §7): --batch-size takes batch-size phases ('0:8,1000000:16'), --skip skipped job
+positions, and the dataset may be mixture phases ('0=a@1:0.7,b@2:0.3;2000000=a@1:0.5,b@2:0.5').
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.inspect import StepSamples, make_selector, shuffle_stats, step_samples
 from shardstream.manifest import Manifest
 from shardstream.mixture import is_mixture, parse_mixture
-from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.mixture_schedule import is_mixture_schedule, parse_mixture_schedule, schedule_sources
+from shardstream.plan import ShuffleSpec
 from shardstream.registry import Registry
+from shardstream.schedule import Schedule, job_position, parse_batch_schedule, parse_ranges
+from shardstream.scheduled_layout import make_layout
 
 from . import common
 
@@ -27,7 +32,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace, reg: Registry) -> int:
-    if is_mixture(args.dataset):
+    phases = None
+    if is_mixture_schedule(args.dataset):
+        refs, phases = schedule_sources(parse_mixture_schedule(args.dataset))
+        manifests, weights = [reg.resolve(ref) for ref in refs], None
+    elif is_mixture(args.dataset):
         pairs = parse_mixture(args.dataset)
         manifests = [reg.resolve(ref) for ref, _ in pairs]
         weights: list[float] | None = [w for _, w in pairs]
@@ -41,11 +50,22 @@ def _inspect(args: argparse.Namespace, reg: Registry) -> int:
         shuffle=spec,
         mixture_block=args.mixture_block,
         epoch_samples=args.epoch_samples,
+        phases=phases,
     )
-    layout = StepLayout(sel.num_rows, args.offset, args.world_size, args.batch_size, args.drop_last)
+    schedule = Schedule.of(parse_batch_schedule(args.batch_size), parse_ranges(args.skip, "--skip"))
+    layout = make_layout(
+        sel.num_rows,
+        args.offset,
+        args.world_size,
+        schedule.first_batch,
+        args.drop_last,
+        epoch=args.epoch,
+        schedule=schedule,
+    )
     what = (
         f"{sel.label} epoch {args.epoch}, seed {args.seed}, shuffle {spec}, world size {args.world_size}, "
         f"batch size {args.batch_size}{', drop_last' if args.drop_last else ''}"
+        f"{f', skipping {args.skip}' if args.skip else ''}"
         f"{f', from offset {args.offset}' if args.offset else ''}"
     )
     if args.stats:
@@ -76,21 +96,34 @@ def _inspect(args: argparse.Namespace, reg: Registry) -> int:
         }
         rec.update({name: values[i] for name, values in columns.items()})
         records.append(rec)
+    start = job_position(args.epoch, smp.global_range[0], sel.num_rows)
     header = {
         "config": what,
         "step": args.step,
         "steps_in_epoch": layout.num_steps,
         "rank": args.rank,
         "global_positions": list(smp.global_range),
+        "job_position": start,  # epoch * N + offset: what schedules are keyed by
+        "batch_size": schedule.batch_at(start),
+        "skipped_before": schedule.skipped_between(0, start),
         "rank_positions": [
             int(smp.positions[0]) if len(smp.positions) else None,
             int(smp.positions[-1]) + 1 if len(smp.positions) else None,
         ],
     }
+    weights_at = getattr(sel.order, "plan", None)
+    if phases is not None and weights_at is not None:
+        header["mixture_weights"] = weights_at.weights_at(start)
     if args.json:
         print(json.dumps({**header, "samples": records}, indent=1, default=str))
         return 0
     print(what)
+    if not schedule.is_plain or phases is not None:
+        mix = f", mixture {header['mixture_weights']}" if "mixture_weights" in header else ""
+        print(
+            f"job position {start}: batch size {header['batch_size']}{mix}, "
+            f"{header['skipped_before']} sample(s) skipped before it"
+        )
     print(
         f"step {args.step} of {layout.num_steps}: global positions [{smp.global_range[0]}, {smp.global_range[1]}); "
         f"rank {args.rank} gets {len(records)} sample(s)"
@@ -155,6 +188,8 @@ def add_commands(sub: Any) -> None:
             "shardstream inspect toy@1 --shuffle none --batch-size 4 --show --columns id,text",
             "shardstream inspect 'web@2:0.7,code@1:0.3' --world-size 4 --rank 1 --json",
             "shardstream inspect toy@1 --shuffle block --window 4 --stats",
+            "shardstream inspect toy@1 --world-size 4 --batch-size 0:8,1000000:16 --epoch 3 --step 5",
+            "shardstream inspect '0=web@2:0.7,code@1:0.3;2000000=web@2:0.5,code@1:0.5' --skip 12000:12800",
         ),
     )
     sp.add_argument("dataset", help="NAME[@VERSION|@TAG], or a mixture 'a@1:0.7,b@2:0.3'")
@@ -162,7 +197,13 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--seed", type=int, default=0, help="the job's seed (default 0)")
     sp.add_argument("--world-size", type=common.positive_int, default=1, help="ranks in the job (default 1)")
     sp.add_argument(
-        "--batch-size", type=common.positive_int, default=32, help="per-rank batch size (default 32)"
+        "--batch-size",
+        default="32",
+        help="per-rank batch size (default 32), or batch-size phases OFFSET:SIZE,... keyed by job position",
+    )
+    sp.add_argument(
+        "--skip",
+        help="job positions START:END[,...] the job never delivers (its skip ranges, as a state records)",
     )
     sp.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
     sp.add_argument(
