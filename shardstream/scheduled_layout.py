@@ -87,22 +87,30 @@ class ScheduledLayout:
 
     def _build(self) -> None:
         n, w, base, sched = self.num_rows, self.world_size, self._base, self.schedule
+        phases, skips = sched.batch, sched.skips
         o = self._unskipped(self.start_offset)
+        # walk the phases and skip ranges once, from the ones at the first step
+        ip = bisect.bisect_right(phases, (base + o, float("inf"))) - 1  # the phase in effect
+        isk = bisect.bisect_right(skips, (base + o, float("inf")))  # the next skip range
         k = 0
         while o < n:
             j = base + o
-            b = sched.batch_at(j)
+            while ip + 1 < len(phases) and phases[ip + 1][0] <= j:
+                ip += 1
+            b = phases[ip][1]
             g = w * b
-            skip = sched.next_skip(j)
-            end = n if skip is None else min(n, skip - base)  # this run of unskipped offsets
-            change = sched.next_change(j)
-            limit = end if change is None else min(end, change - base)
+            end = n if isk == len(skips) else min(n, skips[isk][0] - base)  # this run of unskipped offsets
+            limit = end if ip + 1 == len(phases) else min(end, phases[ip + 1][0] - base)
             count = -(-(limit - o) // g)  # the steps that start before the limit
             self._segments.append((k, o, count, b, end))
             k += count
             o += count * g
-            if o >= end:
-                o = self._unskipped(end)
+            if o >= end:  # past the run: over the skip range(s) that end it
+                o = end
+                while isk < len(skips) and skips[isk][0] - base <= o < n:
+                    o = max(o, skips[isk][1] - base)
+                    isk += 1
+                o = min(o, n)
         if self.drop_last and self._segments:
             first, start, count, b, end = self._segments[-1]
             last = start + (count - 1) * w * b
