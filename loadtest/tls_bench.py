@@ -1,0 +1,137 @@
+"""What TLS costs: a Loader's epoch from a TLS server (and TLS + a bearer token) vs plaintext.
+
+    python -m loadtest.tls_bench [--mib 256] [--batch-mib 2] [--rounds 3] [--json PATH]
+
+One dataset as in `loadtest.bench` (`id` + 256 float32, 1,032 B/row), three `shardstream serve`
+processes over it (one worker each): plaintext, `--tls-cert/--tls-key` (an ECDSA P-256 certificate
+of a CA made here, loadtest/certs.py), and the same with `--auth` (every call authenticated by a
+bearer token, checked against the principal's patterns). One rank reads the whole epoch
+(shuffle none, output="arrow") from each in turn: a warm-up round, then --rounds rounds, the ways
+alternating within each (plaintext, TLS, TLS + token, plaintext, ...). Reported: MB/s of Arrow
+payload, each way's ratio to the plaintext pass of the same round (median, min-max), and CPU
+seconds per GB of the client (this process) and of the server, both sides on the same 2 cores.
+Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import yaml
+
+from loadtest.bench import DATASET, Layout, build_dataset
+from loadtest.certs import Pki
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
+from shardstream.client import Loader
+from shardstream.server.auth import token_sha256
+from shardstream.server.fleet import LocalServer
+
+__all__ = ["main"]
+
+TOKEN = "tls-bench-token-0123456789"
+WAYS = ("plaintext", "tls", "tls+token")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _server_cpu_s(server: LocalServer) -> float:
+    t = psutil.Process(server.pid).cpu_times()
+    return t.user + t.system
+
+
+def epoch(target: str, batch_rows: int, tls: dict[str, str] | None, token: str) -> int:
+    n = 0
+    with Loader([target], DATASET, batch_size=batch_rows, shuffle=False, output="arrow", tls=tls, token=token) as ld:
+        for batch in ld:
+            n += batch.nbytes
+    return n
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    layout = Layout.plan(args.mib, args.batch_mib)
+    with tempfile.TemporaryDirectory(prefix="shardstream-tls-") as tmp:
+        work = Path(tmp)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            root, _ = pool.submit(build_dataset, work, layout).result()
+        pki = Pki(work / "pki")
+        ca = pki.ca()
+        cert = pki.server(ca)
+        auth = work / "auth.yaml"
+        auth.write_text(yaml.safe_dump({"principals": [{"name": "bench", "token_sha256": token_sha256(TOKEN), "datasets": ["*"]}]}))
+        tls_args = ("--tls-cert", str(cert.cert), "--tls-key", str(cert.key))
+        creds = grpc.ssl_channel_credentials(ca.pem)
+        client_tls = {"ca": str(ca.cert)}
+        with (
+            LocalServer(root) as plain,
+            LocalServer(root, extra_args=tls_args, credentials=creds) as secure,
+            LocalServer(root, extra_args=(*tls_args, "--auth", str(auth)), credentials=creds) as authed,
+        ):
+            servers = {"plaintext": (plain, None, ""), "tls": (secure, client_tls, ""), "tls+token": (authed, client_tls, TOKEN)}
+            passes: dict[str, list[float]] = {w: [] for w in WAYS}
+            client_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
+            server_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
+            nbytes = 0
+            for round_ in range(args.rounds + 1):
+                for way in WAYS:
+                    server, tls, token = servers[way]
+                    cpu0, scpu0, t0 = _cpu_s(), _server_cpu_s(server), time.perf_counter()
+                    nbytes = epoch(server.target, layout.batch_rows, tls, token)
+                    seconds = time.perf_counter() - t0
+                    mbs = nbytes / seconds / 1e6
+                    log(f"  {'warm-up' if round_ == 0 else f'round {round_}'} {way:<10} {mbs:6.0f} MB/s")
+                    if round_:
+                        passes[way].append(mbs)
+                        client_cpu[way].append((_cpu_s() - cpu0) / (nbytes / 1e9))
+                        server_cpu[way].append((_server_cpu_s(server) - scpu0) / (nbytes / 1e9))
+    ratios = {w: [x / y for x, y in zip(passes[w], passes["plaintext"], strict=True)] for w in WAYS[1:]}
+    return {
+        "command": " ".join([Path(sys.executable).name, "-m", "loadtest.tls_bench", *sys.argv[1:]]),
+        "config": {
+            **vars(args),
+            "json": str(args.json),
+            "batch_rows": layout.batch_rows,
+            "rows": layout.num_rows,
+            "epoch_bytes": nbytes,
+            "certificate": "ECDSA P-256, TLS 1.3 (grpc's BoringSSL)",
+        },
+        "versions": versions("shardstream", "grpcio", "cryptography"),
+        "mb_per_s": {w: spread(v) for w, v in passes.items()},
+        "ratio_to_plaintext": {w: spread(v) for w, v in ratios.items()},
+        "client_cpu_s_per_gb": {w: spread(v) for w, v in client_cpu.items()},
+        "server_cpu_s_per_gb": {w: spread(v) for w, v in server_cpu.items()},
+        "passes": passes,
+    }
+
+
+def print_report(res: dict[str, Any]) -> None:
+    print(f"\n{'way':<11} {'MB/s med (min-max)':>20} {'/ plaintext':>20} {'client CPU s/GB':>16} {'server CPU s/GB':>16}")
+    for w, s in res["mb_per_s"].items():
+        r = res["ratio_to_plaintext"].get(w)
+        rtxt = f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "1"
+        c, sv = res["client_cpu_s_per_gb"][w]["median"], res["server_cpu_s_per_gb"][w]["median"]
+        print(f"{w:<11} {s['median']:>6.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20} {c:>16.2f} {sv:>16.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.tls_bench", __doc__)
+    ap.add_argument("--mib", type=int, default=256, help="dataset payload (default 256)")
+    ap.add_argument("--batch-mib", type=float, default=2.0, help="batch size (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds after a warm-up (default 3)")
+    return bench_main(ap, argv, run, json_default=results_path("tls_bench"), report=print_report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
