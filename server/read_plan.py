@@ -32,6 +32,7 @@ from shardstream.scheduled_layout import Layout, make_layout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .auth import OPEN, Principal
+from .feature_cache import share_head
 from .read_schedule import mixture_weights, request_mixture, request_schedule
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
@@ -174,6 +175,7 @@ class ReadPlanner:
                 describe,
                 max_sample_bytes=self.limits.max_sample_bytes,
             )
+            share_head(pipeline, self._cache, readers, columns)  # decode once per node (feature_cache.py)
         layout = make_layout(
             selector.num_rows,
             req.start_offset,

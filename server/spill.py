@@ -24,6 +24,8 @@ memory-mapped, so a hit costs no decode and no copy.
 - Bounded by bytes: when the tier grows past its capacity, the least recently used files (by mtime,
   touched on every hit) are deleted down to 90%. Workers delete concurrently; a file deleted while
   mapped stays readable until unmapped.
+- Other kinds of file share the tier, its checksums, locks and bound (`get_or_make`): the feature
+  cache's shared transform outputs (server/feature_cache.py) are files here too.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ class SpillTier:
     ) -> pa.Table | None:
         """The row group if a whole file whose checksum matches holds it, else None."""
         path = self._path(sha256, group, columns, checked)
+        return self._load(path, lambda t: t.num_rows == rows and t.column_names == list(columns))
+
+    def _load(self, path: Path, valid: Callable[[pa.Table], bool]) -> pa.Table | None:
+        """The table of `path` if its checksum matches and `valid` accepts it, else None (a bad
+        file is deleted)."""
         try:
             buf = pa.memory_map(str(path)).read_buffer()
         except FileNotFoundError:
@@ -114,7 +121,7 @@ class SpillTier:
         except (OSError, pa.ArrowException) as exc:
             log.warning("disk cache file %s unreadable (%s): deleted", path.name, exc)
             return self._drop(path, corrupt=True)
-        if table.num_rows != rows or table.column_names != list(columns):
+        if not valid(table):
             log.warning("disk cache file %s holds other rows or columns: deleted", path.name)
             return self._drop(path)
         try:
@@ -139,10 +146,30 @@ class SpillTier:
         `checked`: whether `read()` checks storage's bytes against row-group checksums; files of
         checked and unchecked reads are kept apart.
         """
-        held = self.load(sha256, group, columns, rows, checked=checked)
+        path = self._path(sha256, group, columns, checked)
+        table = self._get_or_make(
+            path, read, lambda t: t.num_rows == rows and t.column_names == list(columns)
+        )
+        assert table is not None  # read() always gives a table
+        return table
+
+    def get_or_make(
+        self, name: str, make: Callable[[], pa.Table | None], valid: Callable[[pa.Table], bool]
+    ) -> pa.Table | None:
+        """Another kind of file in the same tier (server/feature_cache.py): the table of file `name`
+        (a fixed-length name that says what made it, e.g. a hash of its inputs) when its checksum
+        matches and `valid` accepts it, else `make()`'s, then stored — made by one process at a time,
+        as row groups are read. A `make()` that answers None stores nothing (None is returned)."""
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"not a disk cache file name: {name!r}")
+        return self._get_or_make(self.dir / f"{name}{SUFFIX}", make, valid)
+
+    def _get_or_make(
+        self, path: Path, make: Callable[[], pa.Table | None], valid: Callable[[pa.Table], bool]
+    ) -> pa.Table | None:
+        held = self._load(path, valid)
         if held is not None:
             return held
-        path = self._path(sha256, group, columns, checked)
         stripe = int(hashlib.blake2b(path.name.encode(), digest_size=4).hexdigest(), 16) % LOCK_STRIPES
         try:
             lock = open(self.dir / f".lock-{stripe:04d}", "a+b")  # noqa: SIM115 — held across the read
@@ -153,17 +180,20 @@ class SpillTier:
             if lock is not None:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 # another process may have read it meanwhile
-                held = self.load(sha256, group, columns, rows, checked=checked)
+                held = self._load(path, valid)
                 if held is not None:
                     return held
-            table = read()
-            self.store(sha256, group, columns, table, checked=checked)
+            table = make()
+            if table is not None:
+                self._store(path, table)
             return table
 
     def store(
         self, sha256: str, group: int, columns: Sequence[str], table: pa.Table, *, checked: bool = True
     ) -> None:
-        path = self._path(sha256, group, columns, checked)
+        self._store(self._path(sha256, group, columns, checked), table)
+
+    def _store(self, path: Path, table: pa.Table) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             sink = pa.BufferOutputStream()

@@ -18,6 +18,7 @@ BENCHMARKS = [
     "loadtest.bench",
     "loadtest.bulk_bench",
     "loadtest.cli",
+    "loadtest.decode_bench",
     "loadtest.flight_bench",
     "loadtest.gpu_check",
     "loadtest.integrity_bench",

@@ -276,6 +276,15 @@ class Transform:
     per_sample: ClassVar[bool] = True
     output_schema: pa.Schema
 
+    @property
+    def deterministic(self) -> bool:
+        """Each output row is made from one input row's values and the parameters alone — not the
+        seed, epoch, position or the other rows — and an input row gives at most one output row.
+        A run of such transforms at the head of a pipeline is computed once per row group and
+        shared by every stream and job of the node (server/feature_cache.py). False unless an op
+        says otherwise."""
+        return False
+
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
         raise NotImplementedError
 

@@ -74,18 +74,23 @@ def decode_image(
     """One image -> uint8 array (H, W, C). See the module docstring for the steps."""
     Image = _pil()
     method = getattr(Image.Resampling, resample.upper())
-    with Image.open(io.BytesIO(data)) as src:
+    h, w = size
+    try:
+        opened = Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:  # its text names the BytesIO's address: not the same twice
+        raise Image.UnidentifiedImageError("cannot identify image file") from None
+    with opened as src:
         w0, h0 = src.size
         if w0 * h0 > MAX_PIXELS:
             raise ValueError(f"{w0}x{h0} pixels is over the limit of {MAX_PIXELS}")
+        if crop == "none":
+            nw, nh = w, h
+        else:
+            s = max(h / h0, w / w0)
+            nw, nh = max(w, round(w0 * s)), max(h, round(h0 * s))
         img = (src.convert("RGBA") if src.mode == "P" else src).convert(mode)
-    h, w = size
-    if crop == "none":
-        img = img.resize((w, h), method)
-    else:
-        s = max(h / h0, w / w0)
-        nw, nh = max(w, round(w0 * s)), max(h, round(h0 * s))
-        img = img.resize((nw, nh), method)
+    img = img.resize((nw, nh), method)
+    if crop != "none":
         if crop == "center":
             left, top = (nw - w) // 2, (nh - h) // 2
         else:
@@ -134,9 +139,13 @@ class ImageDecode(Transform):
             schema, self.output, pa.field(self.output, tensor_type(self.shape, self.dtype))
         )
 
+    @property
+    def deterministic(self) -> bool:
+        return self.crop != "random" and not self.hflip
+
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
         col = batch.column(self.column)
-        random = self.crop == "random" or self.hflip
+        random = not self.deterministic
 
         def one(i: int) -> np.ndarray:
             data = col[i].as_py()

@@ -129,6 +129,10 @@ class AudioDecode(Transform):
             schema, self.output + "_length", pa.field(self.output + "_length", pa.int32())
         )
 
+    @property
+    def deterministic(self) -> bool:
+        return self.crop != "random"
+
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
         col = batch.column(self.column)
         n = self.length
@@ -194,6 +198,10 @@ class VideoFrames(Transform):
         self.output_schema = replace_field(
             schema, self.output + "_frames", pa.field(self.output + "_frames", pa.int32())
         )
+
+    @property
+    def deterministic(self) -> bool:
+        return True
 
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
         col = batch.column(self.column)

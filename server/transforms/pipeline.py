@@ -5,6 +5,10 @@ data columns through each transform, and carries per-row bookkeeping (step, glob
 shard, row, source) through each transform's `index`. Samples a transform cannot process are
 either a DATA_LOSS naming dataset version, shard and row (on_error="fail") or dropped and
 reported per step (on_error="skip"); which samples are dropped depends on their bytes only.
+
+A pipeline whose head is deterministic (prefix.py) may take that head's output from a shared source
+(`share_head`: the feature cache of server/feature_cache.py, wired by the read planner): the rows,
+their order, the errors and what on_error does with them are the same as running it here.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from ..request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
 from .base import BatchContext, Params, Transform, fixed_bytes
+from .prefix import PrefixSource, deterministic_head
 from .registry import OPS
 
 __all__ = ["ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
@@ -57,11 +62,25 @@ class StepRows:
 
 class Pipeline:
     def __init__(
-        self, transforms: Sequence[Transform], on_error: str, describe: Callable[[int, int, int], str]
+        self,
+        transforms: Sequence[Transform],
+        on_error: str,
+        describe: Callable[[int, int, int], str],
+        specs: Sequence[tuple[str, str]] = (),
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
         self._describe = describe  # (source, shard, row) -> "toy@2 shard 3 (part-3.parquet) row 17"
+        # (op, parameters as canonical JSON) per transform: what a shared head's results are keyed by
+        self.specs = list(specs)
+        self.features: PrefixSource | None = None  # serves the deterministic head (share_head)
+        self.shared = 0  # transforms at the head that `features` serves
+
+    def share_head(self, features: PrefixSource, count: int) -> None:
+        """Take the output of the first `count` transforms (a deterministic head: prefix.py) from
+        `features` instead of running them, whenever it can serve a message's rows."""
+        assert 0 < count <= deterministic_head(self.transforms), "only a deterministic head is shared"
+        self.features, self.shared = features, count
 
     def __bool__(self) -> bool:
         return bool(self.transforms)
@@ -90,29 +109,44 @@ class Pipeline:
         source = batch.column("_source").to_numpy() if "_source" in names else None
         data = batch.select([n for n in names if n not in PROVENANCE])
         skipped: dict[int, list[pb.SkippedSample]] = {s: [] for s in step_ids}
-        for t in self.transforms:
-            ctx = BatchContext(seed, epoch, positions, steps, pool, threads)
-            t0 = time.perf_counter()
-            res = t.apply(data, ctx)
-            TRANSFORM_SECONDS.labels(t.op).observe(time.perf_counter() - t0)
-            for i, reason in sorted(res.errors):
+
+        def failed(op: str, errors: Sequence[tuple[int, str]]) -> None:
+            """The on_error policy for the rows (current numbering) `op` could not process."""
+            for i, reason in sorted(errors):
                 src = int(source[i]) if source is not None else 0
                 where = self._describe(src, int(shard[i]), int(row[i]))
                 if self.on_error == "fail":
                     raise DataLossError(
-                        f"{t.op} failed on {where} (position {int(positions[i])} of epoch {epoch}): {reason} "
+                        f"{op} failed on {where} (position {int(positions[i])} of epoch {epoch}): {reason} "
                         "(on_error='skip' leaves such samples out)"
                     )
-                SAMPLES_SKIPPED.labels(t.op).inc()
+                SAMPLES_SKIPPED.labels(op).inc()
                 skipped[int(steps[i])].append(
                     pb.SkippedSample(
                         position=int(positions[i]),
                         shard=int(shard[i]),
                         row=int(row[i]),
                         source=src,
-                        reason=f"{t.op}: {reason}",
+                        reason=f"{op}: {reason}",
                     )
                 )
+
+        rest = self.transforms
+        head = self.features.prefix(batch, pool, threads) if self.features and batch.num_rows else None
+        if head is not None:  # the shared head's results: the same rows, errors and order as running it
+            for t, errors in zip(self.transforms[: self.shared], head.errors, strict=True):
+                failed(t.op, errors)
+            idx = head.index
+            data, positions, steps, shard, row = head.batch, positions[idx], steps[idx], shard[idx], row[idx]
+            if source is not None:
+                source = source[idx]
+            rest = self.transforms[self.shared :]
+        for t in rest:
+            ctx = BatchContext(seed, epoch, positions, steps, pool, threads)
+            t0 = time.perf_counter()
+            res = t.apply(data, ctx)
+            TRANSFORM_SECONDS.labels(t.op).observe(time.perf_counter() - t0)
+            failed(t.op, res.errors)
             idx = res.index
             data, positions, steps, shard, row = res.batch, positions[idx], steps[idx], shard[idx], row[idx]
             if source is not None:
@@ -162,6 +196,7 @@ def build_pipeline(
         raise InvalidArgumentError(f"at most {MAX_TRANSFORMS} transforms per request, got {len(specs)}")
     schema = pa.schema([f for f in schema if f.name not in PROVENANCE], metadata=schema.metadata)
     out = []
+    keys = []
     for k, spec in enumerate(specs):
         cls = OPS.get(spec.op)
         if cls is None:
@@ -181,4 +216,5 @@ def build_pipeline(
         _check_output_size(spec.op, schema, t.output_schema, max_sample_bytes)
         schema = t.output_schema
         out.append(t)
-    return Pipeline(out, on_error, describe)
+        keys.append((spec.op, json.dumps(raw, sort_keys=True, separators=(",", ":"))))
+    return Pipeline(out, on_error, describe, keys)

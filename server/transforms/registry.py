@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .augment import ImageCrop
 from .base import Transform
 from .image import ImageDecode
 from .media import AudioDecode, VideoFrames
@@ -11,5 +12,5 @@ from .text import Pack, Tokenize
 __all__ = ["OPS"]
 
 OPS: dict[str, type[Transform]] = {
-    cls.op: cls for cls in (Tokenize, Pack, ImageDecode, AudioDecode, VideoFrames, RLWindows)
+    cls.op: cls for cls in (Tokenize, Pack, ImageDecode, ImageCrop, AudioDecode, VideoFrames, RLWindows)
 }

@@ -113,6 +113,10 @@ class Tokenize(Transform):
             schema, self.output, pa.field(self.output, pa.list_(pa.int32()), metadata=meta)
         )
 
+    @property
+    def deterministic(self) -> bool:
+        return True
+
     def apply(self, batch: pa.RecordBatch, ctx: BatchContext) -> Result:
         texts = batch.column(self.column).to_pylist()
         enc = self._enc
