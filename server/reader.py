@@ -94,7 +94,10 @@ class DatasetReader:
         self._paths = list(shard_paths)
         self._cache = cache
         self._hash_max = hash_check_max_bytes
-        self.locator = RowLocator([s.row_groups for s in manifest.shards])
+        # (rows a drop_rows version masks are not dataset rows: manifest.py)
+        self.locator = RowLocator(
+            [s.row_groups for s in manifest.shards], [s.masked for s in manifest.shards]
+        )
         self._files: dict[int, ShardFile] = {}
         self._row_bytes: dict[tuple[str, ...], float] = {}  # decoded bytes per row, for read-ahead
         self._open_locks = [threading.Lock() for _ in manifest.shards]

@@ -55,7 +55,7 @@ def make_selector(
 ) -> Selector:
     """A dataset (`weights` None), a mixture (`weights`), or mixture phases ([(position, weights)],
     weights aligned with `manifests`: mixture_schedule.py)."""
-    locators = [RowLocator([s.row_groups for s in m.shards]) for m in manifests]
+    locators = [RowLocator([s.row_groups for s in m.shards], [s.masked for s in m.shards]) for m in manifests]
     orders = [
         DatasetOrder(m.fingerprint, loc.block_sizes, seed, shuffle)
         for m, loc in zip(manifests, locators, strict=True)

@@ -8,7 +8,12 @@ A new version names its parent and one change kind (`manifest.CHANGES`):
     rename_columns  same shards' row counts; same field types in the same order; >= 1 name differs
                     (the mapping, by position, is recorded in `Manifest.renamed`)
     drop_columns    same shards' row counts; the fields are the parent's, in order, minus >= 1
+    drop_rows       the parent's shards, unchanged and in order, masking >= 1 more row (Shard.masked:
+                    the files are not rewritten); same schema
     replace         anything else
+
+The column changes keep the parent's masked rows masked (same ranges per shard): a version whose
+shards were rewritten must not bring back rows a drop_rows took out.
 
 Only what a manifest holds can be checked: for the column changes that is the per-shard row counts
 (the rows themselves are in the shards). Field identity is name and Arrow type, as in the fingerprint.
@@ -20,7 +25,7 @@ Only what a manifest holds can be checked: for the column changes that is the pe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +36,7 @@ from shardstream.manifest import CHANGES, Manifest
 __all__ = ["CLAIMS", "VersionDiff", "check_change", "diff", "infer_change", "renamed_fields"]
 
 # The kinds a user may claim for a version that has a parent (`create` is only for the first version).
-CLAIMS = ("append", "add_columns", "rename_columns", "drop_columns", "replace")
+CLAIMS = ("append", "add_columns", "rename_columns", "drop_columns", "drop_rows", "replace")
 _MAX_LISTED = 6  # problems named in one error line
 
 
@@ -51,7 +56,18 @@ def _same_rows(parent: Manifest, child: Manifest) -> list[str]:
     for i, (p, c) in enumerate(zip(parent.shards, child.shards, strict=True)):
         if p.rows != c.rows:
             out.append(f"shard {i} ({c.uri}) has {c.rows} rows, the parent's ({p.uri}) has {p.rows}")
+        elif p.masked != c.masked:
+            out.append(
+                f"shard {i} ({c.uri}) masks rows {_ranges(c.masked)}, the parent's {_ranges(p.masked)}"
+            )
     return out
+
+
+def _ranges(masked: tuple[tuple[int, int], ...]) -> str:
+    return (
+        ", ".join(f"{a}:{b}" for a, b in masked[:_MAX_LISTED]) + (" ..." if len(masked) > _MAX_LISTED else "")
+        or "none"
+    )
 
 
 def _schema_changes(parent: Manifest, child: Manifest) -> tuple[list[str], list[str], list[str]]:
@@ -127,11 +143,33 @@ def _drop_columns(parent: Manifest, child: Manifest) -> list[str]:
     return out + _same_rows(parent, child)
 
 
+def _drop_rows(parent: Manifest, child: Manifest) -> list[str]:
+    out = _same_schema(parent, child)
+    if len(child.shards) != len(parent.shards):
+        return [*out, f"it has {len(child.shards)} shard(s), the parent has {len(parent.shards)}"]
+    for i, (p, c) in enumerate(zip(parent.shards, child.shards, strict=True)):
+        if replace(c, masked=()) != replace(p, masked=()):
+            out.append(f"shard {i} is {c.uri}, not the parent's {p.uri} unchanged")
+        elif _uncovered(p.masked, c.masked):
+            out.append(f"shard {i} ({c.uri}) no longer masks rows {_ranges(_uncovered(p.masked, c.masked))}")
+    if not out and child.num_rows >= parent.num_rows:
+        out.append("it masks no more rows")
+    return out
+
+
+def _uncovered(
+    old: tuple[tuple[int, int], ...], new: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    """The ranges of `old` not inside one range of `new` (both merged)."""
+    return tuple((a, b) for a, b in old if not any(x <= a and b <= y for x, y in new))
+
+
 _CHECKS: dict[str, Callable[[Manifest, Manifest], list[str]]] = {
     "append": _append,
     "add_columns": _add_columns,
     "rename_columns": _rename_columns,
     "drop_columns": _drop_columns,
+    "drop_rows": _drop_rows,
     "replace": lambda parent, child: [],
 }
 
@@ -160,7 +198,7 @@ def check_change(parent: Manifest, child: Manifest, change: str) -> None:
 
 def infer_change(parent: Manifest, child: Manifest) -> str:
     """The most specific change kind that holds between `parent` and `child`, else 'replace'."""
-    for kind in ("append", "add_columns", "drop_columns", "rename_columns"):
+    for kind in ("append", "add_columns", "drop_columns", "rename_columns", "drop_rows"):
         if not _CHECKS[kind](parent, child):
             return kind
     return "replace"

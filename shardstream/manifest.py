@@ -12,6 +12,14 @@ JSON: a shard entry written before they existed has no `checksums` key, still lo
 fingerprint, and is served as it was — checked on open by size, row-group row counts and, for
 shards up to the server's whole-file hash limit (64 MiB by default), the sha256 of the whole file.
 
+A version made by `drop_rows` (DESIGN §3 migration; server/drop_rows.py) masks rows of its parent's
+shards without rewriting them: each shard entry may carry `masked`, the sorted, merged [start, end)
+ranges of its rows (row numbers in the shard) that the version does not hold. The key is absent
+when nothing is masked, and the fingerprint covers a shard's ranges only when it has some, so every
+manifest written before masks existed keeps its JSON and its fingerprint. `Shard.rows` stays the
+file's rows (what opening it checks); `Manifest.num_rows` counts the rows the version holds, and
+the read plan orders those alone (plan.RowLocator).
+
 A version made by `shardstream materialize` records where it comes from (`Derivation`: the source
 version, its fingerprint, the columns read and the transforms applied) under `derived_from`, a key
 only such manifests have: every other manifest's JSON stays as it was, and readers that predate the
@@ -39,7 +47,7 @@ __all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Der
 FORMAT_VERSION = 1
 # How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
 # parent; `replace` is anything else; the others are claims the registry checks before writing.
-CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "replace")
+CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "drop_rows", "replace")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The one checksum a shard's byte ranges carry (why crc32: server/checksums.py, with its measured cost).
 CHECKSUM_ALGORITHM = "crc32"
@@ -154,9 +162,18 @@ class Shard:
     row_groups: tuple[int, ...]
     sha256: str
     checksums: ShardChecksums | None = None
+    masked: tuple[tuple[int, int], ...] = ()  # rows [start, end) of the file this version does not hold
 
     def __post_init__(self) -> None:
         check_key(self.uri, "shard uri")  # never a path outside the dataset's directory
+        last = 0
+        for a, b in self.masked:
+            if not last <= a < b <= self.rows or (a == last and last > 0):
+                raise InvalidArgumentError(
+                    f"shard {self.uri}: masked rows must be sorted, merged, non-empty ranges within its "
+                    f"{self.rows} rows, got {[list(r) for r in self.masked]}"
+                )
+            last = b
         if sum(self.row_groups) != self.rows:
             raise InvalidArgumentError(
                 f"shard {self.uri}: row groups sum to {sum(self.row_groups)} rows, manifest says {self.rows}"
@@ -167,8 +184,13 @@ class Shard:
                 f"manifest lists {len(self.row_groups)}"
             )
 
+    @property
+    def live_rows(self) -> int:
+        """Rows of the file the version holds (all but the masked ones)."""
+        return self.rows - sum(b - a for a, b in self.masked)
+
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "uri": self.uri,
             "rows": self.rows,
             "bytes": self.bytes,
@@ -177,6 +199,8 @@ class Shard:
         }
         if self.checksums is not None:  # absent, not null: an older entry's JSON stays as it was
             out["checksums"] = self.checksums.to_json()
+        if self.masked:  # likewise
+            out["masked"] = [list(r) for r in self.masked]
         return out
 
     @classmethod
@@ -189,6 +213,7 @@ class Shard:
             row_groups=tuple(int(n) for n in d["row_groups"]),
             sha256=str(d["sha256"]),
             checksums=None if sums is None else ShardChecksums.from_json(sums),
+            masked=tuple((int(a), int(b)) for a, b in d.get("masked") or ()),
         )
 
 
@@ -261,7 +286,13 @@ class Manifest:
     # --- derived -------------------------------------------------------------------------------
     @property
     def num_rows(self) -> int:
-        return sum(s.rows for s in self.shards)
+        """Rows the version holds: its shards' rows but the masked ones (drop_rows)."""
+        return sum(s.live_rows for s in self.shards)
+
+    @property
+    def masked_rows(self) -> int:
+        """Rows of its shards the version masks (drop_rows); 0 for every other version."""
+        return sum(s.rows - s.live_rows for s in self.shards)
 
     @property
     def num_bytes(self) -> int:
@@ -285,7 +316,12 @@ class Manifest:
         content = {
             "format": FORMAT_VERSION,
             "fields": self.fields,
-            "shards": [[s.sha256, s.rows, s.bytes, list(s.row_groups)] for s in self.shards],
+            # a shard's masked rows only when it has some: every other entry is as it always was
+            "shards": [
+                [s.sha256, s.rows, s.bytes, list(s.row_groups)]
+                + ([[list(r) for r in s.masked]] if s.masked else [])
+                for s in self.shards
+            ],
         }
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

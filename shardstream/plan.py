@@ -62,9 +62,20 @@ class EpochOrder:
 
 
 class RowLocator:
-    """Dataset row index -> where it lives, from the shards' row-group row counts."""
+    """Dataset row index -> where it lives, from the shards' row-group row counts.
 
-    def __init__(self, shard_row_groups: Sequence[Sequence[int]]) -> None:
+    `masked` (per shard, the [start, end) rows of its file a drop_rows version does not hold:
+    Manifest shards' `masked`) makes dataset row indexes count the rows the version holds only: row
+    i is the i-th unmasked row in storage order, `block_sizes` are the unmasked rows of each row
+    group (those left with none are not blocks), and `locate` answers with places in the files. The
+    order of an epoch (EpochOrder over `block_sizes`) is then a permutation of the rows held.
+    Without masks nothing of this runs: the same arrays as always."""
+
+    def __init__(
+        self,
+        shard_row_groups: Sequence[Sequence[int]],
+        masked: Sequence[Sequence[tuple[int, int]]] | None = None,
+    ) -> None:
         counts: list[int] = []
         shard_of: list[int] = []
         index_in_shard: list[int] = []
@@ -82,10 +93,58 @@ class RowLocator:
         self._group_shard = np.asarray(shard_of, dtype=np.int32)
         self._group_index = np.asarray(index_in_shard, dtype=np.int32)
         self._shard_starts = np.asarray(shard_starts, dtype=np.int64)
+        self._gap_starts: np.ndarray | None = None  # masked ranges, in dataset rows of the files
+        if masked and any(masked):
+            self._mask(masked)
+
+    def _mask(self, masked: Sequence[Sequence[tuple[int, int]]]) -> None:
+        ranges = sorted(
+            (int(self._shard_starts[s]) + a, int(self._shard_starts[s]) + b)
+            for s, rs in enumerate(masked)
+            for a, b in rs
+        )
+        starts = np.asarray([a for a, _ in ranges], dtype=np.int64)
+        lengths = np.asarray([b - a for a, b in ranges], dtype=np.int64)
+        self._gap_starts, self._gap_lengths = starts, lengths
+        self._gap_before = np.concatenate([[0], np.cumsum(lengths)])  # masked rows before range i
+        self._gap_live = starts - self._gap_before[:-1]  # the held row index where range i was
+        sizes = np.diff(self._group_starts) - np.diff(self._masked_before(self._group_starts))
+        self.block_sizes = sizes[sizes > 0]
+        self.num_rows -= int(self._gap_before[-1])
+
+    def _masked_before(self, stored: np.ndarray) -> np.ndarray:
+        """Masked rows before each stored row index (0 without masks)."""
+        stored = np.asarray(stored, dtype=np.int64)
+        if self._gap_starts is None:
+            return np.zeros_like(stored)
+        i = np.searchsorted(self._gap_starts, stored, side="right") - 1
+        inside = np.minimum(stored - self._gap_starts[np.maximum(i, 0)], self._gap_lengths[np.maximum(i, 0)])
+        return np.where(i >= 0, self._gap_before[np.maximum(i, 0)] + inside, 0)
+
+    def stored(self, rows: np.ndarray) -> np.ndarray:
+        """Dataset row index -> row index over all rows of the files (the same without masks)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._gap_starts is None:
+            return rows
+        return rows + self._gap_before[np.searchsorted(self._gap_live, rows, side="right")]
+
+    def row_index(self, shard: np.ndarray, row_in_shard: np.ndarray) -> np.ndarray:
+        """(shard, row in shard) -> dataset row index; -1 for a masked row (explain's way back)."""
+        stored = self._shard_starts[np.asarray(shard, dtype=np.int64)] + np.asarray(
+            row_in_shard, dtype=np.int64
+        )
+        out = stored - self._masked_before(stored)
+        if self._gap_starts is not None:
+            i = np.searchsorted(self._gap_starts, stored, side="right") - 1
+            hit = (i >= 0) & (
+                stored < self._gap_starts[np.maximum(i, 0)] + self._gap_lengths[np.maximum(i, 0)]
+            )
+            out = np.where(hit, -1, out)
+        return out
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = self.stored(rows)
         g = np.searchsorted(self._group_starts, rows, side="right") - 1
         shard = self._group_shard[g]
         return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -42,6 +43,7 @@ TRUE = [
         man([("id", pa.int64()), ("body", pa.string()), ("y", pa.int32())], [shard(0), shard(1, 50)]),
     ),
     ("drop_columns", man([BASE[0], BASE[2]], [shard(0, tag="c"), shard(1, 50, "c")])),
+    ("drop_rows", man(BASE, [shard(0), dataclasses.replace(shard(1, 50), masked=((3, 5),))])),
     ("replace", man([("other", pa.float64())], [shard(9, 3)])),
 ]
 
@@ -93,6 +95,9 @@ FALSE = [
     ),
     ("drop_columns", man([BASE[2], BASE[0]], [shard(0), shard(1, 50)]), "fields reordered"),
     ("drop_columns", man([BASE[0]], [shard(0), shard(1, 50), shard(2)]), "it has 3 shard(s)"),
+    ("drop_rows", man(BASE, [shard(0), shard(1, 50)]), "it masks no more rows"),
+    ("drop_rows", man(BASE, [shard(0), shard(2, 50, "x")]), "shard 1 is data/s2x.parquet, not the parent's"),
+    ("drop_rows", man(BASE[:2], [shard(0), dataclasses.replace(shard(1, 50), masked=((0, 1),))]), "removed"),
 ]
 
 
