@@ -1,6 +1,6 @@
-"""Server CPU of image decode: many jobs sharing one decode (the feature cache).
+"""Server CPU of image decode: many jobs sharing one decode (the feature cache), and draft decoding.
 
-    python -m loadtest.decode_bench [--only jobs] [--images 480] [--jobs 4] [--pairs 3]
+    python -m loadtest.decode_bench [--only jobs draft] [--images 480] [--jobs 4] [--pairs 3]
                                     [--json loadtest/results/decode_bench.json]
 
 1. **jobs** — decode once for many jobs (server/feature_cache.py). --images JPEGs of 500x375
@@ -15,6 +15,11 @@
    A = 1 job and B = --jobs jobs with the feature cache; C = 1 job and D = --jobs jobs without a
    disk tier (every job decodes every image). Server CPU = CPU seconds of the server process
    during the run (psutil); ratios B/A and D/C per round, median (min-max).
+2. **draft** — `"draft": true` (JPEG DCT scaling, not bit-identical) vs the default decode, one
+   server with `--transform-threads 1`, one client, one unshuffled epoch per pass: images per server
+   CPU-second, alternating A B after a warm-up each, for 500x375 JPEGs to 224x224 (the image is
+   less than twice the target: no scale applies) and 1024x768 JPEGs to 224x224 (decoded at 1/2).
+
 Client and server share the machine's cores (and on a shared machine, other processes do too):
 the figures to quote are the ratios of one run. Figures only; exits 0.
 """
@@ -22,6 +27,7 @@ the figures to quote are the ratios of one run. Figures only; exits 0.
 from __future__ import annotations
 
 import argparse
+import io
 import tempfile
 import threading
 import time
@@ -29,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,13 +48,34 @@ from shardstream.server.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 
-PARTS = ("jobs",)
+PARTS = ("jobs", "draft")
 ROW_GROUP_ROWS = 32
 BATCH = 32
 AUGMENT = [
     {"op": "image.decode", "column": "image", "size": [256, 256]},
     {"op": "image.crop", "column": "image", "size": [224, 224], "crop": "random", "hflip": True},
 ]
+DECODE = {"op": "image.decode", "column": "image", "size": [224, 224]}
+
+
+def large_jpegs(n: int, width: int, height: int, seed: int = 0) -> list[bytes]:
+    """n JPEGs of width x height, the content of `make_jpegs` at another size."""
+    from PIL import Image
+
+    out = []
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    for _ in range(n):
+        f = rng.uniform(0.0025, 0.025, 6)
+        img = np.stack(
+            [127 + 120 * np.sin(f[2 * c] * xx + f[2 * c + 1] * yy + rng.uniform(0, 6)) for c in range(3)],
+            axis=-1,
+        )
+        img += rng.normal(0, 12, img.shape)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
 
 
 def write_images(work: Path, root: Path, name: str, jpegs: list[bytes]) -> None:
@@ -147,6 +175,33 @@ def run_jobs(args: argparse.Namespace, root: Path, work: Path) -> dict[str, Any]
     }
 
 
+# --- 2. draft decoding --------------------------------------------------------------------------
+def run_draft(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with LocalServer(root, extra_args=("--transform-threads", "1")) as server:
+        for dataset in ("images", "large"):
+
+            def one(draft: bool, dataset: str = dataset) -> float:
+                c0 = _cpu_s(server.pid)
+                n = read_epoch(server.target, dataset, 0, [{**DECODE, "draft": draft}], False)
+                return n / (_cpu_s(server.pid) - c0)
+
+            one(False), one(True)  # warm-up
+            plain, draft = [], []
+            for _ in range(args.pairs):
+                plain.append(one(False))
+                draft.append(one(True))
+            log(
+                f"  {dataset}: images per server CPU-s {np.median(plain):.0f} default, {np.median(draft):.0f} draft"
+            )
+            out[dataset] = {
+                "default_images_per_cpu_s": spread(plain),
+                "draft_images_per_cpu_s": spread(draft),
+                "ratio": spread([b / a for a, b in zip(plain, draft, strict=True)]),
+            }
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
@@ -161,6 +216,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "jobs" in args.only:
             log(f"1. server CPU: {args.jobs} concurrent jobs vs 1, with and without the feature cache")
             result["jobs"] = run_jobs(args, root, work)
+        if "draft" in args.only:
+            log(f"making {args.images // 2} JPEGs of 1024x768")
+            write_images(work, root, "large", large_jpegs(args.images // 2, 1024, 768))
+            log("2. images per server CPU-second: draft vs default decode")
+            result["draft"] = run_draft(args, root)
     result["load_average"] = list(psutil.getloadavg())
     return result
 
@@ -179,6 +239,11 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{n} jobs / 1 job, no feature cache: {_fmt(r['unshared_ratio'])}")
         print(f"{n} jobs with / 1 job without cache: {_fmt(r['shared_jobs_over_one_unshared_job'])}")
         print(f"1 job, feature cache / none:       {_fmt(r['one_job_shared_over_unshared'])}")
+    for dataset, r in result.get("draft", {}).items():
+        print(
+            f"draft / default images per server CPU-s, {dataset}: {_fmt(r['ratio'])}"
+            f"  ({r['default_images_per_cpu_s']['median']:.0f} vs {r['draft_images_per_cpu_s']['median']:.0f})"
+        )
 
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

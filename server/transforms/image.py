@@ -2,10 +2,14 @@
 
 {"op": "image.decode", "column": "image", "size": [224, 224], "crop": "center" | "random" | "none",
  "mode": "RGB" | "L", "resample": "bilinear", "hflip": false, "normalize": {"mean": [...], "std": [...]},
- "layout": "HWC" | "CHW", "output": column}
+ "layout": "HWC" | "CHW", "draft": false, "output": column}
 
 Steps, in this order (a direct Pillow decode with the same parameters gives the same pixels):
-  1. `Image.open(bytes).convert(mode)` (palette images through RGBA first, as Pillow advises);
+  1. `Image.open(bytes).convert(mode)` (palette images through RGBA first, as Pillow advises); with
+     `"draft": true`, a JPEG is first asked for the smallest DCT scale (1/2, 1/4, 1/8) that still
+     covers the size step 2 resizes to (`Image.draft`): the decoder skips most of the work on large
+     images, and the pixels are close to, but NOT bit-identical with, a full decode (opt-in; other
+     formats decode as usual);
   2. crop "none": `resize((W, H))`; "center"/"random": resize so the image covers H x W keeping its
      aspect ratio (sides `max(W, round(w*s))`, `max(H, round(h*s))` with `s = max(H/h, W/w)`), then
      crop H x W at the center or at a random offset;
@@ -70,6 +74,7 @@ def decode_image(
     resample: str = "bilinear",
     rng: np.random.Generator | None = None,
     hflip: bool = False,
+    draft: bool = False,
 ) -> np.ndarray:
     """One image -> uint8 array (H, W, C). See the module docstring for the steps."""
     Image = _pil()
@@ -88,6 +93,8 @@ def decode_image(
         else:
             s = max(h / h0, w / w0)
             nw, nh = max(w, round(w0 * s)), max(h, round(h0 * s))
+        if draft and src.format == "JPEG":
+            src.draft(mode, (nw, nh))  # decodes at the smallest 1/2^k scale still >= (nw, nh)
         img = (src.convert("RGBA") if src.mode == "P" else src).convert(mode)
     img = img.resize((nw, nh), method)
     if crop != "none":
@@ -115,6 +122,7 @@ class ImageDecode(Transform):
         self.resample = params.str("resample", "bilinear", RESAMPLE)
         self.hflip = params.bool("hflip", False)
         self.layout = params.str("layout", "HWC", LAYOUTS)
+        self.draft = params.bool("draft", False)  # JPEG DCT scaling: cheaper, not bit-identical
         self.output = params.str("output", self.column)
         c = MODES[self.mode]
         norm = params.get("normalize", None)
@@ -159,6 +167,7 @@ class ImageDecode(Transform):
                 resample=self.resample,
                 rng=ctx.rng(i, self.op) if random else None,
                 hflip=self.hflip,
+                draft=self.draft,
             )
             if self.mean is not None:
                 arr = (arr.astype(np.float32) / np.float32(255.0) - self.mean) / self.std
