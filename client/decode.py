@@ -77,11 +77,12 @@ def decode_message(
             raise DataLossError(
                 f"server sent step {st.step}, expected {first_step + i * step_stride} (epoch {epoch})"
             )
-        if (st.global_start, st.global_end) != layout.global_range(st.step):
+        planned = list(layout.global_range(st.step)) if st.step < layout.num_steps else "no such step"
+        if [st.global_start, st.global_end] != planned:
             # e.g. a server that predates schedules, which ignores batch_schedule and skip ranges
             raise DataLossError(
                 f"server sent positions [{st.global_start}, {st.global_end}) for step {st.step} of epoch {epoch}, "
-                f"the plan says {list(layout.global_range(st.step))} (is every server of the fleet up to date?)"
+                f"the plan says {planned} (is every server of the fleet up to date?)"
             )
         n = st.rows
         end = row + n

@@ -38,7 +38,13 @@ import numpy as np
 from shardstream.errors import InvalidArgumentError
 from shardstream.mixture import MixturePlan, SourceInfo, parse_mixture
 
-__all__ = ["MAX_MIXTURE_PHASES", "MixtureSchedule", "is_mixture_schedule", "parse_mixture_schedule"]
+__all__ = [
+    "MAX_MIXTURE_PHASES",
+    "MixtureSchedule",
+    "is_mixture_schedule",
+    "parse_mixture_schedule",
+    "schedule_sources",
+]
 
 MAX_MIXTURE_PHASES = 1024
 
