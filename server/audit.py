@@ -5,7 +5,8 @@ Each line says who read what and how it ended:
     audit method=Read principal=team-a dataset=web@3 rank=0 world=2 epoch=0 offset=0 first_step=4
           bytes=1048576 messages=3 outcome=OK peer=ipv4:10.0.0.7:51234 duration_s=0.412
 
-`dataset` is the reference as the request gave it (a mixture: its sources joined with '+'); `outcome`
+`dataset` is the version the stream read once planned (a mixture: its sources joined with '+'), else
+the reference as the request gave it; `outcome`
 is OK, the status code the stream ended with, or GONE for a client that went away mid-stream. The
 record is an event as the server's other structured lines are (`record.event` = "audit", the fields
 in `record.fields`), so `--log-format json` writes them as the keys of one object. Its own logger
@@ -60,9 +61,13 @@ class StreamAudit:
     peer: str
     request: pb.ReadRequest | None = None
     principal: str = "-"
+    dataset: str | None = None  # the versions read, once planned
     bytes: int = 0
     messages: int = 0
     started: float = field(default_factory=time.monotonic)
+
+    def planned(self, refs: list[str]) -> None:
+        self.dataset = "+".join(refs)
 
     def sent(self, nbytes: int) -> None:
         self.bytes += nbytes
@@ -74,7 +79,7 @@ class StreamAudit:
             {
                 "method": "Read",
                 "principal": _cut(self.principal),
-                "dataset": _dataset(r),
+                "dataset": _cut(self.dataset, 200) if self.dataset else _dataset(r),
                 "rank": r.rank if r is not None else "-",
                 "world": r.world_size if r is not None else "-",
                 "epoch": r.epoch if r is not None else "-",

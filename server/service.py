@@ -246,6 +246,7 @@ class ShardStreamService:
                 raise InvalidArgumentError("the Read request does not parse")
             # In a thread: planning reads manifests and may load a tokenizer or import a codec.
             plan = await asyncio.to_thread(self.planner.plan, request, principal)
+            audit.planned([str(r.manifest.ref) for r in plan.readers])  # the versions it resolved to
             await self._send(plan, context, ticket, peer, audit)
             outcome = "OK"
         except asyncio.CancelledError:

@@ -244,7 +244,9 @@ def test_a_token_without_web_is_denied_on_get_dataset_read_and_as_a_mixture_sour
     with pytest.raises(NotFoundError):
         c.get_dataset("code-rs", 5)
     assert c.get_dataset("code-py", 5).name == "code-py"
-    audit = tls_server.log_file.read_text()
+    assert read_code(c, pb.ReadRequest(dataset="toy", world_size=1, batch_size=100)) == grpc.StatusCode.OK
+    wait_for(lambda: "principal=team-a dataset=toy@1 rank=0" in tls_server.log_file.read_text(), "the audit line")
+    audit = tls_server.log_file.read_text()  # the version a stream read, once planned; the request's words before
     assert "method=GetDataset principal=team-a dataset=web outcome=PERMISSION_DENIED" in audit
     assert re.search(r"method=Read principal=team-a dataset=toy@1\+web@1 .* outcome=PERMISSION_DENIED", audit)
 
