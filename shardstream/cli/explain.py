@@ -195,6 +195,7 @@ def _read_skipped(
             prefetch=1,
             provenance=True,
             output="arrow",
+            **common.client_security(args),  # --tls*, --token-file: a fleet with TLS or --auth
         ) as loader:
             at_step = LoaderState(
                 dataset=st.dataset,
@@ -364,6 +365,7 @@ def add_commands(sub: Any) -> None:
         metavar="HOST:PORT[,HOST:PORT]",
         help="read the step from these servers to list the samples a skipping transform left out",
     )
+    common.client_security_options(sp)
     sp.add_argument("--sample", metavar="SHARD:ROW", help="a shard (index, uri or file name) and a row in it")
     sp.add_argument("--seed", type=int, default=0, help="the job's seed (default 0)")
     sp.add_argument("--world-size", type=common.positive_int, default=1, help="ranks in the job (default 1)")
