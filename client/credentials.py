@@ -106,9 +106,15 @@ class ChannelSecurity:
     def channel(self, target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
         """A channel to `target` with these credentials (plaintext without TLS)."""
         if self.credentials is None:
-            if self.metadata and not target.split("/")[-1].startswith(_LOOPBACK_HOSTS) and target not in _warned:
+            if (
+                self.metadata
+                and not target.split("/")[-1].startswith(_LOOPBACK_HOSTS)
+                and target not in _warned
+            ):
                 _warned.add(target)
-                log.warning("sending a bearer token to %s without TLS: it crosses the network in the clear", target)
+                log.warning(
+                    "sending a bearer token to %s without TLS: it crosses the network in the clear", target
+                )
             return grpc.insecure_channel(target, options=options)
         if self.server_name:
             options = [*options, ("grpc.ssl_target_name_override", self.server_name)]

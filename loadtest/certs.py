@@ -59,7 +59,9 @@ class Pki:
         return Issued(cert_path, key_path, cert, key)
 
     @staticmethod
-    def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
+    def _builder(
+        subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+    ) -> x509.CertificateBuilder:
         now = datetime.datetime.now(datetime.timezone.utc)
         return (
             x509.CertificateBuilder()
@@ -98,7 +100,9 @@ class Pki:
     def _leaf(self, ca: Issued, name: str, subject: x509.Name, server: bool) -> Issued:
         key = ec.generate_private_key(ec.SECP256R1())
         builder = self._builder(subject, ca.certificate.subject, key).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
             critical=False,
         )
         if server:

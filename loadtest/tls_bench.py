@@ -54,7 +54,9 @@ def _server_cpu_s(server: LocalServer) -> float:
 
 def epoch(target: str, batch_rows: int, tls: dict[str, str] | None, token: str) -> int:
     n = 0
-    with Loader([target], DATASET, batch_size=batch_rows, shuffle=False, output="arrow", tls=tls, token=token) as ld:
+    with Loader(
+        [target], DATASET, batch_size=batch_rows, shuffle=False, output="arrow", tls=tls, token=token
+    ) as ld:
         for batch in ld:
             n += batch.nbytes
     return n
@@ -70,7 +72,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ca = pki.ca()
         cert = pki.server(ca)
         auth = work / "auth.yaml"
-        auth.write_text(yaml.safe_dump({"principals": [{"name": "bench", "token_sha256": token_sha256(TOKEN), "datasets": ["*"]}]}))
+        auth.write_text(
+            yaml.safe_dump(
+                {"principals": [{"name": "bench", "token_sha256": token_sha256(TOKEN), "datasets": ["*"]}]}
+            )
+        )
         tls_args = ("--tls-cert", str(cert.cert), "--tls-key", str(cert.key))
         creds = grpc.ssl_channel_credentials(ca.pem)
         client_tls = {"ca": str(ca.cert)}
@@ -79,7 +85,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             LocalServer(root, extra_args=tls_args, credentials=creds) as secure,
             LocalServer(root, extra_args=(*tls_args, "--auth", str(auth)), credentials=creds) as authed,
         ):
-            servers = {"plaintext": (plain, None, ""), "tls": (secure, client_tls, ""), "tls+token": (authed, client_tls, TOKEN)}
+            servers = {
+                "plaintext": (plain, None, ""),
+                "tls": (secure, client_tls, ""),
+                "tls+token": (authed, client_tls, TOKEN),
+            }
             passes: dict[str, list[float]] = {w: [] for w in WAYS}
             client_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
             server_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
@@ -117,12 +127,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_report(res: dict[str, Any]) -> None:
-    print(f"\n{'way':<11} {'MB/s med (min-max)':>20} {'/ plaintext':>20} {'client CPU s/GB':>16} {'server CPU s/GB':>16}")
+    print(
+        f"\n{'way':<11} {'MB/s med (min-max)':>20} {'/ plaintext':>20} {'client CPU s/GB':>16} {'server CPU s/GB':>16}"
+    )
     for w, s in res["mb_per_s"].items():
         r = res["ratio_to_plaintext"].get(w)
         rtxt = f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "1"
         c, sv = res["client_cpu_s_per_gb"][w]["median"], res["server_cpu_s_per_gb"][w]["median"]
-        print(f"{w:<11} {s['median']:>6.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20} {c:>16.2f} {sv:>16.2f}")
+        print(
+            f"{w:<11} {s['median']:>6.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20} {c:>16.2f} {sv:>16.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

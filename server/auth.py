@@ -110,7 +110,9 @@ class Principal:
         if self.patterns is None:
             return
         versions = [v for _, _, v in (p.partition("@") for p in self._matching(ref.name))]
-        if not versions or (ref.version is not None and "" not in versions and str(ref.version) not in versions):
+        if not versions or (
+            ref.version is not None and "" not in versions and str(ref.version) not in versions
+        ):
             self._deny(str(ref), what)
 
     def check_version(self, name: str, version: int, what: str = "") -> None:
@@ -218,7 +220,9 @@ class AuthFile:
                     principals = load_principals(f.read())
             except (OSError, InvalidArgumentError) as exc:
                 self._bad = sig
-                log.error("--auth %s changed but does not load, keeping the last good one: %s", self.path, exc)
+                log.error(
+                    "--auth %s changed but does not load, keeping the last good one: %s", self.path, exc
+                )
                 return self._principals
             self._principals, self._signature, self._bad = principals, sig, None
             log.info("--auth %s reloaded: %d principals", self.path, len(principals))

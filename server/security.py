@@ -87,4 +87,7 @@ def check(cfg: ServerConfig) -> None:
             cfg.host,
         )
     elif files is None and auth.has_tokens():
-        log.warning("serving on %s with --auth but without TLS: bearer tokens cross the network in the clear", cfg.host)
+        log.warning(
+            "serving on %s with --auth but without TLS: bearer tokens cross the network in the clear",
+            cfg.host,
+        )

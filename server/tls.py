@@ -57,7 +57,11 @@ def _signature(paths: tuple[str, ...]) -> _Signature:
 def _load(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
     """The PEM bytes of the files, checked: the key matches the certificate, the CA parses."""
     contents = []
-    for what, path in (("--tls-cert", files.cert), ("--tls-key", files.key), ("--tls-client-ca", files.client_ca)):
+    for what, path in (
+        ("--tls-cert", files.cert),
+        ("--tls-key", files.key),
+        ("--tls-client-ca", files.client_ca),
+    ):
         if path is None:
             contents.append(None)
             continue
@@ -78,7 +82,9 @@ def _load(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
         try:
             context.load_verify_locations(cafile=files.client_ca)
         except (ssl.SSLError, OSError) as exc:
-            raise InvalidArgumentError(f"--tls-client-ca {files.client_ca}: not PEM CA certificates ({exc})") from exc
+            raise InvalidArgumentError(
+                f"--tls-client-ca {files.client_ca}: not PEM CA certificates ({exc})"
+            ) from exc
     cert, key, ca = contents
     assert cert is not None and key is not None
     return cert, key, ca

@@ -106,5 +106,7 @@ def plain_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     schema = plain_schema(batch.schema)
     if schema is batch.schema:
         return batch
-    columns = [col if col.type == f.type else col.view(f.type) for col, f in zip(batch.columns, schema, strict=True)]
+    columns = [
+        col if col.type == f.type else col.view(f.type) for col, f in zip(batch.columns, schema, strict=True)
+    ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)

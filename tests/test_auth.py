@@ -96,9 +96,18 @@ def doc(*principals: dict[str, object]) -> str:
         (doc({"name": "a", "token_sha256": TOKEN, "datasets": ["x"]}), "64 hex digits"),
         (doc({"name": "a", "token_sha256": "0" * 64, "datasets": "x"}), "datasets must be a list"),
         (doc({"name": "a", "token_sha256": "0" * 64, "datasets": ["bad pattern"]}), "bad dataset pattern"),
-        (doc({"name": "a", "token_sha256": "0" * 64, "datasets": [], "role": "admin"}), "unknown key(s) ['role']"),
+        (
+            doc({"name": "a", "token_sha256": "0" * 64, "datasets": [], "role": "admin"}),
+            "unknown key(s) ['role']",
+        ),
         (doc({"name": "a", "mtls_subject": "", "datasets": []}), "mtls_subject must look like"),
-        (doc({"name": "a", "token_sha256": "0" * 64, "datasets": []}, {"name": "b", "token_sha256": "0" * 64, "datasets": []}), "same token_sha256"),
+        (
+            doc(
+                {"name": "a", "token_sha256": "0" * 64, "datasets": []},
+                {"name": "b", "token_sha256": "0" * 64, "datasets": []},
+            ),
+            "same token_sha256",
+        ),
         ("principals:\n  - !!python/object/apply:os.system ['true']\n", "not valid YAML"),  # safe_load only
     ],
 )
@@ -137,7 +146,9 @@ def test_authentication(tmp_path: Path) -> None:
     assert normalize_subject("CN=ci, O=lab") == normalize_subject("O=lab,CN=ci") != normalize_subject("CN=ci")
 
 
-def test_the_auth_file_is_reread_on_change_and_a_bad_edit_keeps_the_last_good_one(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_the_auth_file_is_reread_on_change_and_a_bad_edit_keeps_the_last_good_one(
+    tmp_path: Path, caplog
+) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "auth.yaml"
     write_atomic(path, doc({"name": "a", "token_sha256": token_sha256("one"), "datasets": ["*"]}).encode())
     f = AuthFile(str(path))
@@ -207,14 +218,28 @@ def test_the_cli_client_options_become_the_loaders(tmp_path: Path) -> None:
     token_file.write_text(f"{TOKEN}\n")
     assert client_security(parse("view", "--server", "h:1")) == {"tls": None, "token": None}
     assert client_security(parse("web", "--server", "h:1", "--tls")) == {"tls": True, "token": None}
-    args = parse("view", "--server", "h:1", "--tls-ca", "ca.crt", "--tls-cert", "c", "--tls-key", "k", "--token-file", str(token_file))
+    args = parse(
+        "view",
+        "--server",
+        "h:1",
+        "--tls-ca",
+        "ca.crt",
+        "--tls-cert",
+        "c",
+        "--tls-key",
+        "k",
+        "--token-file",
+        str(token_file),
+    )
     assert client_security(args) == {"tls": {"ca": "ca.crt", "cert": "c", "key": "k"}, "token": TOKEN}
     with pytest.raises(InvalidArgumentError, match="--token-file"):
         client_security(parse("view", "--token-file", str(tmp_path / "none")))
 
 
 def test_safe_defaults_at_start(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
-    assert ServerConfig(root="r", port=0).host == "127.0.0.1" and not ServerConfig(root="r", port=0).reflection
+    assert (
+        ServerConfig(root="r", port=0).host == "127.0.0.1" and not ServerConfig(root="r", port=0).reflection
+    )
     assert parse("serve").host == "127.0.0.1" and not parse("serve").reflection
     assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.com"))

@@ -89,7 +89,11 @@ class _PickledValuesType(pa.ExtensionType):
 
 
 def _field(name: str, ext: str, metadata: bytes = b"") -> pa.Field:
-    return pa.field(name, pa.binary(), metadata={b"ARROW:extension:name": ext.encode(), b"ARROW:extension:metadata": metadata})
+    return pa.field(
+        name,
+        pa.binary(),
+        metadata={b"ARROW:extension:name": ext.encode(), b"ARROW:extension:metadata": metadata},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +105,12 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def root(tmp_path_factory: pytest.TempPathFactory, marker: Path) -> Path:
     """A registered dataset `evil` whose Parquet shard carries both extension names with pickles."""
     payload = pickle.dumps(_Payload(marker))
-    schema = pa.schema([("id", pa.int64()), _field("blob", PY_EXTENSION, payload), _field("obj", PICKLED_VALUES)])
-    table = pa.table({"id": np.arange(ROWS), "blob": [payload] * ROWS, "obj": [payload] * ROWS}, schema=schema)
+    schema = pa.schema(
+        [("id", pa.int64()), _field("blob", PY_EXTENSION, payload), _field("obj", PICKLED_VALUES)]
+    )
+    table = pa.table(
+        {"id": np.arange(ROWS), "blob": [payload] * ROWS, "obj": [payload] * ROWS}, schema=schema
+    )
     root = tmp_path_factory.mktemp("ext-root") / "root"
     (root / "evil" / "data").mkdir(parents=True)
     pq.write_table(table, root / "evil" / "data" / "part-0.parquet", row_group_size=10)
@@ -128,7 +136,9 @@ def hostile_types() -> Iterator[None]:
         pa.unregister_extension_type(PICKLED_VALUES)
 
 
-def test_neither_server_nor_client_unpickles_what_a_shard_carries(root: Path, marker: Path, hostile_types: None) -> None:
+def test_neither_server_nor_client_unpickles_what_a_shard_carries(
+    root: Path, marker: Path, hostile_types: None
+) -> None:
     # the control: the same schema, read by pyarrow directly in this process, runs the payload
     (manifest,) = (root / "evil" / "manifests").glob("*.json")
     schema_bytes = base64.b64decode(json.loads(manifest.read_text())["arrow_schema"])
@@ -148,7 +158,9 @@ def test_neither_server_nor_client_unpickles_what_a_shard_carries(root: Path, ma
         for output in ("numpy", "arrow"):
             with Loader([server.target], "evil@1", batch_size=16, output=output, shuffle=False) as ld:
                 batches = list(ld)
-            blobs = [bytes(v) for b in batches for v in (b["blob"].to_pylist() if output == "arrow" else b["blob"])]
+            blobs = [
+                bytes(v) for b in batches for v in (b["blob"].to_pylist() if output == "arrow" else b["blob"])
+            ]
             assert len(blobs) == ROWS and blobs[0].startswith(b"\x80")  # the pickles, as bytes
             if output == "arrow":
                 assert all(b.schema.field("obj").type == pa.binary() for b in batches)

@@ -44,8 +44,11 @@ CHOSEN = {  # codes the server sends on purpose
 }
 ECHO_LIMIT = EXCERPT_CHARS + 2  # the longest run of a caller's string an error may repeat (quotes)
 
+
 def fuzz(examples: int) -> Any:
-    return settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    return settings(
+        max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     auth = base / "auth.yaml"
     auth.write_text(
         yaml.safe_dump(
-            {"principals": [{"name": "fuzzer", "token_sha256": token_sha256(TOKEN), "datasets": ["toy*", "t?y@1"]}]}
+            {
+                "principals": [
+                    {"name": "fuzzer", "token_sha256": token_sha256(TOKEN), "datasets": ["toy*", "t?y@1"]}
+                ]
+            }
         )
     )
     log = base / "server.log"
@@ -92,12 +99,16 @@ def strings_of(message: Message) -> list[str]:
 def echoes(details: str, text: str) -> bool:
     """Whether `details` repeats more than ECHO_LIMIT characters of `text` (as is, or as repr shows it)."""
     for form in (text, repr(text)[1:-1]):
-        if len(form) > ECHO_LIMIT and any(form[i : i + ECHO_LIMIT + 1] in details for i in range(len(form) - ECHO_LIMIT)):
+        if len(form) > ECHO_LIMIT and any(
+            form[i : i + ECHO_LIMIT + 1] in details for i in range(len(form) - ECHO_LIMIT)
+        ):
             return True
     return False
 
 
-def call(channel: grpc.Channel, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]) -> tuple[grpc.StatusCode, str]:
+def call(
+    channel: grpc.Channel, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
+) -> tuple[grpc.StatusCode, str]:
     """Send raw request bytes; (status code, details) — drains a Read stream of a few messages at most."""
     try:
         if method == "Read":
@@ -151,14 +162,21 @@ def test_random_bytes_to_every_method(channel: grpc.Channel, raw: bytes, token: 
 
 
 names = st.one_of(
-    st.sampled_from(["toy", "toy@1", "toy@2", "toy@latest", "secret", "secret@1", "tay@1", "nope", "", "@", "toy@0"]),
+    st.sampled_from(
+        ["toy", "toy@1", "toy@2", "toy@latest", "secret", "secret@1", "tay@1", "nope", "", "@", "toy@0"]
+    ),
     st.text(max_size=80),
     st.text(alphabet="abcdefghij@-_.", min_size=50, max_size=600),
     st.builds(lambda n: "toy" + "x" * n, st.integers(40, 600)),
     st.builds(lambda n: "t" * n + "@1", st.integers(120, 140)),
 )
-texts = st.one_of(st.sampled_from(["", "id", "x", "text", "label", "none", "block", "full", "skip", "fail"]), st.text(max_size=120))
-u64 = st.one_of(st.integers(0, 70), st.sampled_from([2**31, 2**32 - 1, 2**62, 2**64 - 1]), st.integers(0, 2**64 - 1))
+texts = st.one_of(
+    st.sampled_from(["", "id", "x", "text", "label", "none", "block", "full", "skip", "fail"]),
+    st.text(max_size=120),
+)
+u64 = st.one_of(
+    st.integers(0, 70), st.sampled_from([2**31, 2**32 - 1, 2**62, 2**64 - 1]), st.integers(0, 2**64 - 1)
+)
 u32 = st.one_of(st.integers(0, 70), st.sampled_from([2**31, 2**32 - 1]), st.integers(0, 2**32 - 1))
 
 
@@ -207,8 +225,13 @@ def read_requests(draw: st.DrawFn) -> pb.ReadRequest:
         else:
             setattr(req, name, value)
     for _ in range(draw(st.integers(0, 2))):
-        op = draw(st.sampled_from(["text.tokenize", "text.pack", "image.decode", "nope"]) | st.text(max_size=90))
-        params = draw(st.sampled_from(["", "{}", '{"column": "text"}', '{"column": "text", "seq_len": 8}']) | st.text(max_size=200))
+        op = draw(
+            st.sampled_from(["text.tokenize", "text.pack", "image.decode", "nope"]) | st.text(max_size=90)
+        )
+        params = draw(
+            st.sampled_from(["", "{}", '{"column": "text"}', '{"column": "text", "seq_len": 8}'])
+            | st.text(max_size=200)
+        )
         req.transforms.add(op=op, params_json=params)
     if draw(st.integers(0, 3)) == 0:  # a mixture instead
         req.dataset = ""
@@ -232,15 +255,26 @@ def test_random_read_requests(channel: grpc.Channel, req: pb.ReadRequest, token:
 @fuzz(500)
 @given(dataset=names, token=tokens)
 def test_random_get_dataset_requests(channel: grpc.Channel, dataset: str, token: str) -> None:
-    code, details = call(channel, "GetDataset", pb.GetDatasetRequest(dataset=dataset).SerializeToString(), auth(token))
+    code, details = call(
+        channel, "GetDataset", pb.GetDatasetRequest(dataset=dataset).SerializeToString(), auth(token)
+    )
     check(code, details, [dataset])
     if code == grpc.StatusCode.OK:
-        assert token == TOKEN and dataset.startswith("toy"), "a dataset outside the principal's patterns was served"
+        assert token == TOKEN and dataset.startswith("toy"), (
+            "a dataset outside the principal's patterns was served"
+        )
 
 
 def test_what_the_fuzzer_may_see(server: Any, channel: grpc.Channel) -> None:
     """The fuzz server's principal reads toy* (and t?y@1), not `secret`, and ListDatasets says so."""
-    lst = channel.unary_unary(SERVICE + "ListDatasets", response_deserializer=pb.ListDatasetsResponse.FromString)
+    lst = channel.unary_unary(
+        SERVICE + "ListDatasets", response_deserializer=pb.ListDatasetsResponse.FromString
+    )
     assert [d.name for d in lst(b"", timeout=10, metadata=auth(TOKEN)).datasets] == ["toy"]
-    assert call(channel, "GetDataset", pb.GetDatasetRequest(dataset="secret@1").SerializeToString(), auth(TOKEN))[0] == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        call(
+            channel, "GetDataset", pb.GetDatasetRequest(dataset="secret@1").SerializeToString(), auth(TOKEN)
+        )[0]
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
     assert Path(server.log_file).exists()
