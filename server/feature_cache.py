@@ -44,6 +44,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -126,11 +127,17 @@ class FeatureCache:
         self._inflight: dict[str, Future[GroupOutput]] = {}
 
     def get(
-        self, name: str, rows: int, make: Callable[[], pa.Table], valid: Callable[[pa.Table], bool]
+        self,
+        name: str,
+        rows: int,
+        make: Callable[[Any], pa.Table],
+        valid: Callable[[pa.Table], bool],
+        inputs: Callable[[], Any],
     ) -> GroupOutput:
-        """The output stored as `name` (for a row group of `rows` rows), or `make()`'s, computed
-        once per node: threads of this process wait for one computation, other processes on the
-        tier's lock."""
+        """The output stored as `name` (for a row group of `rows` rows), or `make(inputs())`'s,
+        computed once per node: threads of this process wait for one computation, other processes
+        on the tier's lock. `inputs()` (the row group's rows: it may read storage, and take the
+        tier's lock for that) runs before the lock is taken."""
         with self._lock:
             held = self._held.get(name)
             if held is not None:
@@ -146,14 +153,17 @@ class FeatureCache:
             FEATURE_HITS.inc()
             return pending.result()
         made = False
-
-        def compute() -> pa.Table:
-            nonlocal made
-            made = True
-            return make()
-
         try:
-            table = self.tier.get_or_make(name, compute, valid)
+            table = self.tier.load_file(name, valid)
+            if table is None:
+                given = inputs()
+
+                def compute() -> pa.Table:
+                    nonlocal made
+                    made = True
+                    return make(given)
+
+                table = self.tier.get_or_make(name, compute, valid)
             assert table is not None
             out = GroupOutput.of(table, rows)
         except BaseException as exc:
@@ -277,9 +287,11 @@ class SharedHead:
         names = [f.name for f in self.schema]
         types = [f.type for f in self.schema]
 
-        def make() -> pa.Table:
+        def inputs() -> pa.RecordBatch:  # the row group, usually in memory: the message just read it
             batch = reader.take(np.arange(first, first + rows, dtype=np.int64), self.columns)
-            data = batch.select([c for c in batch.schema.names if c not in PROVENANCE])
+            return batch.select([c for c in batch.schema.names if c not in PROVENANCE])
+
+        def make(data: pa.RecordBatch) -> pa.Table:
             head = run_prefix(self.transforms, data, pool, threads)
             table = pa.Table.from_batches([head.batch], schema=self.schema)
             table = table.append_column(_IN, pa.array(head.index.astype(np.int32), pa.int32()))
@@ -294,7 +306,7 @@ class SharedHead:
                 and _ERRORS_KEY in (t.schema.metadata or {})
             )
 
-        return self.cache.get(self._name(source, shard, group), rows, make, valid)
+        return self.cache.get(self._name(source, shard, group), rows, make, valid, inputs)
 
     def prefix(self, batch: pa.RecordBatch, pool: Executor | None, threads: int) -> Prefixed | None:
         n = batch.num_rows

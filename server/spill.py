@@ -25,7 +25,8 @@ memory-mapped, so a hit costs no decode and no copy.
   touched on every hit) are deleted down to 90%. Workers delete concurrently; a file deleted while
   mapped stays readable until unmapped.
 - Other kinds of file share the tier, its checksums, locks and bound (`get_or_make`): the feature
-  cache's shared transform outputs (server/feature_cache.py) are files here too.
+  cache's shared transform outputs (server/feature_cache.py) are files here too. Their hits and
+  writes count in their own module's metrics; errors, corrupt files and evictions count here.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class SpillTier:
         path = self._path(sha256, group, columns, checked)
         return self._load(path, lambda t: t.num_rows == rows and t.column_names == list(columns))
 
-    def _load(self, path: Path, valid: Callable[[pa.Table], bool]) -> pa.Table | None:
+    def _load(self, path: Path, valid: Callable[[pa.Table], bool], *, count: bool = True) -> pa.Table | None:
         """The table of `path` if its checksum matches and `valid` accepts it, else None (a bad
         file is deleted)."""
         try:
@@ -128,7 +129,8 @@ class SpillTier:
             os.utime(path)  # recently used: evicted last
         except OSError:
             pass
-        SPILL_HITS.inc()
+        if count:  # row groups; other files count in their own module's metrics
+            SPILL_HITS.inc()
         return table
 
     def get_or_read(
@@ -159,15 +161,30 @@ class SpillTier:
         """Another kind of file in the same tier (server/feature_cache.py): the table of file `name`
         (a fixed-length name that says what made it, e.g. a hash of its inputs) when its checksum
         matches and `valid` accepts it, else `make()`'s, then stored — made by one process at a time,
-        as row groups are read. A `make()` that answers None stores nothing (None is returned)."""
+        as row groups are read. A `make()` that answers None stores nothing (None is returned).
+
+        `make` runs holding one of the tier's locks: it must take none itself (read the row groups
+        it needs before calling this), or two files sharing a lock stripe would wait on each other."""
+        return self._get_or_make(self._named(name), make, valid, count=False)
+
+    def load_file(self, name: str, valid: Callable[[pa.Table], bool]) -> pa.Table | None:
+        """The table of file `name` (see get_or_make) if it is there, sound and `valid`; no lock."""
+        return self._load(self._named(name), valid, count=False)
+
+    def _named(self, name: str) -> Path:
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"not a disk cache file name: {name!r}")
-        return self._get_or_make(self.dir / f"{name}{SUFFIX}", make, valid)
+        return self.dir / f"{name}{SUFFIX}"
 
     def _get_or_make(
-        self, path: Path, make: Callable[[], pa.Table | None], valid: Callable[[pa.Table], bool]
+        self,
+        path: Path,
+        make: Callable[[], pa.Table | None],
+        valid: Callable[[pa.Table], bool],
+        *,
+        count: bool = True,
     ) -> pa.Table | None:
-        held = self._load(path, valid)
+        held = self._load(path, valid, count=count)
         if held is not None:
             return held
         stripe = int(hashlib.blake2b(path.name.encode(), digest_size=4).hexdigest(), 16) % LOCK_STRIPES
@@ -180,12 +197,12 @@ class SpillTier:
             if lock is not None:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 # another process may have read it meanwhile
-                held = self._load(path, valid)
+                held = self._load(path, valid, count=count)
                 if held is not None:
                     return held
             table = make()
             if table is not None:
-                self._store(path, table)
+                self._store(path, table, count=count)
             return table
 
     def store(
@@ -193,7 +210,7 @@ class SpillTier:
     ) -> None:
         self._store(self._path(sha256, group, columns, checked), table)
 
-    def _store(self, path: Path, table: pa.Table) -> None:
+    def _store(self, path: Path, table: pa.Table, *, count: bool = True) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             sink = pa.BufferOutputStream()
@@ -210,7 +227,8 @@ class SpillTier:
             log.warning("disk cache write of %s failed: %s", path.name, exc)
             tmp.unlink(missing_ok=True)
             return
-        SPILL_WRITES.inc()
+        if count:
+            SPILL_WRITES.inc()
         with self._lock:
             self._bytes += size
             over = self._bytes > self.capacity_bytes

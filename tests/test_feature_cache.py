@@ -12,6 +12,7 @@ this process (many cases), and through real `shardstream serve` processes: two w
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from prometheus_client import REGISTRY
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import DatasetRef
 from shardstream.registry import Registry
-from shardstream.server import feature_cache
+from shardstream.server import feature_cache, spill
 from shardstream.server.build import MessageBuilder
 from shardstream.server.fleet import LocalServer
 from shardstream.server.read_plan import ReadPlanner
@@ -213,6 +214,25 @@ def test_a_row_group_over_the_limit_is_not_shared(
     assert Planned(root, tmp_path / "cache").messages(req) == plain.messages(req)
     assert not feature_files(tmp_path / "cache")
     assert counter("bypassed") > bypassed
+
+
+def test_row_groups_read_through_the_tier_while_sharing_its_only_lock(
+    root: Path, plain: Planned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row group the head needs is read (under the tier's lock) before the head's own file is
+    locked: with one lock stripe for every file and nothing kept in memory or on disk, nothing
+    waits on itself."""
+    monkeypatch.setattr(spill, "LOCK_STRIPES", 1)
+    shared = Planned(root, tmp_path / "cache")
+    tier = SpillTier(tmp_path / "cache", capacity_bytes=1)  # every file evicted once written
+    shared.planner = ReadPlanner(Registry(root), new_row_group_cache(1, tier))
+    req = request("images", DECODE_THEN_AUGMENT, shuffle="full", seed=3)
+    got: list[list[bytes]] = []
+    worker = threading.Thread(target=lambda: got.append(shared.messages(req)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the stream waits on the tier's lock it holds"
+    assert got == [plain.messages(req)]
 
 
 def test_the_sample_limit_still_refuses_large_outputs(root: Path, tmp_path: Path) -> None:
