@@ -16,6 +16,9 @@
                 vs its prefetch budget (prefetch x batch bytes), for 2 budgets.
 5. small        264 B samples in batches of 32: one server + Loader(output="torch") vs torchdata's
                 StatefulDataLoader over the same rows memmapped (loadtest/peers.py), alternating.
+6. scaling      `serve --workers W`, W = 1, 2, 4, 8 (those the CPUs allow), on a CPU-bound load
+                (image.decode of 500x375 JPEGs, 16 client streams): images/s, speedup over one
+                worker, efficiency (loadtest/scaling.py).
 
 Figures only: it prints a table of ratios, writes everything as JSON and exits 0 unless something
 crashed. Read /work/shared/BENCHMARKING.md (or loadtest/README.md) before quoting a number.
@@ -35,14 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import bench, peers
+from loadtest import bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from shardstream.server.fleet import LocalServer
 
 __all__ = ["main"]
 
-SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small")
+SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small", "scaling")
 MIB = 1 << 20
 
 
@@ -57,10 +60,12 @@ class Sizes:
     rss_duration_s: float
     small_rows: int
     small_pairs: int
+    scaling_images: int
+    scaling_pairs: int
 
 
-FULL = Sizes(512, 3, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3)
-QUICK = Sizes(128, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2)
+FULL = Sizes(512, 3, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
+QUICK = Sizes(128, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2)
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
@@ -268,6 +273,15 @@ def small(sz: Sizes, workdir: Path) -> dict[str, Any]:
     return {"rows": manifest.num_rows, "row_bytes": 264, "batch_size": 32, **out}
 
 
+# --- 6 ----------------------------------------------------------------------------------------
+def scaling_curve(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    args = argparse.Namespace(
+        workers=None, images=sz.scaling_images, streams=16, chunk_steps=1, pairs=sz.scaling_pairs
+    )
+    (workdir / "scaling").mkdir()
+    return scaling.measure_scaling(args, workdir / "scaling")
+
+
 # --- report -----------------------------------------------------------------------------------
 def print_report(res: dict[str, Any]) -> None:
     s = res["sections"]
@@ -329,6 +343,20 @@ def print_report(res: dict[str, Any]) -> None:
                 f"{d['torchdata_samples_per_s']['median']:.0f} samples/s"
             )
 
+    if "scaling" in s:
+        d = s["scaling"]
+        for w in d["workers_measured"][1:]:
+            k = str(w)
+            print(
+                f"{f'{w} workers / 1 worker (images/s, image decode)':<58} {_fmt(d['speedup'][k]):>24}  "
+                f"efficiency {d['efficiency'][k]['median']:.2f}; {d['images_per_s'][k]['median']:.0f} vs "
+                f"{d['images_per_s']['1']['median']:.0f} images/s; server cores busy "
+                f"{d['server_cores_busy'][k]['median']:.2f} vs {d['server_cores_busy']['1']['median']:.2f}"
+            )
+        if d["workers_not_measured"]:
+            missing = ", ".join(map(str, d["workers_not_measured"]))
+            print(f"{f'workers {missing}: not measured':<58} {'-':>24}  {d['cpus']} CPUs here")
+
 
 def _git(*args: str) -> str | None:
     try:
@@ -348,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cache": cache,
         "client_rss": client_rss,
         "small": small,
+        "scaling": scaling_curve,
     }
     sections: dict[str, Any] = {}
     elapsed: dict[str, float] = {}

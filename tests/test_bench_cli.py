@@ -24,6 +24,7 @@ BENCHMARKS = [
     "loadtest.integrity_bench",
     "loadtest.plan_bench",
     "loadtest.resume_bench",
+    "loadtest.scaling",
     "loadtest.schedule_bench",
     "loadtest.storage_bench",
     "loadtest.streams_bench",

@@ -1,0 +1,224 @@
+"""Scaling with cores: `serve --workers W` for W = 1, 2, 4, 8 on a CPU-bound load (image decode).
+
+    python -m loadtest.scaling [--workers 1 2 4 8] [--images 480] [--streams 16] [--pairs 3]
+                               [--json loadtest/results/scaling.json]
+
+The load: --images JPEGs of 500x375 (loadtest.transform_bench's generator) in row groups of 16,
+served with `image.decode` to 224x224 (resize + center crop, Pillow) and no disk tier, so every
+pass decodes every image: the servers' CPU is the bottleneck. A pass is one block-shuffled epoch
+read by --streams concurrent ranks (world size = --streams, batches of 8 images), each rank's epoch
+as Read calls of --chunk-steps steps, each on a new connection, so the kernel's SO_REUSEPORT hash
+spreads them over the workers; the client counts raw message bytes and decodes nothing. One
+`shardstream serve --workers W --transform-threads 1` per W, started once and warmed up with one
+pass (row groups cached, imports done); then --pairs rounds, each measuring every W (the order
+alternating from round to round). Reported per W: images/s, the server's CPU seconds (main process
+and workers) and cores kept busy, images per server CPU-second, and per round the speedup over
+W = 1 and the efficiency speedup / W (target: >= 0.8 up to 8 workers, where the machine has the
+cores). By default only the W the machine has cores for are run (W <= CPUs); the others are listed
+as not measured. Figures only; exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
+from loadtest.transform_bench import make_jpegs
+from shardstream.server.fleet import LocalServer
+from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.transform_spec import to_wire
+from shardstream.v1 import shardstream_pb2 as pb
+
+__all__ = ["WORKERS", "main", "measure_scaling"]
+
+WORKERS = (1, 2, 4, 8)
+ROW_GROUP_ROWS = 16
+BATCH = 8
+READ = "/shardstream.v1.ShardStream/Read"
+DECODE = to_wire([{"op": "image.decode", "column": "image", "size": [224, 224]}])
+
+
+def server_cpu_s(server: LocalServer) -> float:
+    """CPU seconds of the server's main process and its live children (the workers)."""
+    assert server.proc is not None
+    main = psutil.Process(server.proc.pid)
+    total = 0.0
+    for p in [main, *main.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: int) -> int:
+    """One epoch by `streams` concurrent ranks, each in Reads of `chunk_steps` on new connections; bytes."""
+    steps = -(-images // (streams * BATCH))
+    received = [0] * streams
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            for first in range(0, steps, chunk_steps):
+                req = pb.ReadRequest(
+                    dataset="images",
+                    seed=seed,
+                    shuffle=pb.Shuffle(mode="block"),
+                    rank=r,
+                    world_size=streams,
+                    batch_size=BATCH,
+                    first_step=first,
+                    num_steps=chunk_steps,
+                    columns=["image"],
+                    transforms=DECODE,
+                )
+                with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                    call = ch.unary_stream(READ)
+                    received[r] += sum(len(m) for m in call(req.SerializeToString(), timeout=600))
+        except BaseException as exc:  # noqa: BLE001 — re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(received)
+
+
+def one_pass(server: LocalServer, args: argparse.Namespace, seed: int) -> dict[str, float]:
+    me = psutil.Process()
+    c0, s0, t0 = sum(me.cpu_times()[:2]), server_cpu_s(server), time.perf_counter()
+    nbytes = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed)
+    wall = time.perf_counter() - t0
+    cpu = server_cpu_s(server) - s0
+    return {
+        "images_per_s": args.images / wall,
+        "wall_s": wall,
+        "server_cpu_s": cpu,
+        "server_cores_busy": cpu / wall,
+        "images_per_server_cpu_s": args.images / cpu if cpu else 0.0,
+        "client_cpu_s": sum(me.cpu_times()[:2]) - c0,
+        "bytes": nbytes,
+    }
+
+
+def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The scaling curve (the suite's "scaling" section calls this too)."""
+    cpus = os.cpu_count() or 1
+    asked = tuple(args.workers) if args.workers else WORKERS
+    workers = tuple(w for w in asked if args.workers or w <= cpus)
+    root = workdir / "root"
+    src = workdir / "images.parquet"
+    log(f"making {args.images} JPEGs of 500x375 in {workdir}")
+    pq.write_table(pa.table({"image": pa.array(make_jpegs(args.images), pa.binary())}), src)
+    ingest(src, "images", root, IngestOptions(row_group_rows=ROW_GROUP_ROWS, progress=False))
+    runs: dict[int, list[dict[str, float]]] = {w: [] for w in workers}
+    servers: dict[int, LocalServer] = {}
+    try:
+        for w in workers:
+            servers[w] = LocalServer(root, workers=w, extra_args=("--transform-threads", "1")).start()
+            warm = one_pass(servers[w], args, seed=999)
+            log(f"  warm-up  workers={w}: {warm['images_per_s']:6.0f} images/s")
+        for round_ in range(args.pairs):
+            order = workers if round_ % 2 == 0 else workers[::-1]
+            for w in order:
+                r = one_pass(servers[w], args, seed=round_)
+                runs[w].append(r)
+                log(
+                    f"  round {round_ + 1} workers={w}: {r['images_per_s']:6.0f} images/s, server "
+                    f"{r['server_cores_busy']:.2f} cores busy, {r['images_per_server_cpu_s']:.0f} images/server CPU-s"
+                )
+    finally:
+        for s in servers.values():
+            s.stop()
+    base = runs[workers[0]]
+    speedup = {
+        w: [r["images_per_s"] / b["images_per_s"] for r, b in zip(rs, base, strict=True)]
+        for w, rs in runs.items()
+    }
+    return {
+        "cpus": cpus,
+        "workers_measured": list(workers),
+        "workers_not_measured": [w for w in WORKERS if w not in workers],
+        "images_per_s": {str(w): spread([r["images_per_s"] for r in rs]) for w, rs in runs.items()},
+        "server_cores_busy": {str(w): spread([r["server_cores_busy"] for r in rs]) for w, rs in runs.items()},
+        "images_per_server_cpu_s": {
+            str(w): spread([r["images_per_server_cpu_s"] for r in rs]) for w, rs in runs.items()
+        },
+        "client_cpu_s": {str(w): spread([r["client_cpu_s"] for r in rs]) for w, rs in runs.items()},
+        "speedup": {str(w): spread(v) for w, v in speedup.items()},
+        "efficiency": {str(w): spread([x * workers[0] / w for x in v]) for w, v in speedup.items()},
+        "runs": {str(w): rs for w, rs in runs.items()},
+    }
+
+
+def print_scaling(res: dict[str, Any]) -> None:
+    print(
+        "\nworkers  images/s (min-max)      speedup (min-max)   efficiency   cores busy   images/server CPU-s"
+    )
+    for w in res["workers_measured"]:
+        k = str(w)
+        ips, sp, eff = res["images_per_s"][k], res["speedup"][k], res["efficiency"][k]
+        print(
+            f"{w:>7}  {ips['median']:>6.0f} ({ips['min']:.0f}-{ips['max']:.0f})  "
+            f"{sp['median']:>8.2f} ({sp['min']:.2f}-{sp['max']:.2f})  {eff['median']:>10.2f}   "
+            f"{res['server_cores_busy'][k]['median']:>10.2f}   {res['images_per_server_cpu_s'][k]['median']:>10.0f}"
+        )
+    if res["workers_not_measured"]:
+        print(
+            f"not measured: workers {', '.join(map(str, res['workers_not_measured']))} "
+            f"(this machine has {res['cpus']} CPUs)"
+        )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="shardstream-scaling-") as tmp:
+        res = measure_scaling(args, Path(tmp))
+    return {
+        "command": " ".join([Path(sys.executable).name, "-m", "loadtest.scaling", *sys.argv[1:]]),
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "versions": versions("grpcio", "pillow", "uvloop"),
+        "load_average": list(psutil.getloadavg()),
+        **res,
+    }
+
+
+def add_options(ap: argparse.ArgumentParser, images: int = 480, pairs: int = 3) -> None:
+    ap.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        help=f"worker counts to measure (default {' '.join(map(str, WORKERS))}, those the CPUs allow)",
+    )
+    ap.add_argument("--images", type=int, default=images, help=f"JPEGs per pass (default {images})")
+    ap.add_argument("--streams", type=int, default=16, help="concurrent ranks per pass (default 16)")
+    ap.add_argument("--chunk-steps", type=int, default=1, help="steps per Read call (default 1)")
+    ap.add_argument(
+        "--pairs", type=int, default=pairs, help=f"measured rounds after the warm-up (default {pairs})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser("loadtest.scaling", __doc__)
+    add_options(ap)
+    return bench_main(ap, argv, run, json_default=results_path("scaling"), report=print_scaling)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
