@@ -20,7 +20,13 @@ from .support.servers import wait_for
 
 
 def client_retries() -> float:
-    return REGISTRY.get_sample_value("shardstream_client_stream_retries_total") or 0.0
+    """Stream retries of every Loader in this process (the series carry job_name and rank labels)."""
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "shardstream_client_stream_retries_total"
+    )
 
 
 def test_a_restart_of_the_only_server_is_waited_for_within_timeout_s(server_factory) -> None:  # type: ignore[no-untyped-def]
