@@ -54,6 +54,9 @@ CHANNEL_OPTIONS = [
     # noticed instead of hanging a stream forever (off by default in gRPC).
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # ... which grpcio 1.85 does not apply to the ping: an unanswered ping ends the connection after
+    # ping_timeout_ms (60 s by default). A blackholed server went unnoticed for 60 s (loadtest.chaos).
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.enable_retries", 1),
