@@ -11,7 +11,8 @@ Faults (each a row; loadtest/chaos_faults.py and chaos_storage.py say exactly wh
     rank-kills      a trainer rank SIGKILLed at a random step 50 times, the job resumed from the store
     resize-*        a job resumed 8 -> 4 -> 16 ranks: a dataset, a mixture, a mixture of packed texts
     redis-restart   Redis (AOF) kill -9 mid-run, restarted; the job killed later and resumed
-    redis-wipe      Redis restarted empty mid-run, then while the job is down: the loud error, the fallback
+    redis-wipe-midrun   Redis restarted empty while the job runs: commits claim the job again
+    redis-wipe-down     ... while the job is down: the loud error (resume_min_step), then the fallback
     s3              S3 through a proxy: 20% of GETs 503/500, bodies cut mid-read, latency spikes
     blackhole       a server behind a TCP proxy that goes silent (accepts, then sends nothing)
     corrupt-shard   a flipped byte in a shard: DATA_LOSS naming the shard and row group (typed)
@@ -23,7 +24,8 @@ the job's trajectory — after each resume, from its checkpoint step — against
 wrong), `typed X` (the fault is unrecoverable and the job ended with shardstream error X, having
 delivered nothing twice) or FAILED. Max stall is the longest wait of the training loop for one batch
 (each process's first batch apart). Writes loadtest/results/chaos.json and the table as Markdown
-(loadtest/results/chaos.md). Exit status 1 when a row failed.
+(loadtest/results/chaos.md). Exit status 1 when a row failed, unless the row names the known product
+bug it shows (the table says so, and tests/test_chaos.py holds it as a strict xfail).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ FAULTS: dict[str, Fault] = {
     "rank-kills": cf.rank_kills,
     **{f"resize-{k.replace('+', '-')}": _resize(k) for k in cf.RESIZE_KINDS},
     "redis-restart": cf.redis_restart,
-    "redis-wipe": cf.redis_wipe,
+    "redis-wipe-midrun": cf.redis_wipe_midrun,
+    "redis-wipe-down": cf.redis_wipe_down,
     "s3": cs.s3_faults,
     "blackhole": cs.blackhole,
     "corrupt-shard": cs.corrupt_shard,
@@ -135,6 +138,9 @@ def _report(result: dict[str, Any]) -> None:
     print(markdown(result))
     ok = sum(r["ok"] for r in result["rows"])
     print(f"{ok} of {len(result['rows'])} faults survived as required, in {result['seconds']:.0f} s")
+    for r in result["rows"]:
+        if r.get("known_bug"):
+            print(f"known bug, {r['name']}: {r['known_bug']} (tests/test_chaos.py, strict xfail)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,6 +192,11 @@ def _then(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"wrote {args.md}")
 
 
+def _failed(result: dict[str, Any]) -> bool:
+    """A row failed that no known bug explains."""
+    return any(not r["ok"] and not r.get("known_bug") for r in result["rows"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args_seen = sys.argv[1:] if argv is None else argv
     if "--list" in args_seen:
@@ -199,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         json_default=results_path("chaos"),
         report=_report,
         then=_then,
-        failed=lambda result: not all(r["ok"] for r in result["rows"]),
+        failed=_failed,
     )
 
 

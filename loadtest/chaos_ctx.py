@@ -9,10 +9,13 @@ the table: fault, load, samples delivered, lost, duplicated, wrong, max stall, f
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from .driver import LoadConfig, ensure_dataset
 from .redis_server import RedisServer
 from .seaweed import BUCKET, S3Server, start_seaweed
 
-__all__ = ["Ctx", "Row", "Sizes", "row"]
+__all__ = ["Ctx", "Row", "Sizes", "row", "start_all"]
 
 Row = dict[str, Any]
 MIB = 1 << 20
@@ -46,8 +49,11 @@ class Sizes:
     row_group_rows: int = 2_000
     mix_rows: int = 20_000  # the mixture's second vector dataset
     text_rows: int = 6_000  # each of the two text datasets (documents of 10-300 bytes)
+    fleet_rows: int = 120_000  # kill9 and rolling: rows of 1,032 B (dim 256), 31 MB a rank and epoch
+    fleet_dim: int = 256
     batch: int = 64
     ranks: int = 4
+    ranks_per_process: int = 1  # where no rank is killed alone (server, storage and network faults)
     step_ms: float = 10.0  # simulated compute per step, where a fault sets none of its own
     epochs: int = 2
     kill_every_s: float = 5.0  # kill -9 of a server
@@ -78,13 +84,15 @@ class Sizes:
         return cls(
             rows=6_000,
             row_group_rows=500,
+            fleet_rows=6_000,
             mix_rows=2_000,
             text_rows=600,
             batch=32,
+            ranks_per_process=4,
             kill_every_s=1.5,
-            kill9_s=5.0,
+            kill9_s=4.0,
             grace_s=0.5,
-            rolling_s=8.0,
+            rolling_s=7.0,
             rank_kills=2,
             rank_step_ms=20.0,
             commit_every=3,
@@ -102,10 +110,18 @@ class Sizes:
         return dataclasses.replace(
             self,
             rows=int(self.rows * factor),
+            fleet_rows=int(self.fleet_rows * factor),
             mix_rows=int(self.mix_rows * factor),
             text_rows=int(self.text_rows * factor),
             s3_rows=int(self.s3_rows * factor),
         )
+
+
+def start_all(servers: list[LocalServer]) -> list[LocalServer]:
+    """Start (or restart) servers side by side; returns them once every one serves."""
+    with concurrent.futures.ThreadPoolExecutor(len(servers) or 1) as pool:
+        list(pool.map(LocalServer.start, servers))
+    return servers
 
 
 def write_texts(path: Path, rows: int, base: int, seed: int) -> None:
@@ -123,21 +139,38 @@ def write_texts(path: Path, rows: int, base: int, seed: int) -> None:
 class Ctx:
     """The chaos run's shared state (module docstring); close() stops everything it started."""
 
-    def __init__(self, workdir: Path, sizes: Sizes, *, s3: S3Server | None = None) -> None:
+    def __init__(
+        self, workdir: Path, sizes: Sizes, *, s3: S3Server | Callable[[], S3Server] | None = None
+    ) -> None:
+        """`s3`: a running SeaweedFS, or what gives one when first needed (None: started here)."""
         self.workdir = workdir
         self.sizes = sizes
         self.root = str(workdir / "root")
+        (workdir / "root").mkdir(parents=True, exist_ok=True)
         self._stack = contextlib.ExitStack()
         self._fleet: list[LocalServer] = []
         self._s3 = s3
         self._s3_root: str | None = None
         self._saved_env: dict[str, str | None] = {}
-        s = sizes
-        self.vectors = self.vector_dataset(s.rows, s.row_group_rows)
-        self.mix_vectors = self.vector_dataset(s.mix_rows, s.row_group_rows)
-        self.texts = [self._texts(f"chaos-text-{k}", s.text_rows, k) for k in range(2)]
 
-    # --- datasets ------------------------------------------------------------------------------
+    # --- datasets (made on first use, reused by a later run over the same workdir) --------------
+    @functools.cached_property
+    def vectors(self) -> str:
+        return self.vector_dataset(self.sizes.rows, self.sizes.row_group_rows)
+
+    @functools.cached_property
+    def mix_vectors(self) -> str:
+        return self.vector_dataset(self.sizes.mix_rows, self.sizes.row_group_rows)
+
+    @functools.cached_property
+    def fleet_vectors(self) -> str:
+        """Rows of 1 KB for the server faults: a rank's stream outlasts what gRPC buffers (~10 MB)."""
+        return self.vector_dataset(self.sizes.fleet_rows, self.sizes.row_group_rows, dim=self.sizes.fleet_dim)
+
+    @functools.cached_property
+    def texts(self) -> list[str]:
+        return [self._texts(f"chaos-text-{k}", self.sizes.text_rows, k) for k in range(2)]
+
     def vector_dataset(
         self,
         rows: int,
@@ -175,18 +208,30 @@ class Ctx:
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> list[LocalServer]:
-        """n servers of a fault's own (stopped when `stack` closes)."""
-        out = []
-        for _ in range(n):
-            server = LocalServer(root or self.root, metrics=True, extra_args=args, env=env)
+        """n servers of a fault's own (stopped when `stack` closes), started side by side; their
+        output goes to WORKDIR/servers/."""
+        logs = self.workdir / "servers"
+        logs.mkdir(exist_ok=True)
+        first = len(list(logs.iterdir()))
+        out = [
+            LocalServer(
+                root or self.root,
+                metrics=True,
+                extra_args=args,
+                env=env,
+                log_path=logs / f"server-{first + i}.log",
+            )
+            for i in range(n)
+        ]
+        for server in out:
             stack.callback(server.stop)
-            out.append(server.start())
-        return out
+        return start_all(out)
 
     @property
     def fleet(self) -> list[LocalServer]:
         """Two servers over the local root that no fault touches (started on first use)."""
         if not self._fleet:
+            _ = self.vectors, self.mix_vectors, self.texts  # the datasets it serves, made first
             self._fleet = self.servers(self._stack, 2)
         return self._fleet
 
@@ -200,6 +245,8 @@ class Ctx:
         if self._s3 is None:
             self._s3 = start_seaweed(self.workdir / "seaweed")
             self._stack.callback(self._s3.stop)
+        elif not isinstance(self._s3, S3Server):
+            self._s3 = self._s3()
         for k, v in self._s3.env().items():
             self._saved_env.setdefault(k, os.environ.get(k))
             os.environ[k] = v
@@ -211,6 +258,11 @@ class Ctx:
         """The simulated step time that makes a job of these sizes run about `seconds`."""
         steps = epochs * -(-rows // (world * batch))
         return 1000.0 * seconds / max(1, steps)
+
+    def groups(self, world: int) -> list[list[int]]:
+        """The ranks of a job of `world` ranks, ranks_per_process to a trainer process."""
+        k = self.sizes.ranks_per_process
+        return [list(range(i, min(world, i + k))) for i in range(0, world, k)]
 
     def job(self, name: str, cfg: TrainerConfig, plan: Plan | None) -> Job:
         return Job(self.workdir / "jobs" / name, cfg, plan)
@@ -257,12 +309,14 @@ def row(
     allowed_errors: tuple[str, ...] = (),
     details: dict[str, Any] | None = None,
     schedule: list[str] | None = None,
+    known_bug: str | None = None,
 ) -> Row:
     """A row of the table from a job's tally. Without `expect_error` the fault must be survived exactly
     (complete, 0 lost, 0 duplicated, 0 wrong; typed errors only among `allowed_errors`, e.g. the loud
     failure a wiped store must give before its fallback); with it, the job must end with that typed
     error and have delivered nothing twice or wrong. `schedule`: where the fault itself did not happen
-    as planned (a kill after the job had finished), each making the row fail."""
+    as planned (a kill after the job had finished), each making the row fail. `known_bug`: a product
+    bug the fault is known to show; a row that fails says so (and does not fail the run)."""
     problems = list(t.problems) + list(schedule or [])
     kinds = [e.split(":", 1)[0] for e in t.errors]
     if expect_error is None:
@@ -282,7 +336,10 @@ def row(
         if t.duplicated or t.wrong:
             problems.append(f"{t.duplicated} duplicated, {t.wrong} wrong before the error")
         outcome = f"typed {expect_error}" if not problems else "FAILED: " + "; ".join(problems)
+    if problems and known_bug:
+        outcome = f"FAILED, known bug ({known_bug}): " + outcome.removeprefix("FAILED: ")
     return {
+        "known_bug": known_bug if problems else None,
         "fault": fault,
         "load": load,
         "delivered": t.delivered,

@@ -115,12 +115,20 @@ class Phase:
         """`rank` read to the end of its epochs or ended with an error (chaos_rank.py's last records)."""
         return any("end" in r or ("error" in r and "start" not in r) for r in self.records(rank))
 
-    def wait(self, cond: Callable[[], bool], what: str, timeout_s: float = DEFAULT_WAIT_S) -> None:
-        """Until `cond()`; fails naming `what` when it times out or a process of the phase exits first."""
+    def wait(
+        self,
+        cond: Callable[[], bool],
+        what: str,
+        timeout_s: float = DEFAULT_WAIT_S,
+        *,
+        exits_ok: bool = False,
+    ) -> None:
+        """Until `cond()`; fails naming `what` when it times out or (unless `exits_ok`) a process of the
+        phase exits first."""
         deadline = time.monotonic() + timeout_s
         while not cond():
             exited = [p.returncode for p in self.procs if p.poll() is not None]
-            if exited and not cond():
+            if exited and not exits_ok and not cond():
                 raise RuntimeError(
                     f"{self.job.name} phase {self.number}: a trainer exited ({exited}) before {what}"
                 )

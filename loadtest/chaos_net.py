@@ -31,7 +31,7 @@ STOP_TIMEOUT_S = 10.0
 
 class ProxyThread:
     """An asyncio TCP server on 127.0.0.1 (a free port) in a thread of its own; `_handle` per connection.
-    Leaving the `with` block closes the listener and cancels every connection's task."""
+    Leaving the `with` block closes the listener and every connection, so that each handler ends."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -40,6 +40,9 @@ class ProxyThread:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
         self._server: asyncio.base_events.Server | None = None
+        self._closing: asyncio.Event | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def target(self) -> str:
@@ -59,12 +62,15 @@ class ProxyThread:
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
-            assert self._server is not None
+            assert self._server is not None and self._closing is not None
             self._server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._closing.set()
+            for w in list(self._writers):
+                w.close()
+            if self._handlers:
+                _, left = await asyncio.wait(self._handlers, timeout=STOP_TIMEOUT_S / 2)
+                for task in left:
+                    task.cancel()
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(STOP_TIMEOUT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -73,26 +79,41 @@ class ProxyThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._closing = asyncio.Event()
         self._server = self._loop.run_until_complete(asyncio.start_server(self._guarded, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
 
     async def _guarded(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._writers.add(writer)
         try:
             await self._handle(reader, writer)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+            self._handlers.discard(task)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 
     async def _upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        """A connection to the upstream server, closed with the proxy."""
+        r, w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers.add(w)
+        return r, w
+
+    async def _closed(self) -> None:
+        """Until the proxy closes."""
+        assert self._closing is not None
+        await self._closing.wait()
 
 
 class Blackhole(ProxyThread):
@@ -129,6 +150,7 @@ class Blackhole(ProxyThread):
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
+            self._writers.discard(up_w)
             up_w.close()
 
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -143,7 +165,7 @@ class Blackhole(ProxyThread):
     async def _swallow(self, r: asyncio.StreamReader) -> None:
         while data := await r.read(CHUNK_BYTES):
             self.swallowed_bytes += len(data)
-        await asyncio.Event().wait()  # the peer closed its side: keep ours open, silent, until stopped
+        await self._closed()  # the peer closed its side: keep ours open, silent, until the proxy closes
 
 
 _ERRORS = {
@@ -224,6 +246,7 @@ class S3Faults(ProxyThread):
                 writer.write(data)
                 await writer.drain()
         finally:
+            self._writers.discard(up_w)
             up_w.close()
 
     async def _cut(self, up_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

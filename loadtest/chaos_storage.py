@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from shardstream.client import Loader
 from shardstream.server.roots import open_registry
 
-from .chaos_ctx import Ctx, Row, row
+from .chaos_ctx import Ctx, Row, row, start_all
 from .chaos_net import Blackhole, S3Faults
 from .fleet import scrape
 
@@ -57,7 +58,7 @@ def s3_faults(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
         ctx.plan(ref, epochs, root=root),
     )
     stack.callback(job.kill)
-    job.start([[0], [1]]).wait_exit()
+    job.start(ctx.groups(2)).wait_exit()
     metrics = [scrape(x, S3_METRICS) for x in servers]
     counts = dict(proxy.counts)
     gets = counts.get("get", 0)
@@ -99,7 +100,7 @@ def blackhole(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
         ctx.plan(ctx.vectors, 2),
     )
     stack.callback(job.kill)
-    phase = job.start([[0], [1]])
+    phase = job.start(ctx.groups(2))
     phase.wait(lambda: phase.progress() >= 0.25, "25% of the job")
     proxy.blackhole()
     silent_at = phase.step(0)
@@ -140,7 +141,7 @@ def corrupt_shard(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
         ctx.plan(ctx.vectors, 1),
     )
     stack.callback(job.kill)
-    job.start([[0], [1]]).wait_exit()
+    job.start(ctx.groups(2)).wait_exit()
     t = job.tally()
     named = [e for e in t.errors if m.shards[0].uri in e and f"row group {rg}" in e]
     schedule = (
@@ -159,16 +160,16 @@ def corrupt_shard(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
 
 
 def corrupt_disk_cache(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
-    """Two servers share a --cache-dir filled by one epoch; stopped, cache_flips of its files get a
+    """Two servers share a --cache-dir filled by one read of the dataset; stopped, cache_flips of its files get a
     flipped byte, restarted: the next epoch re-reads those row groups from storage, exactly."""
     s = ctx.sizes
     cache = ctx.workdir / "disk-cache"
     shutil.rmtree(cache, ignore_errors=True)
+    ref = ctx.vectors
     servers = ctx.servers(stack, 2, args=("--cache-dir", str(cache)))
-    cfg = ctx.trainer([x.target for x in servers], ctx.vectors, world_size=2, epochs=1, step_ms=0.0)
-    fill = ctx.job("disk-cache-fill", cfg, None)
-    stack.callback(fill.kill)
-    fill.start([[0], [1]]).wait_exit()
+    with Loader([x.target for x in servers], ref, batch_size=4096, shuffle=False, timeout_s=60) as ld:
+        for _ in ld:  # every row group once, into the shared tier
+            pass
     for x in servers:
         x.stop()
     files = sorted(cache.glob("*.arrowc"))
@@ -178,11 +179,11 @@ def corrupt_disk_cache(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
         data = bytearray(v.read_bytes())
         data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         v.write_bytes(bytes(data))
-    for x in servers:
-        x.start()
-    job = ctx.job("disk-cache", cfg, ctx.plan(ctx.vectors, 1))
+    start_all(servers)
+    cfg = ctx.trainer([x.target for x in servers], ref, world_size=2, epochs=1, step_ms=0.0)
+    job = ctx.job("disk-cache", cfg, ctx.plan(ref, 1))
     stack.callback(job.kill)
-    job.start([[0], [1]]).wait_exit()
+    job.start(ctx.groups(2)).wait_exit()
     metrics = [scrape(x, CACHE_METRICS) for x in servers]
     corrupt = sum(m["shardstream_disk_cache_corrupt_total"] for m in metrics)
     schedule = (

@@ -17,6 +17,7 @@ BENCHMARKS = [
     "loadtest.ab_commits",
     "loadtest.bench",
     "loadtest.bulk_bench",
+    "loadtest.chaos",
     "loadtest.cli",
     "loadtest.decode_bench",
     "loadtest.flight_bench",
