@@ -46,8 +46,9 @@ def scrape(server: LocalServer, names: tuple[str, ...] = SERVER_METRICS) -> dict
         if line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) >= 2 and parts[0] in out:
-            out[parts[0]] += float(parts[1])
+        name = parts[0].partition("{")[0] if parts else ""  # summed over labels (dataset)
+        if len(parts) >= 2 and name in out:
+            out[name] += float(parts[-1])
     return out
 
 

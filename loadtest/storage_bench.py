@@ -192,8 +192,9 @@ def scrape(server: LocalServer) -> dict[str, float]:
         if line.startswith("#"):
             continue
         parts = line.split()
-        if len(parts) >= 2 and parts[0] in out:
-            out[parts[0]] = float(parts[1])
+        name = parts[0].partition("{")[0] if parts else ""  # summed over labels (dataset)
+        if len(parts) >= 2 and name in out:
+            out[name] += float(parts[-1])
     return out
 
 

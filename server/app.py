@@ -2,6 +2,8 @@
 
 Drain: health goes NOT_SERVING (load balancers and probes stop sending new streams), the server
 stops accepting RPCs, in-flight streams get `grace_s` seconds to finish, then the process exits 0.
+The metrics port (status_http.py) serves /metrics, and /healthz and /readyz for HTTP probes: ready
+from the moment health says SERVING until the drain begins.
 
 With `workers > 1`, `run` becomes a supervisor (workers.py) of that many processes, each running
 `serve` on the same port (SO_REUSEPORT among themselves only); `workers == 1` is one process, as here.
@@ -13,12 +15,11 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY
 
 from shardstream import allocator
 from shardstream.errors import InvalidArgumentError
@@ -28,11 +29,15 @@ from . import security
 from .admission import Admission
 from .auth import Authenticator
 from .config import ServerConfig
+from .grpc_metrics import RpcMetrics
+from .log_format import configure_logging
+from .process_metrics import disable_created_series, register_build_info
 from .reader import new_row_group_cache
 from .ready import write_ready_file
 from .roots import open_registry
 from .service import SERVICE_NAME, ShardStreamService
 from .spill import SpillTier
+from .status_http import Health, start_status_server
 
 __all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "run", "serve", "server_options"]
 
@@ -95,7 +100,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         write_timeout_s=cfg.write_timeout_s,
         auth=Authenticator(cfg.auth_file),
     )
-    server = grpc.aio.server(options=server_options(cfg))
+    server = grpc.aio.server(options=server_options(cfg), interceptors=[RpcMetrics()])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -118,9 +123,10 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
     service.port = port  # the streams' connections arrive here (reaper.py finds them by it)
     metrics_port = None
+    status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:
-        httpd, _ = start_http_server(cfg.metrics_port, addr=cfg.host)
-        metrics_port = httpd.server_port
+        register_build_info(REGISTRY)
+        metrics_port = start_status_server(cfg.metrics_port, cfg.host, REGISTRY, status).server_port
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -130,6 +136,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    status.started = True
     log.info(
         "serving %s on %s:%d (%s; metrics on %s)",
         registry.root,
@@ -145,6 +152,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         )
     try:
         await stop.wait()
+        status.draining = True
         log.info("draining: health NOT_SERVING, %.1f s grace for in-flight streams", cfg.grace_s)
         await health_servicer.enter_graceful_shutdown()
     finally:
@@ -154,11 +162,8 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
 
 def run(cfg: ServerConfig) -> None:
     """Run the server until SIGTERM/SIGINT, on uvloop where available (a supervisor if workers > 1)."""
-    logging.basicConfig(
-        level=os.environ.get("SHARDSTREAM_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(cfg.log_format)  # $SHARDSTREAM_LOG_LEVEL, --log-format (log_format.py)
+    disable_created_series()  # no *_created series (process_metrics.py)
     if not cfg.reuse_port:  # once per server (a supervisor's workers were checked by it)
         security.check(cfg)
     if cfg.workers > 1:

@@ -76,6 +76,7 @@ class ServerConfig:
     keepalive_time_s: float = DEFAULT_KEEPALIVE_TIME_S
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     max_connection_idle_s: float = DEFAULT_MAX_CONNECTION_IDLE_S
+    log_format: str = "text"  # "text" or "json" (log_format.py), the supervisor's and its workers'
     # Security (tls.py, auth.py; DESIGN §10): every worker reads the same files and follows their changes.
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -19,6 +19,11 @@ Every call is authenticated first (auth.py: a bearer token or a client certifica
 the server has `--auth`) and every dataset it names is checked against the caller's patterns;
 ListDatasets lists only the latest versions the caller may read. Each Read stream, and each call
 refused as UNAUTHENTICATED or PERMISSION_DENIED, leaves one line in the audit log (audit.py).
+
+Each Read stream gets an id, sent first in its initial metadata, and a `stream.start` and a
+`stream.end` line in the server's log under it (stream_log.py). Stream metrics carry the dataset's
+name as a bounded `dataset` label (dataset_label.py); RPC counts and times are the grpc-ecosystem
+metrics, kept by an interceptor for every service (grpc_metrics.py).
 """
 
 from __future__ import annotations
@@ -49,12 +54,15 @@ from .audit import StreamAudit, audit_call
 from .auth import OPEN, Authenticator, Principal
 from .build import Message, MessageBuilder, MessageSteps
 from .config import DEFAULT_WRITE_TIMEOUT_S
+from .dataset_label import dataset_label, dataset_name
+from .grpc_metrics import code_name, preinitialize
 from .read_plan import ReadPlan, ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from .reader import RowGroupCache
-from .reaper import Reaper, StreamGone
+from .reaper import Reaper, StreamGone, StreamReaped
 from .redact import client_message
 from .request_limits import RequestLimits
+from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
 
@@ -63,33 +71,39 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "shardstream.v1.ShardStream"
 METHODS = ("GetDataset", "ListDatasets", "Read")
 
-RPCS = Counter("shardstream_rpcs_total", "RPCs received", ["method"])
-RPC_ERRORS = Counter(
-    "shardstream_rpc_errors_total", "RPCs that ended with an error, by status code", ["method", "code"]
+STREAMS_ACTIVE = Gauge(
+    "shardstream_streams_active", "Read streams in progress", ["dataset"], multiprocess_mode="livesum"
 )
-STREAMS_ACTIVE = Gauge("shardstream_streams_active", "Read streams in progress", multiprocess_mode="livesum")
-BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batches) sent")
-MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent")
-ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent")
-BYTES_SENT = Counter("shardstream_bytes_sent_total", "Bytes of Read messages sent")
+STREAMS = Counter("shardstream_streams_total", "Read streams started (planned)", ["dataset"])
+STREAM_ERRORS = Counter(
+    "shardstream_stream_errors_total", "Read streams that ended with an error status", ["dataset", "code"]
+)
+BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batches) sent", ["dataset"])
+MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent", ["dataset"])
+ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent", ["dataset"])
+BYTES_SENT = Counter("shardstream_bytes_sent_total", "Bytes of Read messages sent", ["dataset"])
 REGISTRY_BAD_ENTRIES = Gauge(
     "shardstream_registry_bad_entries",
     "Registry entries (manifests, dataset directories) ListDatasets found unreadable and skipped, at its last call",
     multiprocess_mode="livemax",
 )
 _LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
-for _m in METHODS:  # export 0 for the series known to exist
-    RPCS.labels(_m)
-    for _code in (
-        "INVALID_ARGUMENT",
-        "NOT_FOUND",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "DATA_LOSS",
-        "UNAVAILABLE",
-        "INTERNAL",
-    ):
-        RPC_ERRORS.labels(_m, _code)
+preinitialize(  # export 0 for the series known to exist
+    SERVICE_NAME,
+    {"GetDataset": "unary", "ListDatasets": "unary", "Read": "server_stream"},
+    (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.DATA_LOSS,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.CANCELLED,
+    ),
+)
 
 T = TypeVar("T")
 _MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer
@@ -164,16 +178,25 @@ class ShardStreamService:
         self._logged.add(what)
         return True
 
-    async def _abort(self, method: str, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    async def _abort(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        exc: BaseException,
+        stream: StreamLog | None = None,
+    ) -> None:
+        sid = f" (stream {stream.stream_id})" if stream is not None else ""
         if not isinstance(exc, ShardstreamError):
-            log.exception("%s failed unexpectedly", method, exc_info=exc)
+            log.exception("%s%s failed unexpectedly", method, sid, exc_info=exc)
             exc = InternalError(client_message(exc, self.registry.storage))
         elif exc.grpc_code == grpc.StatusCode.DATA_LOSS and self._log_once(str(exc)):
-            log.warning("%s: %s", method, exc, exc_info=exc)  # the cause chain: files and errors
-        RPC_ERRORS.labels(method, exc.grpc_code.name).inc()
+            log.warning("%s%s: %s", method, sid, exc, exc_info=exc)  # the cause chain: files and errors
         details = client_message(exc, self.registry.storage)
         if len(details) > _MAX_DETAILS_CHARS:
             details = f"{details[:_MAX_DETAILS_CHARS]}... ({len(details)} characters)"
+        if stream is not None:
+            stream.failed(code_name(exc.grpc_code), details)
+            STREAM_ERRORS.labels(stream.label, stream.outcome).inc()
         metadata = exc.trailing_metadata() if isinstance(exc, ResourceExhaustedError) else ()
         await context.abort(exc.grpc_code, details, trailing_metadata=metadata)
 
@@ -185,7 +208,6 @@ class ShardStreamService:
         self, method: str, fn: Callable[[Any, Principal], Awaitable[T]]
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
-            RPCS.labels(method).inc()
             principal = None
             try:
                 principal = self._principal(context)
@@ -228,8 +250,9 @@ class ShardStreamService:
 
     # --- data plane ----------------------------------------------------------------------------
     async def read(self, request: pb.ReadRequest | None, context: grpc.aio.ServicerContext) -> None:
-        RPCS.labels("Read").inc()
         peer = context.peer()
+        stream = self._stream_log(request, peer)
+        await context.send_initial_metadata(((STREAM_ID_KEY, stream.stream_id),))  # first: the client logs it
         audit = StreamAudit(peer, request)
         try:
             principal = self._principal(context)
@@ -237,34 +260,72 @@ class ShardStreamService:
             ticket = self.admission.admit(peer)
         except (ResourceExhaustedError, UnauthenticatedError) as exc:
             audit.done(exc.grpc_code.name)
-            await self._abort("Read", context, exc)
+            stream.refused(str(exc))
+            await self._abort("Read", context, exc, stream)
             return
-        STREAMS_ACTIVE.inc()
         outcome = "GONE"  # a cancelled stream: its client went away
+        active = STREAMS_ACTIVE.labels(stream.label)  # from admission to its end; relabelled once planned
+        active.inc()
         try:
             if request is None:
                 raise InvalidArgumentError("the Read request does not parse")
             # In a thread: planning reads manifests and may load a tokenizer or import a codec.
             plan = await asyncio.to_thread(self.planner.plan, request, principal)
             audit.planned([str(r.manifest.ref) for r in plan.readers])  # the versions it resolved to
-            await self._send(plan, context, ticket, peer, audit)
-            outcome = "OK"
+            active = self._started(stream, plan, active)
+            await self._send(plan, context, ticket, peer, audit, stream)
+            outcome = stream.outcome = "OK"
         except asyncio.CancelledError:
+            stream.reason = "cancelled (the client cancelled, or the server stopped)"
             raise
-        except StreamGone:
-            pass  # its client went away, or was cut: no status can reach it
+        except StreamGone as exc:  # its client went away, or was cut: no status can reach it
+            reaped = isinstance(exc, StreamReaped)
+            stream.reason = "reaped: nothing read for --write-timeout" if reaped else "client left"
+            context.set_code(grpc.StatusCode.CANCELLED)  # as the RPC metrics count it
         except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
             outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
-            await self._abort("Read", context, exc)
+            await self._abort("Read", context, exc, stream)
         finally:
             ticket.close()
-            STREAMS_ACTIVE.dec()
+            active.dec()
             audit.done(outcome)
+            stream.end()
+
+    def _stream_log(self, request: pb.ReadRequest | None, peer: str) -> StreamLog:
+        stream = StreamLog(new_stream_id(), peer)
+        stream.asked(request)
+        if request is not None:  # labelled by name only once admitted (dataset_label.py)
+            name = dataset_name(request.dataset, [s.dataset for s in request.mixture])
+            stream.label = dataset_label(name, admit=False)
+        return stream
+
+    def _started(self, stream: StreamLog, plan: ReadPlan, active: Any) -> Any:
+        """A planned stream: its dataset label admitted, counted, logged; its active gauge's child."""
+        names = [r.manifest.name for r in plan.readers]
+        label = dataset_label(dataset_name(names[0], names if plan.mixture else None), admit=True)
+        if plan.pipeline:
+            plan.pipeline.dataset = label
+        STREAMS.labels(label).inc()
+        if label != stream.label:
+            active.dec()
+            active = STREAMS_ACTIVE.labels(label)
+            active.inc()
+        stream.start(", ".join(r.manifest.ref for r in plan.readers), label)
+        return active
 
     async def _send(
-        self, plan: ReadPlan, context: grpc.aio.ServicerContext, ticket: Ticket, peer: str, audit: StreamAudit
+        self,
+        plan: ReadPlan,
+        context: grpc.aio.ServicerContext,
+        ticket: Ticket,
+        peer: str,
+        audit: StreamAudit,
+        stream: StreamLog,
     ) -> None:
         """Write the stream's messages, each built in a worker thread while the last one is written."""
+        label = stream.label
+        messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
+        rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
 
         def read_ahead(steps: MessageSteps) -> None:
             # Fetch the row groups of the next message(s) while this one is built (a guess: same size).
@@ -291,10 +352,11 @@ class ShardStreamService:
                 # Build the next message while this one is written, unless the server's streams
                 # already hold their buffer budget: then only after it (a slow client holds one).
                 pending = build_next() if self.admission.has_room() else None
-                MESSAGES_SENT.inc()  # counted as handed to gRPC (a client may go before its write ends)
-                BATCHES_SENT.inc(message.steps)
-                ROWS_SENT.inc(message.rows)
-                BYTES_SENT.inc(n)
+                messages_sent.inc()  # counted as handed to gRPC (a client may go before its write ends)
+                batches_sent.inc(message.steps)
+                rows_sent.inc(message.rows)
+                bytes_sent.inc(n)
+                stream.sent(message.steps, message.rows, n)
                 ticket.hold(n)  # gRPC's copy, until the write completes
                 await self.reaper.write(context, message.data, peer, self.port)
                 audit.sent(n)

@@ -24,7 +24,9 @@ supervisor dies (PR_SET_PDEATHSIG, worker.py).
 Metrics: workers write prometheus-client's multiprocess files into a private directory; the
 supervisor serves `/metrics` on `--metrics-port`, summing counters and histograms over all workers
 (dead ones included, so totals never go back) and the `livesum` gauges over live ones, plus
-`shardstream_workers` and `shardstream_worker_restarts_total`.
+`shardstream_workers`, `shardstream_worker_restarts_total`, `shardstream_build_info` and every
+process's CPU, RSS and open descriptors (`process_*{worker="0".."N-1"|"supervisor"}`,
+process_metrics.py). Its /healthz and /readyz answer for the workers (status_http.py).
 """
 
 from __future__ import annotations
@@ -47,15 +49,17 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
 from .config import ServerConfig
+from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .roots import open_registry
 from .spill import SpillTier
+from .status_http import Health, start_status_server
 
 __all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise", "usable_cpus"]
 
@@ -181,6 +185,10 @@ class Supervisor:
             "Worker processes restarted after dying",
             registry=self.registry,
         )
+        register_build_info(self.registry)
+        self.registry.register(WorkerProcessCollector(self._processes))
+        # /readyz: the workers serve (one at least, while a dead one is replaced) and no drain began
+        self.health = Health(serving=lambda: any(w.ready and w.proc.poll() is None for w in self._workers))
         self._workers: list[_Worker] = []
         self._restart_times: deque[float] = deque()
         self._spawned = 0
@@ -198,10 +206,10 @@ class Supervisor:
         self.port, held = reserve_port(cfg.host, cfg.port)
         httpd = None
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stop.set())
+            signal.signal(sig, self._on_stop_signal)
         try:
             if cfg.metrics_port is not None:
-                httpd, _ = start_http_server(cfg.metrics_port, addr=cfg.host, registry=self.registry)
+                httpd = start_status_server(cfg.metrics_port, cfg.host, self.registry, self.health)
                 self.metrics_port = httpd.server_port
             self._workers = [self._spawn(slot) for slot in range(cfg.workers)]
             failure = self._watch()
@@ -218,6 +226,15 @@ class Supervisor:
         if stuck:
             raise UnavailableError(f"worker(s) {stuck} did not stop cleanly: {codes}")
         log.info("stopped")
+
+    def _on_stop_signal(self, *_: object) -> None:
+        self.health.draining = True
+        self._stop.set()
+
+    def _processes(self) -> list[tuple[str, int]]:
+        """(worker label, pid) of this supervisor and its live workers, for the process metrics."""
+        live = [(str(w.slot), w.proc.pid) for w in self._workers if w.proc.poll() is None]
+        return [("supervisor", os.getpid()), *live]
 
     def _spawn(self, slot: int) -> _Worker:
         self._spawned += 1
@@ -279,6 +296,7 @@ class Supervisor:
         return None
 
     def _announce(self, pids: list[int], *, first: bool) -> None:
+        self.health.started = True
         if first:
             log.info(
                 "serving on %s:%d with %d workers %s (metrics on %s)",

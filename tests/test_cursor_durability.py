@@ -330,7 +330,13 @@ def test_a_redis_that_says_7_2_but_has_no_waitaof_still_gets_durable_writes(tmp_
 
 
 def commit_failures() -> float:
-    return REGISTRY.get_sample_value("shardstream_client_cursor_commit_failures_total") or 0.0
+    """Over every Loader of this process (the series carry job_name and rank labels)."""
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "shardstream_client_cursor_commit_failures_total"
+    )
 
 
 def test_commit_failures_raise_when_waited_for_and_are_logged_once_per_burst(

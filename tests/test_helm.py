@@ -482,10 +482,16 @@ def anchors(markdown: str) -> set[str]:
 
 def test_alerts_link_runbook_sections_that_exist(rendered: dict[str, Rendered]) -> None:
     runbook = anchors((CHART.parents[1] / "deploy" / "RUNBOOK.md").read_text())
-    for rule in rules_of(rendered["monitoring"]):
-        url = rule["annotations"].get("runbook_url")
-        if url:
-            assert url.partition("#")[2] in runbook, (rule["alert"], url)
+    groups = rendered["monitoring"].one("PrometheusRule")["spec"]["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue  # a recording rule
+            url = rule["annotations"].get("runbook_url")
+            if not group["name"].endswith(".extra"):  # the chart's own: summary, runbook and severity
+                assert url and rule["annotations"]["summary"] and rule["labels"]["severity"], rule["alert"]
+            if url:
+                assert url.partition("#")[2] in runbook, (rule["alert"], url)
 
 
 PROMTOOL = shutil.which("promtool")
@@ -502,49 +508,52 @@ def test_the_alert_rules_parse(rendered: dict[str, Rendered], tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_charts_rules_are_the_ones_of_deploy_prometheus(rendered: dict[str, Rendered]) -> None:
+    """One set of rules: the chart's copy is byte-identical to deploy/prometheus/rules.yaml, and the
+    PrometheusRule renders it with the release's job and namespace on the server selectors and the
+    runbook base, plus extraRules in a group of their own."""
+    source = (CHART.parents[1] / "deploy" / "prometheus" / "rules.yaml").read_text()
+    assert (CHART / "files" / "rules.yaml").read_text() == source, (
+        "helm/shardstream/files/rules.yaml differs from deploy/prometheus/rules.yaml: copy it over"
+    )
+    for case in ("monitoring", "default"):
+        values = merged(case)
+        if not values["prometheusRule"]["enabled"]:
+            assert rendered[case].of_kind("PrometheusRule") == []
+            continue
+        expected = yaml.safe_load(
+            source.replace('job="shardstream"', 'job="shardstream", namespace="ml"').replace(
+                "deploy/RUNBOOK.md#", values["prometheusRule"]["runbookUrl"] + "#"
+            )
+        )["groups"]
+        if values["prometheusRule"]["extraRules"]:
+            expected.append({"name": "shardstream.extra", "rules": values["prometheusRule"]["extraRules"]})
+        assert rendered[case].one("PrometheusRule")["spec"]["groups"] == expected
+
+
 @needs_promtool
-def test_the_alerts_fire_on_their_faults_and_stay_quiet_otherwise(rendered: dict[str, Rendered], tmp_path: Path) -> None:
-    """promtool's rule unit tests, over series labelled as the ServiceMonitor's scrapes label them."""
+def test_the_rendered_alerts_fire_on_their_faults_and_stay_quiet_otherwise(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    """deploy/prometheus/rules.test.yaml (every alert firing and quiet) against the rendered rules,
+    its series labelled as the ServiceMonitor's scrapes label them (namespace too)."""
     spec = rendered["monitoring"].one("PrometheusRule")["spec"]
-    rules = {r["alert"]: r for r in rules_of(rendered["monitoring"])}
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
-    target = {"job": "shardstream", "namespace": "ml"}  # job = the ClusterIP Service's name
+    suite = yaml.safe_load((CHART.parents[1] / "deploy" / "prometheus" / "rules.test.yaml").read_text())
 
-    def series(name: str, pod: str, **labels: str) -> str:
-        return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**target, "pod": pod, **labels}.items()) + "}"
+    def namespaced(series: str) -> str:
+        return series.replace("{", '{namespace="ml", ', 1)
 
-    def alert(name: str, **labels: str) -> dict[str, Any]:
-        pod = labels.get("pod", "")
-        return {
-            "exp_labels": {**rules[name]["labels"], **labels},
-            "exp_annotations": {k: v.replace("{{ $labels.pod }}", pod) for k, v in rules[name]["annotations"].items()},
-        }
-
-    def case(name: str, at: str, inputs: dict[str, str], *expected: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "interval": "1m",
-            "input_series": [{"series": s, "values": v} for s, v in inputs.items()],
-            "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": list(expected)}],
-        }
-
-    up_a, up_b = series("up", "shardstream-a"), series("up", "shardstream-b")
-    loss = series("shardstream_rpc_errors_total", "shardstream-a", method="Read", code="DATA_LOSS")
-    missing = series("shardstream_rpc_errors_total", "shardstream-a", method="Read", code="NOT_FOUND")
-    restarts = series("shardstream_worker_restarts_total", "shardstream-a")
-    tests = [
-        case("ShardstreamServersDown", "10m", {up_a: "0x20", up_b: "0x20"}, alert("ShardstreamServersDown")),
-        case("ShardstreamServersDown", "10m", {up_a: "0x20", up_b: "1x20"}),
-        case("ShardstreamServerDown", "15m", {up_a: "0x20", up_b: "1x20"},
-             alert("ShardstreamServerDown", **target, pod="shardstream-a")),
-        case("ShardstreamServerDown", "15m", {up_a: "1x20"}),
-        case("ShardstreamDataLoss", "5m", {loss: "0 0 0 1 1 1"}, alert("ShardstreamDataLoss", pod="shardstream-a")),
-        case("ShardstreamDataLoss", "5m", {missing: "0 0 0 5 9 20"}),
-        case("ShardstreamWorkerCrashLoop", "16m", {restarts: "0+1x20"},
-             alert("ShardstreamWorkerCrashLoop", **target, pod="shardstream-a")),
-        case("ShardstreamWorkerCrashLoop", "16m", {restarts: "0 1x16"}),
-    ]
-    assert {t["alert_rule_test"][0]["alertname"] for t in tests} == set(rules) - {"ShardstreamCacheHitRatioLow"}
-    suite = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    for t in suite["tests"]:
+        for s in t["input_series"]:
+            s["series"] = namespaced(s["series"])
+        for a in t.get("alert_rule_test", []):
+            for e in a["exp_alerts"]:
+                if a["alertname"] != "ShardstreamServersDown":  # absent() keeps no label
+                    e["exp_labels"]["namespace"] = "ml"
+        for q in t.get("promql_expr_test", []):
+            for sample in q["exp_samples"]:
+                sample["labels"] = namespaced(sample["labels"])
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(suite))
     done = subprocess.run([PROMTOOL, "test", "rules", "tests.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

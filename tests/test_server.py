@@ -18,7 +18,7 @@ from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS, write_dataset
-from .support.servers import scrape
+from .support.servers import rpc_count, scrape
 
 
 def list_services(target: str) -> set[str]:
@@ -78,9 +78,10 @@ def test_metrics_count_streams_batches_bytes_and_errors(server_factory) -> None:
     assert after["shardstream_batches_sent_total"] - before.get("shardstream_batches_sent_total", 0) == steps
     assert after["shardstream_rows_sent_total"] == N_ROWS
     assert after["shardstream_bytes_sent_total"] > 0
-    assert after['shardstream_rpcs_total{method="Read"}'] == 1
-    assert after['shardstream_rpc_errors_total{code="NOT_FOUND",method="GetDataset"}'] == 1
-    assert after['shardstream_rpc_errors_total{code="DATA_LOSS",method="Read"}'] == 0  # exported as 0
+    assert rpc_count(after, "Read") == 1
+    assert rpc_count(after, "GetDataset", "NotFound") == 1
+    assert rpc_count(after, "Read", "DataLoss") == 0  # exported as 0
+    assert after['shardstream_rows_sent_total{dataset="toy"}'] == N_ROWS  # the dataset's name, no version
     assert after["shardstream_streams_active"] == 0
     assert after["shardstream_cache_misses_total"] > 0
 
@@ -285,12 +286,13 @@ def test_a_silent_server_is_abandoned_for_another(endpoints: list[str]) -> None:
     port = silent.add_insecure_port("127.0.0.1:0")
     silent.start()
     try:
-        before = metrics.FAILOVERS._value.get()
+        failovers = metrics.for_rank(None, 0).failovers  # Loader(job=None) rank 0
+        before = failovers._value.get()
         with Loader(
             [f"127.0.0.1:{port}", endpoints[1]], "toy@1", batch_size=50, stream_idle_timeout_s=1
         ) as ld:
             ids = [i for b in ld for i in b["id"].tolist()]
         assert sorted(ids) == list(range(N_ROWS))
-        assert reads == [0] and metrics.FAILOVERS._value.get() == before + 1
+        assert reads == [0] and failovers._value.get() == before + 1
     finally:
         silent.stop(None)

@@ -24,7 +24,7 @@ from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
-from .support.servers import scrape, wait_for
+from .support.servers import rpc_count, scrape, wait_for
 
 Factory = Callable[..., LocalServer]
 
@@ -115,9 +115,7 @@ def test_streams_land_on_every_worker_and_metrics_are_summed(pair: tuple[LocalSe
             ch.close()
     after = scrape(two)
     n = len(channels)
-    assert (
-        after['shardstream_rpcs_total{method="Read"}'] - before['shardstream_rpcs_total{method="Read"}'] == n
-    )
+    assert rpc_count(after, "Read") - rpc_count(before, "Read") == n
     assert after["shardstream_rows_sent_total"] - before["shardstream_rows_sent_total"] == n * N_ROWS
     assert after["shardstream_streams_active"] == 0
     assert after["shardstream_workers"] == 2

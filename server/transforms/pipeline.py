@@ -27,6 +27,7 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.transform_spec import ON_ERROR
 from shardstream.v1 import shardstream_pb2 as pb
 
+from ..dataset_label import OTHER
 from ..request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
 from .base import BatchContext, Params, Transform, fixed_bytes
 from .prefix import PrefixSource, deterministic_head
@@ -39,17 +40,14 @@ PROVENANCE = ("_shard", "_row", "_source")
 TRANSFORM_SECONDS = Histogram(
     "shardstream_transform_seconds",
     "Time one transform took over one Read message's rows",
-    ["op"],
+    ["op", "dataset"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 SAMPLES_SKIPPED = Counter(
     "shardstream_samples_skipped_total",
     "Samples a transform could not process, skipped (on_error=skip)",
-    ["op"],
+    ["op", "dataset"],
 )
-for _op in OPS:
-    TRANSFORM_SECONDS.labels(_op)
-    SAMPLES_SKIPPED.labels(_op)
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,7 @@ class Pipeline:
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
+        self.dataset = OTHER  # its metrics' `dataset` label (dataset_label.py; the servicer sets it)
         self._describe = describe  # (source, shard, row) -> "toy@2 shard 3 (part-3.parquet) row 17"
         # (op, parameters as canonical JSON) per transform: what a shared head's results are keyed by
         self.specs = list(specs)
@@ -120,7 +119,7 @@ class Pipeline:
                         f"{op} failed on {where} (position {int(positions[i])} of epoch {epoch}): {reason} "
                         "(on_error='skip' leaves such samples out)"
                     )
-                SAMPLES_SKIPPED.labels(op).inc()
+                SAMPLES_SKIPPED.labels(op, self.dataset).inc()
                 skipped[int(steps[i])].append(
                     pb.SkippedSample(
                         position=int(positions[i]),
@@ -145,7 +144,7 @@ class Pipeline:
             ctx = BatchContext(seed, epoch, positions, steps, pool, threads)
             t0 = time.perf_counter()
             res = t.apply(data, ctx)
-            TRANSFORM_SECONDS.labels(t.op).observe(time.perf_counter() - t0)
+            TRANSFORM_SECONDS.labels(t.op, self.dataset).observe(time.perf_counter() - t0)
             failed(t.op, res.errors)
             idx = res.index
             data, positions, steps, shard, row = res.batch, positions[idx], steps[idx], shard[idx], row[idx]

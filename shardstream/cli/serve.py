@@ -50,6 +50,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         keepalive_time_s=args.keepalive_time,
         keepalive_timeout_s=args.keepalive_timeout,
         max_connection_idle_s=args.max_connection_idle,
+        log_format=args.log_format,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
@@ -98,7 +99,9 @@ def add_commands(sub: Any) -> None:
         "--auth protects it)",
     )
     sp.add_argument(
-        "--metrics-port", type=common.port, help="serve Prometheus /metrics on this port (0 picks one)"
+        "--metrics-port",
+        type=common.port,
+        help="serve Prometheus /metrics, and /healthz and /readyz for HTTP probes, on this port (0 picks one)",
     )
     sp.add_argument(
         "--workers",
@@ -136,6 +139,13 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument(
         "--ready-file", help="write {port, metrics_port, pid, workers} as JSON here once every worker serves"
+    )
+    sp.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text (default) or one JSON object per line; each Read stream logs a "
+        "stream.start and a stream.end line with its stream id",
     )
     sec = sp.add_argument_group(
         "security", "TLS, client certificates and who may read what (README: Security; RUNBOOK: TLS and tokens)"

@@ -51,7 +51,9 @@ def check_health(endpoint: str, timeout_s: float = 3.0, security: ChannelSecurit
 
 
 def scrape(url: str, timeout_s: float = 3.0) -> dict[str, float]:
+    """{'name{labels}': value}, and {'name': the sum over its label sets} of labelled series."""
     out: dict[str, float] = {}
+    sums: dict[str, float] = {}
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - an operator's URL
         for line in resp.read().decode().splitlines():
             if line and not line.startswith("#"):
@@ -60,7 +62,10 @@ def scrape(url: str, timeout_s: float = 3.0) -> dict[str, float]:
                     out[key] = float(value)
                 except ValueError:
                     continue
-    return out
+                if "{" in key:
+                    name = key.partition("{")[0]
+                    sums[name] = sums.get(name, 0.0) + out[key]
+    return {**sums, **out}
 
 
 class FleetMonitor:

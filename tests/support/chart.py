@@ -180,13 +180,16 @@ class RenderedServer:
     log: Path
 
     def metrics(self, port: int) -> dict[str, float]:
-        """/metrics on the metrics port as {'name{labels}': value}."""
-        out = {}
+        """/metrics on the metrics port as {'name{labels}': value}, and {'name': sum} of labelled ones."""
+        out: dict[str, float] = {}
+        sums: dict[str, float] = {}
         for line in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode().splitlines():
             if line and not line.startswith("#"):
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
-        return out
+                if "{" in key:
+                    sums[key.partition("{")[0]] = sums.get(key.partition("{")[0], 0.0) + float(value)
+        return {**sums, **out}
 
 
 @contextmanager

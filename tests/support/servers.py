@@ -11,7 +11,7 @@ from typing import Any
 
 from shardstream.server.fleet import LocalServer
 
-__all__ = ["Servers", "scrape", "unused_port", "wait_for"]
+__all__ = ["Metrics", "Servers", "rpc_count", "scrape", "unused_port", "wait_for"]
 
 
 def unused_port() -> int:
@@ -45,15 +45,40 @@ class Servers:
         self.stop_all()
 
 
-def scrape(server: LocalServer) -> dict[str, float]:
-    """The server's /metrics as {'name{labels}': value}."""
+class Metrics(dict[str, float]):
+    """{'name{labels}': value}; a bare name is the sum over its label sets, 0 for a labelled metric
+    with no series yet (shardstream_rows_sent_total{dataset=...} before the first stream)."""
+
+    def __missing__(self, key: str) -> float:
+        if "{" in key:
+            raise KeyError(key)
+        return 0.0
+
+
+def scrape(server: LocalServer) -> Metrics:
+    """The server's /metrics as {'name{labels}': value}, plus {'name': the sum over its label sets}
+    for labelled series (shardstream_rows_sent_total sums its `dataset` series): see Metrics."""
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    out = {}
+    out: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
-    return out
+            if "{" in key:
+                name = key.partition("{")[0]
+                sums[name] = sums.get(name, 0.0) + float(value)
+    return Metrics({**sums, **out})
+
+
+def rpc_count(metrics: dict[str, float], method: str, code: str | None = None) -> float:
+    """From `scrape`: grpc_server_started_total of a ShardStream method, or with `code` (as grpc-go
+    spells it: "NotFound", "DataLoss") grpc_server_handled_total."""
+    kind = "server_stream" if method == "Read" else "unary"
+    labels = f'grpc_method="{method}",grpc_service="shardstream.v1.ShardStream",grpc_type="{kind}"'
+    if code is None:
+        return metrics[f"grpc_server_started_total{{{labels}}}"]
+    return metrics[f'grpc_server_handled_total{{grpc_code="{code}",{labels}}}']
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

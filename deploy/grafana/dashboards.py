@@ -1,0 +1,432 @@
+"""The Grafana dashboards of deploy/grafana/, generated so that their panels stay consistent.
+
+    python deploy/grafana/dashboards.py           # writes fleet.json and training.json beside this file
+    python deploy/grafana/dashboards.py --check   # exit 1 when the committed JSON differs
+
+Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, admission, processes)
+and Training (trainers: data stall, waits, failovers, cursor commits). Each dashboard has a
+`datasource` variable (any Prometheus), and variables for its series: `job` (the servers' scrape
+job; on Kubernetes the chart's Service name), `pod`, `dataset` on Fleet; `job_name` and `rank` on
+Training. Heavy expressions read the recording rules of deploy/prometheus/rules.yaml (series named
+`shardstream:…`), so Prometheus must load those rules. Import: Grafana > Dashboards > New > Import,
+upload the file, pick the Prometheus data source. tests/test_prometheus.py evaluates every panel's
+expression against a real Prometheus scraping real servers and a trainer; tests/test_monitoring.py
+checks the files are this script's output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SERVERS = 'job=~"$job", pod=~"$pod"'
+DATASETS = f'{SERVERS}, dataset=~"$dataset"'
+RANKS = 'job_name=~"$job_name", rank=~"$rank"'
+WIDTH, HEIGHT = 12, 8
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend or "__auto", "refId": ref}
+    if instant:
+        t.update(instant=True, format="table")
+    return t
+
+
+def panel(
+    title: str,
+    *targets: tuple[str, str],
+    unit: str = "short",
+    kind: str = "timeseries",
+    description: str = "",
+    thresholds: list[tuple[str, float | None]] | None = None,
+    width: int = WIDTH,
+) -> dict[str, Any]:
+    """A panel of `kind` over (expr, legend) targets; placed by `layout`."""
+    defaults: dict[str, Any] = {"unit": unit}
+    if thresholds:
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [{"color": color, "value": value} for color, value in thresholds],
+        }
+        defaults["custom"] = {"thresholdsStyle": {"mode": "line"}}
+    p: dict[str, Any] = {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"h": HEIGHT, "w": width, "x": 0, "y": 0},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+        "targets": [
+            target(expr, legend, ref=chr(ord("A") + i), instant=kind == "table")
+            for i, (expr, legend) in enumerate(targets)
+        ],
+    }
+    if kind == "stat":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    if kind == "table":
+        p["options"] = {"showHeader": True}
+    return p
+
+
+def row(title: str) -> dict[str, Any]:
+    return {
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0},
+        "panels": [],
+    }
+
+
+def layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows full width; panels left to right, wrapping at 24 columns; ids in order."""
+    x = y = 0
+    for i, p in enumerate(panels, start=1):
+        p["id"] = i
+        w, h = p["gridPos"]["w"], p["gridPos"]["h"]
+        if p["type"] == "row" or x + w > 24:
+            y, x = y + (HEIGHT if x else 0), 0
+        p["gridPos"].update(x=x, y=y)
+        if p["type"] == "row":
+            y += h
+        else:
+            x += w
+    return panels
+
+
+def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": DS,
+        "definition": query,
+        "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery", "qryType": 1},
+        "refresh": 2,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+    }
+
+
+def dashboard(
+    uid: str, title: str, description: str, variables: list[dict[str, Any]], panels: list[dict[str, Any]]
+) -> dict[str, Any]:
+    datasource = {
+        "type": "datasource",
+        "name": "datasource",
+        "label": "Data source",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+    }
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["shardstream"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "browser",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": [datasource, *variables]},
+        "panels": layout(panels),
+    }
+
+
+def fleet() -> dict[str, Any]:
+    rate = "[$__rate_interval]"
+    panels = [
+        row("Load"),
+        panel(
+            "Servers up",
+            (f"sum(up{{{SERVERS}}})", "up"),
+            kind="stat",
+            width=4,
+            description="Server targets Prometheus scrapes successfully (one per pod).",
+        ),
+        panel(
+            "Workers serving",
+            (f"sum by (pod) (shardstream_workers{{{SERVERS}}})", "{{pod}}"),
+            kind="stat",
+            width=4,
+            description="Worker processes serving per pod (servers with --workers > 1).",
+        ),
+        panel(
+            "Versions running",
+            (f"count by (version, python, pyarrow, grpc) (shardstream_build_info{{{SERVERS}}})", ""),
+            kind="table",
+            width=16,
+            description="shardstream_build_info: pods per version.",
+        ),
+        panel(
+            "Streams active by dataset",
+            (f"sum by (dataset) (shardstream_streams_active{{{DATASETS}}})", "{{dataset}}"),
+            description="Read streams in progress (dataset: name, at most 64 per process; the rest as _other).",
+        ),
+        panel(
+            "Streams started/s by dataset",
+            (f"sum by (dataset) (rate(shardstream_streams_total{{{DATASETS}}}{rate}))", "{{dataset}}"),
+            unit="ops",
+        ),
+        panel(
+            "Rows/s by dataset",
+            ("sum by (dataset) (shardstream:rows_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
+            unit="short",
+        ),
+        panel(
+            "Bytes/s sent by dataset",
+            ("sum by (dataset) (shardstream:bytes_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
+            unit="Bps",
+        ),
+        row("Latency"),
+        panel(
+            "Batch build time p50 / p99",
+            ("shardstream:batch_build_seconds:p50_rate5m{" + SERVERS + "}", "p50 {{pod}}"),
+            ("shardstream:batch_build_seconds:p99_rate5m{" + SERVERS + "}", "p99 {{pod}}"),
+            unit="s",
+            description="Time to read, take and encode one Read message; a rising p99 = storage or CPU saturation.",
+        ),
+        panel(
+            "Control-plane RPC time p99",
+            (
+                f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{SERVERS}, grpc_service="shardstream.v1.ShardStream", grpc_type="unary"}}{rate})))',
+                "{{grpc_method}}",
+            ),
+            unit="s",
+        ),
+        row("Cache and storage"),
+        panel(
+            "Cache hit ratio",
+            ("shardstream:cache_hit:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
+            unit="percentunit",
+            thresholds=[("red", None), ("green", 0.5)],
+        ),
+        panel(
+            "Cache bytes",
+            (f"sum by (pod) (shardstream_cache_bytes{{{SERVERS}}})", "used {{pod}}"),
+            (f"sum by (pod) (shardstream_cache_capacity_bytes{{{SERVERS}}})", "capacity {{pod}}"),
+            unit="bytes",
+        ),
+        panel(
+            "Storage reads/s",
+            (f"sum by (pod) (rate(shardstream_storage_reads_total{{{SERVERS}}}{rate}))", "{{pod}}"),
+            unit="ops",
+        ),
+        panel(
+            "Storage fetch time p99",
+            ("shardstream:storage_read_seconds:p99_rate5m{" + SERVERS + "}", "{{pod}}"),
+            unit="s",
+        ),
+        panel(
+            "Read amplification",
+            ("shardstream:storage_read:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
+            description="Bytes read from storage per byte looked up in the cache (1 = every lookup read storage).",
+        ),
+        panel(
+            "Bytes/s read from storage",
+            (f"sum by (pod) (rate(shardstream_storage_read_bytes_total{{{SERVERS}}}{rate}))", "{{pod}}"),
+            unit="Bps",
+        ),
+        row("Transforms"),
+        panel(
+            "Transform time p99 by op",
+            ('shardstream:transform_seconds:p99_rate5m{job=~"$job"}', "{{op}}"),
+            unit="s",
+        ),
+        panel(
+            "Transform CPU by op and dataset",
+            (
+                f"sum by (op, dataset) (rate(shardstream_transform_seconds_sum{{{DATASETS}}}{rate}))",
+                "{{op}} {{dataset}}",
+            ),
+            unit="s",
+            description="Seconds per second spent in each server-side transform (about cores busy).",
+        ),
+        row("Errors and admission"),
+        panel(
+            "RPC errors/s by code",
+            (
+                f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{SERVERS}, grpc_service="shardstream.v1.ShardStream", grpc_code!="OK"}}{rate}))',
+                "{{grpc_method}} {{grpc_code}}",
+            ),
+            unit="ops",
+        ),
+        panel(
+            "Stream errors/s by dataset",
+            (
+                f"sum by (dataset, code) (rate(shardstream_stream_errors_total{{{DATASETS}}}{rate}))",
+                "{{dataset}} {{code}}",
+            ),
+            unit="ops",
+        ),
+        panel(
+            "Streams refused/s by limit",
+            (f"sum by (limit) (rate(shardstream_streams_refused_total{{{SERVERS}}}{rate}))", "{{limit}}"),
+            unit="ops",
+            description="RESOURCE_EXHAUSTED at the admission limits (server, peer, buffer).",
+        ),
+        panel(
+            "Stream buffer bytes",
+            (f"sum by (pod) (shardstream_stream_buffer_bytes{{{SERVERS}}})", "{{pod}}"),
+            unit="bytes",
+        ),
+        row("Processes"),
+        panel(
+            "Worker restarts (15 min)",
+            (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}"),
+        ),
+        panel(
+            "CPU per pod",
+            ("shardstream:process_cpu_seconds:rate1m{" + SERVERS + "}", "{{pod}}"),
+            unit="short",
+            description="Cores used by every process of the pod (supervisor and workers).",
+        ),
+        panel(
+            "RSS per pod",
+            ("shardstream:process_resident_memory_bytes:sum{" + SERVERS + "}", "{{pod}}"),
+            unit="bytes",
+        ),
+        panel("Open file descriptors per pod", (f"sum by (pod) (process_open_fds{{{SERVERS}}})", "{{pod}}")),
+    ]
+    variables = [
+        query_variable("job", "Job", "label_values(shardstream_build_info, job)"),
+        query_variable("pod", "Pod", 'label_values(shardstream_build_info{job=~"$job"}, pod)'),
+        query_variable("dataset", "Dataset", 'label_values(shardstream_streams_total{job=~"$job"}, dataset)'),
+    ]
+    return dashboard(
+        "shardstream-fleet",
+        "shardstream / Fleet",
+        "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, processes.",
+        variables,
+        panels,
+    )
+
+
+def training() -> dict[str, Any]:
+    rate = "[$__rate_interval]"
+    panels = [
+        row("Data"),
+        panel(
+            "Data stall (share of time waiting for data)",
+            ("shardstream:client_stall:ratio_rate5m{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
+            unit="percentunit",
+            thresholds=[("green", None), ("red", 0.05)],
+            description="Fraction of wall time the training loop waited for its next batch; the SLO is 5%.",
+        ),
+        panel(
+            "Wait for a batch p99",
+            ("shardstream:client_wait_seconds:p99_rate5m{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
+            unit="s",
+        ),
+        panel(
+            "Batches/s",
+            (
+                f"sum by (job_name, rank) (rate(shardstream_client_batches_total{{{RANKS}}}{rate}))",
+                "{{job_name}} rank {{rank}}",
+            ),
+            unit="ops",
+        ),
+        panel(
+            "Bytes/s received",
+            (
+                f"sum by (job_name, rank) (rate(shardstream_client_bytes_total{{{RANKS}}}{rate}))",
+                "{{job_name}} rank {{rank}}",
+            ),
+            unit="Bps",
+        ),
+        row("Failover"),
+        panel(
+            "Failovers/s",
+            (
+                f"sum by (job_name, rank) (rate(shardstream_client_failovers_total{{{RANKS}}}{rate}))",
+                "failovers {{job_name}} rank {{rank}}",
+            ),
+            (
+                f"sum by (job_name, rank) (rate(shardstream_client_stream_retries_total{{{RANKS}}}{rate}))",
+                "retries {{job_name}} rank {{rank}}",
+            ),
+            unit="ops",
+            description="Streams reopened after an error; failovers moved to another server.",
+        ),
+        row("Cursor commits"),
+        panel(
+            "Commit lag (time since the last commit)",
+            ("shardstream:client_commit_age_seconds{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
+            unit="s",
+        ),
+        panel(
+            "Commit time p99",
+            (
+                f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_cursor_commit_seconds_bucket{{{RANKS}}}{rate})))",
+                "{{job_name}}",
+            ),
+            unit="s",
+        ),
+        panel(
+            "Commits and failures/s",
+            (
+                f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{RANKS}}}{rate}))",
+                "commits {{job_name}}",
+            ),
+            (
+                f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{RANKS}}}{rate}))",
+                "failures {{job_name}}",
+            ),
+            unit="ops",
+        ),
+    ]
+    variables = [
+        query_variable("job_name", "Job", "label_values(shardstream_client_batches_total, job_name)"),
+        query_variable(
+            "rank", "Rank", 'label_values(shardstream_client_batches_total{job_name=~"$job_name"}, rank)'
+        ),
+    ]
+    return dashboard(
+        "shardstream-training",
+        "shardstream / Training",
+        "Trainers' view of shardstream: data stall, waits, failovers and cursor commits per job and rank.",
+        variables,
+        panels,
+    )
+
+
+DASHBOARDS = {"fleet.json": fleet, "training.json": training}
+
+
+def render() -> dict[str, str]:
+    """file name -> the JSON text this script writes."""
+    return {name: json.dumps(make(), indent=2) + "\n" for name, make in DASHBOARDS.items()}
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name, text in render().items():
+        path = HERE / name
+        if "--check" in argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run python deploy/grafana/dashboards.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

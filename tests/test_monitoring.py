@@ -1,0 +1,143 @@
+"""deploy/prometheus and deploy/grafana checked offline: the rules parse and their unit tests pass
+(promtool), every alert is tested firing and quiet and carries a summary, a severity and a runbook
+link to a heading of deploy/RUNBOOK.md; the dashboards are what their generator writes, importable
+(a datasource variable every panel uses) and their queries name only metrics the code exports.
+Their expressions are evaluated against a real Prometheus in tests/test_prometheus.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROM = REPO / "deploy" / "prometheus"
+GRAFANA = REPO / "deploy" / "grafana"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (Debian package prometheus; .ci/run installs it)"
+)
+
+
+def alerts() -> list[dict[str, Any]]:
+    rules = yaml.safe_load((PROM / "rules.yaml").read_text())
+    return [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+
+
+@needs_promtool
+def test_promtool_checks_the_rules() -> None:
+    done = subprocess.run(
+        [PROMTOOL, "check", "rules", str(PROM / "rules.yaml")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+def test_promtool_unit_tests_of_the_rules_pass() -> None:
+    done = subprocess.run(
+        [PROMTOOL, "test", "rules", "rules.test.yaml"], capture_output=True, text=True, cwd=PROM
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_is_tested_firing_and_quiet() -> None:
+    suite = yaml.safe_load((PROM / "rules.test.yaml").read_text())
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for t in suite["tests"]:
+        for a in t.get("alert_rule_test", []):
+            (fires if a["exp_alerts"] else quiet).add(a["alertname"])
+    names = {a["alert"] for a in alerts()}
+    assert names == fires == quiet
+    # the ones the fleet needs (issue: stall, data loss, errors, cache, crash loop, admission, down)
+    assert {
+        "ShardstreamDataStall",
+        "ShardstreamDataLoss",
+        "ShardstreamErrorRatioHigh",
+        "ShardstreamCacheHitRatioCollapse",
+        "ShardstreamWorkerCrashLoop",
+        "ShardstreamStreamsAtAdmissionCap",
+        "ShardstreamServersDown",
+    } <= names
+
+
+def test_every_alert_has_a_summary_a_severity_and_a_runbook_heading() -> None:
+    heads = re.findall(r"^#+ (.+)$", (REPO / "deploy" / "RUNBOOK.md").read_text(), flags=re.M)
+    anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+    for a in alerts():
+        assert a["annotations"]["summary"] and a["labels"]["severity"] in ("critical", "warning", "info"), a[
+            "alert"
+        ]
+        page, _, anchor = a["annotations"]["runbook_url"].partition("#")
+        assert page == "deploy/RUNBOOK.md" and anchor in anchors, (a["alert"], anchor)
+
+
+def generator() -> Any:
+    spec = importlib.util.spec_from_file_location("dashboards", GRAFANA / "dashboards.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dashboards_are_what_their_generator_writes() -> None:
+    rendered = generator().render()
+    assert sorted(rendered) == ["fleet.json", "training.json"]
+    for name, text in rendered.items():
+        assert (GRAFANA / name).read_text() == text, (
+            f"{name} is stale: run python deploy/grafana/dashboards.py"
+        )
+
+
+@pytest.mark.parametrize("name", ["fleet.json", "training.json"])
+def test_the_dashboards_are_importable(name: str) -> None:
+    d = json.loads((GRAFANA / name).read_text())
+    assert d["uid"].startswith("shardstream-") and d["schemaVersion"] >= 36 and "id" not in d
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    assert (set(variables) >= {"datasource", "job", "pod", "dataset"}) or (
+        set(variables) >= {"datasource", "job_name", "rank"}
+    )
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert p["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"]), p[
+            "title"
+        ]
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+
+
+def test_queries_name_only_metrics_the_code_exports() -> None:
+    """Every metric a panel or rule reads is created in the code (or by prometheus-client or Prometheus)."""
+    exported: set[str] = {"up"}
+    for path in [*(REPO / "server").rglob("*.py"), *(REPO / "client").rglob("*.py")]:
+        exported |= set(re.findall(r'"((?:shardstream|grpc_server)_[a-z_]+)"', path.read_text()))
+    exported |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"}
+    texts = [(PROM / "rules.yaml").read_text(), *(p.read_text() for p in GRAFANA.glob("*.json"))]
+    used = {m for t in texts for m in re.findall(r"(?<![:\w])((?:shardstream|grpc_server|process)_[a-z_]+)\b", t)}
+    recorded = set(re.findall(r"record: (\S+)", (PROM / "rules.yaml").read_text()))
+    suffixes = ("_bucket", "_sum", "_count")
+    missing = {
+        m
+        for m in used - recorded
+        if m not in exported and not any(m.endswith(s) and m[: -len(s)] in exported for s in suffixes)
+    }
+    assert missing == set() and {"shardstream_build_info", "grpc_server_handled_total"} <= exported
+
+
+def test_ci_installs_prometheus_and_promtool() -> None:
+    script = (REPO / ".ci" / "run").read_text()
+    assert "promtool" in script and "prometheus" in script

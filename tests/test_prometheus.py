@@ -1,0 +1,332 @@
+"""The dashboards and rules of deploy/, proven against a real Prometheus scraping a real fleet.
+
+Two servers (one with 2 workers under a supervisor, one single process) and a trainer process (a
+Loader with a job, a transform and cursor commits, exposing its client metrics with
+`start_metrics_server`) are scraped every second by the Debian `prometheus` binary, configured from
+deploy/prometheus/prometheus.yml (targets and intervals replaced) with deploy/prometheus/rules.yaml.
+Every panel expression of deploy/grafana/*.json and every recording rule must return data through
+Prometheus' HTTP API (the test names those that do not, and prints the panels it checked); every
+dashboard variable must have values. Then one server is killed and the fleet's panels say so. The
+chart's ServiceMonitor scrapes the same port and path these servers serve.
+
+Beside it, what one server's metrics port serves: process metrics per worker and no `*_created`
+series, build info, and /healthz and /readyz through a drain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from shardstream.client.channel import Connection
+from shardstream.server.fleet import LocalServer
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .support import media
+from .support.chart import CHART, flag, load_values, render
+from .support.data import N_ROWS, write_dataset
+from .support.servers import Servers, unused_port, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+PROMETHEUS = shutil.which("prometheus")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (Debian package prometheus; .ci/run installs it)"
+)
+# What Grafana substitutes: every variable at "All", the rate interval a few scrapes long.
+VARIABLES = {
+    "$__rate_interval": "10s",
+    "$job_name": ".*",
+    "$dataset": ".*",
+    "$job": ".*",
+    "$pod": ".*",
+    "$rank": ".*",
+}
+
+TRAINER = textwrap.dedent(
+    """
+    import sys, threading
+    from pathlib import Path
+    from shardstream.client import Loader, metrics
+
+    endpoints, store, out = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
+    port = metrics.start_metrics_server(0)
+    (out / "port").write_text(str(port))
+    step = threading.Event()  # never set: its wait() is the training step's compute time
+    transforms = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
+    with Loader(endpoints, "toy@1", batch_size=50, job="obs", cursor_store=store, epochs=None,
+                transforms=transforms) as loader:
+        for i, batch in enumerate(loader):
+            step.wait(0.01)
+            if i % 10 == 9:
+                loader.commit(i + 1)
+            if (out / "stop").exists():
+                break
+    """
+)
+
+
+def query(base: str, promql: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    body = json.loads(urllib.request.urlopen(url, timeout=10).read())
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def label_values(base: str, label: str, match: str) -> list[str]:
+    url = f"{base}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": match})
+    return list(json.loads(urllib.request.urlopen(url, timeout=10).read())["data"])
+
+
+def panels(dashboard: Path) -> Iterator[tuple[str, str]]:
+    """(dashboard title / panel title, PromQL with the variables substituted) of every target."""
+    d = json.loads(dashboard.read_text())
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            expr = t["expr"]
+            for var, value in VARIABLES.items():
+                expr = expr.replace(var, value)
+            assert "$" not in expr, (p["title"], expr)
+            yield f"{d['title']} / {p['title']} [{t['refId']}]", expr
+
+
+def variables(dashboard: Path) -> Iterator[tuple[str, str, str]]:
+    """(variable, label, series selector) of every label_values() variable."""
+    d = json.loads(dashboard.read_text())
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.fullmatch(r"label_values\((.+), (\w+)\)", v["definition"])
+            assert m, v["definition"]
+            selector = m[1]
+            for var, value in VARIABLES.items():
+                selector = selector.replace(var, value)
+            yield v["name"], m[2], selector
+
+
+def recording_rules() -> list[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())
+    return [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
+
+
+def prometheus_config(servers: list[LocalServer], trainer_port: int) -> dict[str, Any]:
+    """deploy/prometheus/prometheus.yml with these targets, a 1 s scrape and evaluation, the rules."""
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    cfg["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
+    cfg["rule_files"] = [str(DEPLOY / "prometheus" / "rules.yaml")]
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    jobs["shardstream"]["static_configs"] = [{"targets": [f"127.0.0.1:{s.metrics_port}" for s in servers]}]
+    jobs["trainer"]["static_configs"] = [{"targets": [f"127.0.0.1:{trainer_port}"]}]
+    return cfg
+
+
+def servicemonitor_scrapes_what_the_server_serves() -> tuple[str, str]:
+    """The chart's ServiceMonitor: (port name, path); asserted to be the server's --metrics-port."""
+    r = render(load_values(CHART / "ci" / "monitoring-values.yaml"))
+    endpoint = r.one("ServiceMonitor")["spec"]["endpoints"][0]
+    service = next(
+        s for s in r.of_kind("Service") if any(p["name"] == endpoint["port"] for p in s["spec"]["ports"])
+    )
+    target = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])["targetPort"]
+    c = r.container
+    container_port = next(p["containerPort"] for p in c["ports"] if p["name"] == target)
+    assert int(flag(c["args"], "--metrics-port")) == container_port
+    return endpoint["port"], endpoint["path"]
+
+
+@needs_prometheus
+def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
+    assert servicemonitor_scrapes_what_the_server_serves() == ("metrics", "/metrics")  # what we scrape below
+    root = tmp_path / "registry"
+    write_dataset(root, "toy", N_ROWS)
+    with Servers(root) as fleet:
+        a = fleet.start(metrics=True, workers=2)
+        b = fleet.start(metrics=True, workers=1)
+        bad_request(a)  # one stream error, so the errors-by-dataset panel has a series
+        out = tmp_path / "trainer"
+        out.mkdir()
+        store = f"sqlite:///{tmp_path}/cursors.db"
+        with open(tmp_path / "trainer.log", "wb") as log:  # the child keeps its own descriptor
+            trainer = subprocess.Popen(
+                [sys.executable, "-c", TRAINER, f"{a.target},{b.target}", store, str(out)],
+                start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        prom = None
+        try:
+            wait_for(
+                lambda: (out / "port").exists() or trainer.poll() is not None, "the trainer's metrics port"
+            )
+            assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()
+            cfg = prometheus_config([a, b], int((out / "port").read_text()))
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+            port = unused_port()
+            base = f"http://127.0.0.1:{port}"
+            with open(tmp_path / "prometheus.log", "wb") as log:
+                prom = subprocess.Popen(
+                    [
+                        str(PROMETHEUS),
+                        f"--config.file={tmp_path / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    start_new_session=True,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            wait_for(lambda: ready(base) or prom.poll() is not None, "Prometheus to be ready", 30)
+            assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()
+            wait_for(lambda: sum(float(r["value"][1]) for r in query(base, "up")) == 3, "3 targets up", 30)
+
+            checks = [
+                *panels(DEPLOY / "grafana" / "fleet.json"),
+                *panels(DEPLOY / "grafana" / "training.json"),
+            ]
+            checks += [(f"recording rule {name}", name) for name in recording_rules()]
+            empty: list[str] = []
+
+            def all_have_data() -> bool:
+                empty[:] = [what for what, expr in checks if not query(base, expr)]
+                return not empty
+
+            try:
+                wait_for(all_have_data, "every panel and recording rule to return data", 40)
+            except AssertionError:
+                pytest.fail(f"no data for: {empty}")
+            print(f"\n{len(checks)} expressions returned data:\n  " + "\n  ".join(w for w, _ in checks))
+            for dashboard in ("fleet.json", "training.json"):
+                for name, label, selector in variables(DEPLOY / "grafana" / dashboard):
+                    assert label_values(base, label, selector), f"{dashboard}: variable {name} has no values"
+            assert {r["metric"]["pod"] for r in query(base, "shardstream_build_info")} == {
+                f"127.0.0.1:{a.metrics_port}",
+                f"127.0.0.1:{b.metrics_port}",
+            }
+
+            # A server dies: the fleet's panels say so, the trainer moves to the other server.
+            dead = f"127.0.0.1:{a.metrics_port}"
+            served_by_b = total(base, f'shardstream_streams_total{{pod="127.0.0.1:{b.metrics_port}"}}')
+            a.kill()
+            wait_for(
+                lambda: query(base, f'up{{pod="{dead}"}} == 0') != [], "Prometheus to see the server down", 20
+            )
+            wait_for(
+                lambda: (
+                    total(base, "shardstream_client_failovers_total") > 0
+                    and total(base, f'shardstream_streams_total{{pod="127.0.0.1:{b.metrics_port}"}}')
+                    > served_by_b
+                ),
+                "the trainer to fail over to the other server",
+                20,
+            )
+            assert total(base, 'sum(up{job="shardstream"})') == 1  # the "Servers up" panel
+        finally:
+            (out / "stop").touch()
+            for proc in (trainer, prom):
+                if proc is not None:
+                    try:
+                        proc.wait(timeout=10 if proc is trainer else 0.1)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+
+
+def ready(base: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+def total(base: str, promql: str) -> float:
+    return sum(float(r["value"][1]) for r in query(base, promql))
+
+
+def bad_request(server: LocalServer) -> None:
+    conn = Connection(server.target)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            list(conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0), timeout_s=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        conn.close()
+
+
+# --- one server's metrics port -----------------------------------------------------------------------
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_two_worker_server_shows_both_workers_processes_and_no_created_series(tmp_path: Path) -> None:
+    root = tmp_path / "registry"
+    write_dataset(root, "toy", N_ROWS)
+    with Servers(root) as fleet:
+        server = fleet.start(metrics=True, workers=2)
+        status, text = get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+        assert status == 200
+        assert "_created" not in text
+        for metric in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
+            workers = set(re.findall(rf'^{metric}{{worker="([^"]+)"}} ', text, flags=re.M))
+            assert workers == {"0", "1", "supervisor"}, (metric, workers)
+        info = re.search(r"^shardstream_build_info\{(.+)\} 1\.0$", text, flags=re.M)
+        assert info and {k for k, _ in re.findall(r'(\w+)="([^"]*)"', info[1])} == {
+            "version",
+            "python",
+            "pyarrow",
+            "grpc",
+        }
+        assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Read"' in text  # grpc-ecosystem names
+        single = fleet.start(metrics=True, workers=1)
+        status, text = get(f"http://127.0.0.1:{single.metrics_port}/metrics")
+        assert "_created" not in text and re.search(r"^process_cpu_seconds_total \d", text, flags=re.M)
+
+
+def test_healthz_and_readyz_follow_the_server_through_a_drain(tmp_path: Path) -> None:
+    """/readyz turns 503 as the drain begins while /healthz stays 200 (the chart's http probes)."""
+    tls = render(load_values(CHART / "ci" / "tls-values.yaml")).container
+    paths = {k: tls[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert paths == {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    root = tmp_path / "registry"
+    # 32 MiB of 1 MiB rows: more than a connection's flow-control window, so a stream whose client
+    # stops reading stays in flight and the drain waits for it
+    blobs = [(str(i), os.urandom(1 << 20)) for i in range(32)]
+    media.write_table(root, "blobs", media.blob_table("blob", blobs), row_group_rows=1, shard_rows=8)
+    for workers in (1, 2):
+        with Servers(root) as fleet:
+            server = fleet.start(metrics=True, workers=workers, extra_args=("--grace", "60"))
+            base = f"http://127.0.0.1:{server.metrics_port}"
+            assert get(base + "/healthz") == (200, "ok\n") and get(base + "/readyz") == (200, "ready\n")
+            conn = Connection(server.target)
+            call = conn.read(pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=1), timeout_s=120)
+            next(iter(call))  # a stream in flight, never read further: the drain waits for it
+            server.terminate()
+            wait_for(lambda url=base + "/readyz": get(url)[0] == 503, "/readyz to say draining")
+            assert get(base + "/readyz") == (503, "draining\n") and get(base + "/healthz") == (200, "ok\n")
+            call.cancel()
+            conn.close()
