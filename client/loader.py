@@ -13,10 +13,10 @@ it has not received, with jittered exponential backoff, within a retry budget th
 `tls` and `token` (default $SHARDSTREAM_TOKEN) secure every channel it opens (credentials.py).
 
 This module is the SDK's public surface — every option validated in one place, the state, the job
-cursors — which is why it is a little over 400 lines; the machinery is elsewhere: the prefetch
+cursors, the schedules — which is why it is about 500 lines; the machinery is elsewhere: the prefetch
 thread (prefetch.py) is handed an immutable `ReadSpec` (spec.py), its streams are `StreamSession`s
-(session.py), messages become batches in decode.py, and a job's cursors (store, commits, fencing,
-resume) are job.py's.
+(session.py), messages become batches in decode.py, a job's cursors (store, commits, fencing,
+resume) are job.py's and the schedules' state is schedule_state.py's.
 """
 
 from __future__ import annotations

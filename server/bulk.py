@@ -17,6 +17,9 @@ in partition order.
 A task that finds a problem in the data (not Parquet, a Parquet page checksum that fails, a column
 that cannot be cast) returns a Part with `error` set instead of raising, so the engine does not
 retry a deterministic failure and the driver raises one ShardstreamError naming the file.
+
+(About 460 lines: what a task does and what the driver does with its answer are two halves of one
+contract — the Part's JSON — and are kept side by side so that they change together.)
 """
 
 from __future__ import annotations
