@@ -28,8 +28,18 @@ import numpy as np
 
 from shardstream.errors import InvalidArgumentError, NotFoundError
 from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.schedule import Schedule
+from shardstream.scheduled_layout import Layout, make_layout, split_start, step_position
 
-__all__ = ["Cursor", "StepPlace", "find_position", "parse_shuffle", "place_of", "place_step"]
+__all__ = [
+    "Cursor",
+    "StepPlace",
+    "find_position",
+    "parse_shuffle",
+    "place_of",
+    "place_scheduled_step",
+    "place_step",
+]
 
 SCAN_CHUNK = 1 << 20  # positions evaluated at once by find_position
 
@@ -63,7 +73,7 @@ class StepPlace:
 
     step: int  # the job's step T
     epoch: int
-    layout: StepLayout
+    layout: Layout  # a StepLayout, or a ScheduledLayout for a job with batch-size phases or skip ranges
     index: int  # in layout: the step covers layout.global_range(index)
     how: str  # "at the cursor", "after the cursor" or "before the cursor"
 
@@ -103,6 +113,41 @@ def place_step(num_rows: int, cursor: Cursor, step: int) -> StepPlace:
     return StepPlace(
         step, cursor.epoch - back, whole, back * per_epoch - (epoch_first - step), "before the cursor"
     )
+
+
+def place_scheduled_step(num_rows: int, cursor: Cursor, schedule: Schedule, step: int) -> StepPlace:
+    """`place_step` for a job with batch-size phases or skip ranges (scheduled_layout.py), from a
+    cursor at or before the step: where the step starts (`step_position`), then which step of that
+    epoch's layout — the layout the Loader builds, from the cursor or from the epoch's first step."""
+    if step < cursor.steps:
+        raise NotFoundError(f"step {step} is before the cursor's step {cursor.steps}")
+    w, drop = cursor.world_size, cursor.drop_last
+    position = step_position(
+        step,
+        num_rows=num_rows,
+        world_size=w,
+        schedule=schedule,
+        drop_last=drop,
+        epoch=cursor.epoch,
+        offset=cursor.offset,
+        steps_done=cursor.steps,
+    )
+    epoch, offset = divmod(position, num_rows)
+    if epoch == cursor.epoch:
+        start = cursor.offset
+    else:
+        whole = make_layout(num_rows, 0, w, schedule.first_batch, drop, epoch=epoch, schedule=schedule)
+        start = split_start(whole, 0)
+    layout = make_layout(num_rows, start, w, schedule.first_batch, drop, epoch=epoch, schedule=schedule)
+    lo, hi = 0, layout.num_steps - 1  # the step starting at `offset` (steps start in increasing order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if layout.global_range(mid)[0] < offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    assert layout.global_range(lo)[0] == offset, (step, position)
+    return StepPlace(step, epoch, layout, lo, "at the cursor" if step == cursor.steps else "after the cursor")
 
 
 def find_position(rows_of: Callable[[np.ndarray], np.ndarray], num_rows: int, row: int) -> int:

@@ -130,6 +130,21 @@ def test_a_mixture_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -
             assert [(s["source"], s["shard"], s["row"]) for s in r["samples"]] == received, (t, r["rank"])
 
 
+def test_a_scheduled_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -> None:
+    """Batch-size phases and skip ranges (schedule_state.py): explained from the job's start and
+    from its cursors, as the ranks received them."""
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    kw = dict(job="sched", cursor_store=store, world_size=2, seed=2, batch_size=[(0, 8), (200, 16)])
+    got = {r: run(server, "toy@1", 40, (10, 25), rank=r, skip_steps=[(3, 5)], **kw) for r in range(2)}
+    for t in (0, 2, 3, 9, 12, 13, 25, 39):
+        out = explain(root, store, "--job", "sched", "--step", str(t))
+        assert out["schedule"] is not None
+        for r in out["ranks"]:
+            info = got[r["rank"]][t]
+            assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(info), (t, r["rank"])
+            assert r["positions"] == [info.position_start, info.position_end] and out["epoch"] == info.epoch
+
+
 def test_samples_a_transform_skipped_are_read_with_server(server: LocalServer, root: Path, tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path}/cursors.db"
     decode = [{"op": "image.decode", "size": [8, 8]}]

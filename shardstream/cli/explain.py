@@ -18,11 +18,20 @@ import sys
 from typing import Any
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from shardstream.explain import Cursor, StepPlace, find_position, parse_shuffle, place_of, place_step
+from shardstream.explain import (
+    Cursor,
+    StepPlace,
+    find_position,
+    parse_shuffle,
+    place_of,
+    place_scheduled_step,
+    place_step,
+)
 from shardstream.inspect import Selector, make_selector, step_samples
 from shardstream.mixture import is_mixture, parse_mixture
 from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
 from shardstream.registry import Registry
+from shardstream.schedule import Schedule
 
 from . import common
 
@@ -100,6 +109,32 @@ def _selector(reg: Registry, state: Any) -> Selector:
     return sel
 
 
+def _schedule(raw: dict[str, Any], num_rows: int, cursor: Cursor) -> Schedule | None:
+    """A recorded state's batch-size phases and skip ranges (client/schedule_state.py), None when plain;
+    skip ranges recorded as steps only are placed from the cursor, as the Loader that resumes does."""
+    saved = raw.get("schedule")
+    if not saved:
+        return None
+    if saved.get("mixture"):
+        raise InvalidArgumentError(
+            "explain does not follow mixture phases yet (this job's cursors record some)"
+        )
+    from shardstream.client.schedule_state import LoaderSchedule, SkipRecord
+
+    loader_schedule = LoaderSchedule(saved.get("batch_size") or cursor.batch_size, ())
+    loader_schedule.saved = tuple(SkipRecord.from_json(r) for r in saved.get("skip") or ())
+    skips = loader_schedule.records(
+        num_rows=num_rows,
+        world_size=cursor.world_size,
+        drop_last=cursor.drop_last,
+        epoch=cursor.epoch,
+        offset=cursor.offset,
+        steps=cursor.steps,
+    )
+    schedule = Schedule.of(list(loader_schedule.batch), [r.positions for r in skips if r.positions])
+    return None if schedule.is_plain else schedule
+
+
 def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
     url, records = _records(args)
     before = [r for r in records if r[1].state.steps <= args.step]
@@ -112,7 +147,13 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
     with common.open_registry(args) as reg:
         sel = _selector(reg, st)
         cursor = Cursor(st.epoch, st.offset, st.steps, st.world_size, st.batch_size, st.drop_last)
-        place = place_step(sel.num_rows, cursor, args.step)
+        schedule = _schedule(raw, sel.num_rows, cursor)
+        if schedule is None:
+            place = place_step(sel.num_rows, cursor, args.step)
+        else:  # batch-size phases or skip ranges: forward only, from the job's start if need be
+            if not before:
+                cursor = Cursor(0, 0, 0, st.world_size, st.batch_size, st.drop_last)
+            place = place_scheduled_step(sel.num_rows, cursor, schedule, args.step)
     ranks = [args.rank] if args.rank is not None else list(range(st.world_size))
     if any(not 0 <= r < st.world_size for r in ranks):
         raise InvalidArgumentError(f"--rank must be in [0, {st.world_size}) (the job's world size then)")
@@ -132,6 +173,7 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
         "shuffle": st.shuffle,
         "world_size": st.world_size,
         "batch_size": st.batch_size,
+        "schedule": raw.get("schedule"),  # batch-size phases, skip ranges (None: none)
         "drop_last": st.drop_last,
         "epoch": place.epoch,
         "global_positions": [start, end],
