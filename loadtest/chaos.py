@@ -100,7 +100,7 @@ def run_chaos(sizes: Sizes, names: list[str], workdir: Path | None = None) -> di
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardstream-chaos-")))
         workdir.mkdir(parents=True, exist_ok=True)
         ctx = stack.enter_context(Ctx(workdir, sizes))
-        log(f"chaos: datasets ready in {time.perf_counter() - t0:.0f} s ({workdir})")
+        log(f"chaos: {len(names)} faults, work directory {workdir}")
         rows = [run_fault(ctx, name) for name in names]
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.chaos", *sys.argv[1:]]),
