@@ -127,7 +127,9 @@ def test_queries_name_only_metrics_the_code_exports() -> None:
         exported |= set(re.findall(r'"((?:shardstream|grpc_server)_[a-z_]+)"', path.read_text()))
     exported |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"}
     texts = [(PROM / "rules.yaml").read_text(), *(p.read_text() for p in GRAFANA.glob("*.json"))]
-    used = {m for t in texts for m in re.findall(r"(?<![:\w])((?:shardstream|grpc_server|process)_[a-z_]+)\b", t)}
+    used = {
+        m for t in texts for m in re.findall(r"(?<![:\w])((?:shardstream|grpc_server|process)_[a-z_]+)\b", t)
+    }
     recorded = set(re.findall(r"record: (\S+)", (PROM / "rules.yaml").read_text()))
     suffixes = ("_bucket", "_sum", "_count")
     missing = {
@@ -141,3 +143,36 @@ def test_queries_name_only_metrics_the_code_exports() -> None:
 def test_ci_installs_prometheus_and_promtool() -> None:
     script = (REPO / ".ci" / "run").read_text()
     assert "promtool" in script and "prometheus" in script
+
+
+def test_the_dataset_label_is_a_name_from_a_bounded_set() -> None:
+    from shardstream.server import dataset_label as dl
+
+    assert dl.dataset_name("web@3") == "web" and dl.dataset_name("web") == "web"
+    assert dl.dataset_name("", ["web@3", "code@1"]) == "code+web"  # a mixture: its sources' names
+    assert dl.dataset_name("web@3:0.7,code@1:0.3") == "code+web" and dl.dataset_name("../etc") == ""
+    saved = set(dl._admitted)
+    dl._admitted.clear()
+    try:
+        assert dl.dataset_label("typo", admit=False) == dl.OTHER  # not planned: never takes a place
+        names = [f"ds{i}" for i in range(dl.MAX_DATASET_LABELS + 10)]
+        labels = [dl.dataset_label(n, admit=True) for n in names]
+        assert labels[: dl.MAX_DATASET_LABELS] == names[: dl.MAX_DATASET_LABELS]
+        assert set(labels[dl.MAX_DATASET_LABELS :]) == {dl.OTHER}  # the rest are folded
+        assert dl.dataset_label("ds0", admit=False) == "ds0"  # admitted once, named from then on
+    finally:
+        dl._admitted.clear()
+        dl._admitted.update(saved)
+
+
+def test_client_metrics_go_to_a_trainers_own_registry_with_job_and_rank() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shardstream.client import metrics
+
+    registry = CollectorRegistry()
+    metrics.register(registry)
+    metrics.for_rank("run-9", 3).batches.inc()
+    text = generate_latest(registry).decode()
+    assert 'shardstream_client_batches_total{job_name="run-9",rank="3"} 1.0' in text
+    assert 'shardstream_client_failovers_total{job_name="run-9",rank="3"} 0.0' in text  # exported at 0
