@@ -150,259 +150,120 @@ def dashboard(
 
 def fleet() -> dict[str, Any]:
     rate = "[$__rate_interval]"
+    grpc = f'{SERVERS}, grpc_service="shardstream.v1.ShardStream"'
+    # fmt: off
     panels = [
         row("Load"),
-        panel(
-            "Servers up",
-            (f"sum(up{{{SERVERS}}})", "up"),
-            kind="stat",
-            width=4,
-            description="Server targets Prometheus scrapes successfully (one per pod).",
-        ),
-        panel(
-            "Workers serving",
-            (f"sum by (pod) (shardstream_workers{{{SERVERS}}})", "{{pod}}"),
-            kind="stat",
-            width=4,
-            description="Worker processes serving per pod (servers with --workers > 1).",
-        ),
-        panel(
-            "Versions running",
-            (f"count by (version, python, pyarrow, grpc) (shardstream_build_info{{{SERVERS}}})", ""),
-            kind="table",
-            width=16,
-            description="shardstream_build_info: pods per version.",
-        ),
-        panel(
-            "Streams active by dataset",
-            (f"sum by (dataset) (shardstream_streams_active{{{DATASETS}}})", "{{dataset}}"),
-            description="Read streams in progress (dataset: name, at most 64 per process; the rest as _other).",
-        ),
-        panel(
-            "Streams started/s by dataset",
-            (f"sum by (dataset) (rate(shardstream_streams_total{{{DATASETS}}}{rate}))", "{{dataset}}"),
-            unit="ops",
-        ),
-        panel(
-            "Rows/s by dataset",
-            ("sum by (dataset) (shardstream:rows_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
-            unit="short",
-        ),
-        panel(
-            "Bytes/s sent by dataset",
-            ("sum by (dataset) (shardstream:bytes_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
-            unit="Bps",
-        ),
+        panel("Servers up", (f"sum(up{{{SERVERS}}})", "up"), kind="stat", width=4,
+              description="Server targets Prometheus scrapes successfully (one per pod)."),
+        panel("Workers serving", (f"sum by (pod) (shardstream_workers{{{SERVERS}}})", "{{pod}}"), kind="stat",
+              width=4, description="Worker processes serving per pod (servers with --workers > 1)."),
+        panel("Versions running",
+              (f"count by (version, python, pyarrow, grpc) (shardstream_build_info{{{SERVERS}}})", ""),
+              kind="table", width=16, description="shardstream_build_info: pods per version."),
+        panel("Streams active by dataset", (f"sum by (dataset) (shardstream_streams_active{{{DATASETS}}})", "{{dataset}}"),
+              description="Read streams in progress (dataset: name, at most 64 per process; the rest as _other)."),
+        panel("Streams started/s by dataset",
+              (f"sum by (dataset) (rate(shardstream_streams_total{{{DATASETS}}}{rate}))", "{{dataset}}"), unit="ops"),
+        panel("Rows/s by dataset", ("sum by (dataset) (shardstream:rows_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
+              unit="short"),
+        panel("Bytes/s sent by dataset",
+              ("sum by (dataset) (shardstream:bytes_sent:rate1m{" + DATASETS + "})", "{{dataset}}"), unit="Bps"),
         row("Latency"),
-        panel(
-            "Batch build time p50 / p99",
-            ("shardstream:batch_build_seconds:p50_rate5m{" + SERVERS + "}", "p50 {{pod}}"),
-            ("shardstream:batch_build_seconds:p99_rate5m{" + SERVERS + "}", "p99 {{pod}}"),
-            unit="s",
-            description="Time to read, take and encode one Read message; a rising p99 = storage or CPU saturation.",
-        ),
-        panel(
-            "Control-plane RPC time p99",
-            (
-                f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{SERVERS}, grpc_service="shardstream.v1.ShardStream", grpc_type="unary"}}{rate})))',
-                "{{grpc_method}}",
-            ),
-            unit="s",
-        ),
+        panel("Batch build time p50 / p99",
+              ("shardstream:batch_build_seconds:p50_rate5m{" + SERVERS + "}", "p50 {{pod}}"),
+              ("shardstream:batch_build_seconds:p99_rate5m{" + SERVERS + "}", "p99 {{pod}}"), unit="s",
+              description="Time to read, take and encode one Read message; a rising p99 = storage or CPU saturation."),
+        panel("Control-plane RPC time p99",
+              (f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{grpc}, grpc_type="unary"}}{rate})))',
+               "{{grpc_method}}"), unit="s"),
         row("Cache and storage"),
-        panel(
-            "Cache hit ratio",
-            ("shardstream:cache_hit:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
-            unit="percentunit",
-            thresholds=[("red", None), ("green", 0.5)],
-        ),
-        panel(
-            "Cache bytes",
-            (f"sum by (pod) (shardstream_cache_bytes{{{SERVERS}}})", "used {{pod}}"),
-            (f"sum by (pod) (shardstream_cache_capacity_bytes{{{SERVERS}}})", "capacity {{pod}}"),
-            unit="bytes",
-        ),
-        panel(
-            "Storage reads/s",
-            (f"sum by (pod) (rate(shardstream_storage_reads_total{{{SERVERS}}}{rate}))", "{{pod}}"),
-            unit="ops",
-        ),
-        panel(
-            "Storage fetch time p99",
-            ("shardstream:storage_read_seconds:p99_rate5m{" + SERVERS + "}", "{{pod}}"),
-            unit="s",
-        ),
-        panel(
-            "Read amplification",
-            ("shardstream:storage_read:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
-            description="Bytes read from storage per byte looked up in the cache (1 = every lookup read storage).",
-        ),
-        panel(
-            "Bytes/s read from storage",
-            (f"sum by (pod) (rate(shardstream_storage_read_bytes_total{{{SERVERS}}}{rate}))", "{{pod}}"),
-            unit="Bps",
-        ),
+        panel("Cache hit ratio", ("shardstream:cache_hit:ratio_rate5m{" + SERVERS + "}", "{{pod}}"), unit="percentunit",
+              thresholds=[("red", None), ("green", 0.5)]),
+        panel("Cache bytes", (f"sum by (pod) (shardstream_cache_bytes{{{SERVERS}}})", "used {{pod}}"),
+              (f"sum by (pod) (shardstream_cache_capacity_bytes{{{SERVERS}}})", "capacity {{pod}}"), unit="bytes"),
+        panel("Storage reads/s", (f"sum by (pod) (rate(shardstream_storage_reads_total{{{SERVERS}}}{rate}))", "{{pod}}"),
+              unit="ops"),
+        panel("Storage fetch time p99", ("shardstream:storage_read_seconds:p99_rate5m{" + SERVERS + "}", "{{pod}}"),
+              unit="s"),
+        panel("Read amplification", ("shardstream:storage_read:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
+              description="Bytes read from storage per byte looked up in the cache (1 = every lookup read storage)."),
+        panel("Bytes/s read from storage",
+              (f"sum by (pod) (rate(shardstream_storage_read_bytes_total{{{SERVERS}}}{rate}))", "{{pod}}"), unit="Bps"),
         row("Transforms"),
-        panel(
-            "Transform time p99 by op",
-            ('shardstream:transform_seconds:p99_rate5m{job=~"$job"}', "{{op}}"),
-            unit="s",
-        ),
-        panel(
-            "Transform CPU by op and dataset",
-            (
-                f"sum by (op, dataset) (rate(shardstream_transform_seconds_sum{{{DATASETS}}}{rate}))",
-                "{{op}} {{dataset}}",
-            ),
-            unit="s",
-            description="Seconds per second spent in each server-side transform (about cores busy).",
-        ),
+        panel("Transform time p99 by op", ('shardstream:transform_seconds:p99_rate5m{job=~"$job"}', "{{op}}"), unit="s"),
+        panel("Transform CPU by op and dataset",
+              (f"sum by (op, dataset) (rate(shardstream_transform_seconds_sum{{{DATASETS}}}{rate}))", "{{op}} {{dataset}}"),
+              unit="s", description="Seconds per second spent in each server-side transform (about cores busy)."),
         row("Errors and admission"),
-        panel(
-            "RPC errors/s by code",
-            (
-                f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{SERVERS}, grpc_service="shardstream.v1.ShardStream", grpc_code!="OK"}}{rate}))',
-                "{{grpc_method}} {{grpc_code}}",
-            ),
-            unit="ops",
-        ),
-        panel(
-            "Stream errors/s by dataset",
-            (
-                f"sum by (dataset, code) (rate(shardstream_stream_errors_total{{{DATASETS}}}{rate}))",
-                "{{dataset}} {{code}}",
-            ),
-            unit="ops",
-        ),
-        panel(
-            "Streams refused/s by limit",
-            (f"sum by (limit) (rate(shardstream_streams_refused_total{{{SERVERS}}}{rate}))", "{{limit}}"),
-            unit="ops",
-            description="RESOURCE_EXHAUSTED at the admission limits (server, peer, buffer).",
-        ),
-        panel(
-            "Stream buffer bytes",
-            (f"sum by (pod) (shardstream_stream_buffer_bytes{{{SERVERS}}})", "{{pod}}"),
-            unit="bytes",
-        ),
+        panel("RPC errors/s by code",
+              (f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{grpc}, grpc_code!="OK"}}{rate}))',
+               "{{grpc_method}} {{grpc_code}}"), unit="ops"),
+        panel("Stream errors/s by dataset",
+              (f"sum by (dataset, code) (rate(shardstream_stream_errors_total{{{DATASETS}}}{rate}))", "{{dataset}} {{code}}"),
+              unit="ops"),
+        panel("Streams refused/s by limit",
+              (f"sum by (limit) (rate(shardstream_streams_refused_total{{{SERVERS}}}{rate}))", "{{limit}}"), unit="ops",
+              description="RESOURCE_EXHAUSTED at the admission limits (server, peer, buffer)."),
+        panel("Stream buffer bytes", (f"sum by (pod) (shardstream_stream_buffer_bytes{{{SERVERS}}})", "{{pod}}"),
+              unit="bytes"),
         row("Processes"),
-        panel(
-            "Worker restarts (15 min)",
-            (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}"),
-        ),
-        panel(
-            "CPU per pod",
-            ("shardstream:process_cpu_seconds:rate1m{" + SERVERS + "}", "{{pod}}"),
-            unit="short",
-            description="Cores used by every process of the pod (supervisor and workers).",
-        ),
-        panel(
-            "RSS per pod",
-            ("shardstream:process_resident_memory_bytes:sum{" + SERVERS + "}", "{{pod}}"),
-            unit="bytes",
-        ),
+        panel("Worker restarts (15 min)",
+              (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}")),
+        panel("CPU per pod", ("shardstream:process_cpu_seconds:rate1m{" + SERVERS + "}", "{{pod}}"), unit="short",
+              description="Cores used by every process of the pod (supervisor and workers)."),
+        panel("RSS per pod", ("shardstream:process_resident_memory_bytes:sum{" + SERVERS + "}", "{{pod}}"), unit="bytes"),
         panel("Open file descriptors per pod", (f"sum by (pod) (process_open_fds{{{SERVERS}}})", "{{pod}}")),
     ]
+    # fmt: on
     variables = [
         query_variable("job", "Job", "label_values(shardstream_build_info, job)"),
         query_variable("pod", "Pod", 'label_values(shardstream_build_info{job=~"$job"}, pod)'),
         query_variable("dataset", "Dataset", 'label_values(shardstream_streams_total{job=~"$job"}, dataset)'),
     ]
-    return dashboard(
-        "shardstream-fleet",
-        "shardstream / Fleet",
-        "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, processes.",
-        variables,
-        panels,
-    )
+    about = "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, processes."
+    return dashboard("shardstream-fleet", "shardstream / Fleet", about, variables, panels)
 
 
 def training() -> dict[str, Any]:
     rate = "[$__rate_interval]"
+    who = "{{job_name}} rank {{rank}}"
+    # fmt: off
     panels = [
         row("Data"),
-        panel(
-            "Data stall (share of time waiting for data)",
-            ("shardstream:client_stall:ratio_rate5m{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
-            unit="percentunit",
-            thresholds=[("green", None), ("red", 0.05)],
-            description="Fraction of wall time the training loop waited for its next batch; the SLO is 5%.",
-        ),
-        panel(
-            "Wait for a batch p99",
-            ("shardstream:client_wait_seconds:p99_rate5m{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
-            unit="s",
-        ),
-        panel(
-            "Batches/s",
-            (
-                f"sum by (job_name, rank) (rate(shardstream_client_batches_total{{{RANKS}}}{rate}))",
-                "{{job_name}} rank {{rank}}",
-            ),
-            unit="ops",
-        ),
-        panel(
-            "Bytes/s received",
-            (
-                f"sum by (job_name, rank) (rate(shardstream_client_bytes_total{{{RANKS}}}{rate}))",
-                "{{job_name}} rank {{rank}}",
-            ),
-            unit="Bps",
-        ),
+        panel("Data stall (share of time waiting for data)", ("shardstream:client_stall:ratio_rate5m{" + RANKS + "}", who),
+              unit="percentunit", thresholds=[("green", None), ("red", 0.05)],
+              description="Fraction of wall time the training loop waited for its next batch; the SLO is 5%."),
+        panel("Wait for a batch p99", ("shardstream:client_wait_seconds:p99_rate5m{" + RANKS + "}", who), unit="s"),
+        panel("Batches/s", (f"sum by (job_name, rank) (rate(shardstream_client_batches_total{{{RANKS}}}{rate}))", who),
+              unit="ops"),
+        panel("Bytes/s received", (f"sum by (job_name, rank) (rate(shardstream_client_bytes_total{{{RANKS}}}{rate}))", who),
+              unit="Bps"),
         row("Failover"),
-        panel(
-            "Failovers/s",
-            (
-                f"sum by (job_name, rank) (rate(shardstream_client_failovers_total{{{RANKS}}}{rate}))",
-                "failovers {{job_name}} rank {{rank}}",
-            ),
-            (
-                f"sum by (job_name, rank) (rate(shardstream_client_stream_retries_total{{{RANKS}}}{rate}))",
-                "retries {{job_name}} rank {{rank}}",
-            ),
-            unit="ops",
-            description="Streams reopened after an error; failovers moved to another server.",
-        ),
+        panel("Failovers/s",
+              (f"sum by (job_name, rank) (rate(shardstream_client_failovers_total{{{RANKS}}}{rate}))", "failovers " + who),
+              (f"sum by (job_name, rank) (rate(shardstream_client_stream_retries_total{{{RANKS}}}{rate}))", "retries " + who),
+              unit="ops", description="Streams reopened after an error; failovers moved to another server."),
         row("Cursor commits"),
-        panel(
-            "Commit lag (time since the last commit)",
-            ("shardstream:client_commit_age_seconds{" + RANKS + "}", "{{job_name}} rank {{rank}}"),
-            unit="s",
-        ),
-        panel(
-            "Commit time p99",
-            (
-                f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_cursor_commit_seconds_bucket{{{RANKS}}}{rate})))",
-                "{{job_name}}",
-            ),
-            unit="s",
-        ),
-        panel(
-            "Commits and failures/s",
-            (
-                f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{RANKS}}}{rate}))",
-                "commits {{job_name}}",
-            ),
-            (
-                f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{RANKS}}}{rate}))",
-                "failures {{job_name}}",
-            ),
-            unit="ops",
-        ),
+        panel("Commit lag (time since the last commit)", ("shardstream:client_commit_age_seconds{" + RANKS + "}", who),
+              unit="s"),
+        panel("Commit time p99",
+              (f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_cursor_commit_seconds_bucket{{{RANKS}}}{rate})))",
+               "{{job_name}}"), unit="s"),
+        panel("Commits and failures/s",
+              (f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{RANKS}}}{rate}))", "commits {{job_name}}"),
+              (f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{RANKS}}}{rate}))",
+               "failures {{job_name}}"), unit="ops"),
     ]
+    # fmt: on
     variables = [
         query_variable("job_name", "Job", "label_values(shardstream_client_batches_total, job_name)"),
         query_variable(
             "rank", "Rank", 'label_values(shardstream_client_batches_total{job_name=~"$job_name"}, rank)'
         ),
     ]
-    return dashboard(
-        "shardstream-training",
-        "shardstream / Training",
-        "Trainers' view of shardstream: data stall, waits, failovers and cursor commits per job and rank.",
-        variables,
-        panels,
-    )
+    about = "Trainers' view of shardstream: data stall, waits, failovers and cursor commits per job and rank."
+    return dashboard("shardstream-training", "shardstream / Training", about, variables, panels)
 
 
 DASHBOARDS = {"fleet.json": fleet, "training.json": training}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from typing import Any
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
@@ -210,59 +211,45 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
 def _read_skipped(
     args: argparse.Namespace, st: Any, place: StepPlace, ranks: list[int]
 ) -> dict[int, list[dict[str, Any]]]:
-    """The samples each rank's transforms skipped at the step: read as that rank reads it (a Loader
-    resumed at the step's offset over --server, provenance on), one step per rank."""
+    """The samples the job's transforms skipped at the step, by rank: the step's positions read once
+    from --server (a Loader of world size 1 resumed at the step's start, one batch of the whole step,
+    provenance on; whether a sample is skipped depends on its bytes only), each skipped sample given
+    to the rank whose slice holds its position."""
     from shardstream.client import Loader
     from shardstream.client.state import LoaderState
 
     shuffle = parse_shuffle(st.shuffle)
-    start = place.layout.global_range(place.index)[0]
-    out: dict[int, list[dict[str, Any]]] = {}
+    start, end = place.layout.global_range(place.index)
+    with Loader(
+        args.server,
+        st.dataset,
+        batch_size=end - start,
+        rank=0,
+        world_size=1,
+        seed=st.seed,
+        shuffle=shuffle.mode,
+        shuffle_window=shuffle.window if shuffle.mode == "block" else None,
+        epochs=place.epoch + 1,
+        transforms=list(st.transforms),
+        on_error=st.on_error,
+        mixture_block=st.mixture_block,
+        mixture_epoch_samples=st.mixture_epoch_samples,
+        prefetch=1,
+        provenance=True,
+        output="arrow",
+        **common.client_security(args),  # --tls*, --token-file: a fleet with TLS or --auth
+    ) as loader:
+        at_step = LoaderState(
+            st.dataset, st.fingerprint, st.seed, st.shuffle, place.epoch, start, 1, end - start
+        )
+        loader.load_state_dict(at_step.to_dict())
+        next(iter(loader))
+        info = loader.last_batch
+        assert info is not None and (info.position_start, info.position_end) == (start, end)
+    out: dict[int, list[dict[str, Any]]] = {r: [] for r in ranks}
     for r in ranks:
-        with Loader(
-            args.server,
-            st.dataset,
-            batch_size=st.batch_size,
-            rank=r,
-            world_size=st.world_size,
-            seed=st.seed,
-            shuffle=shuffle.mode,
-            shuffle_window=shuffle.window if shuffle.mode == "block" else None,
-            epochs=place.epoch + 1,
-            drop_last=st.drop_last,
-            transforms=list(st.transforms),
-            on_error=st.on_error,
-            mixture_block=st.mixture_block,
-            mixture_epoch_samples=st.mixture_epoch_samples,
-            prefetch=1,
-            provenance=True,
-            output="arrow",
-            **common.client_security(args),  # --tls*, --token-file: a fleet with TLS or --auth
-        ) as loader:
-            at_step = LoaderState(
-                dataset=st.dataset,
-                fingerprint=st.fingerprint,
-                seed=st.seed,
-                shuffle=st.shuffle,
-                epoch=place.epoch,
-                offset=start,
-                world_size=st.world_size,
-                batch_size=st.batch_size,
-            )
-            loader.load_state_dict(at_step.to_dict())
-            next(iter(loader))
-            info = loader.last_batch
-            assert info is not None
-            out[r] = [
-                {
-                    "position": s.position,
-                    "shard": s.shard,
-                    "row": s.row,
-                    "source": s.source,
-                    "reason": s.reason,
-                }
-                for s in info.skipped
-            ]
+        lo, hi = place.layout.rank_range(place.index, r)
+        out[r] = [asdict(s) for s in info.skipped if lo <= s.position < hi]
     return out
 
 
