@@ -8,6 +8,8 @@
 The job's steps come from its cursor store (the Loader's state at each checkpoint, client/state.py)
 walked with the plan's pure functions (shardstream/explain.py, inspect.py, plan.py, mixture.py);
 manifests come from the registry (--root). Nothing is written; only --server reads data.
+(A few lines over 400: the two questions share their parser, options and output, so they stay in one
+command module; the walk itself is shardstream/explain.py's.)
 """
 
 from __future__ import annotations
