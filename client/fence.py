@@ -19,7 +19,12 @@ store, and every write says which claim it comes from.
     * otherwise the slot is taken over with a new generation (a restarted rank, or a new run).
 - A write carries its generation and is refused with `StaleRunError` unless its process still holds
   the slot. A store that holds no run of the job at all (wiped, or restarted without persistence)
-  answers `UnclaimedError` instead: the writer claims again and retries. A step completes only when every rank's record of it was written by the slot's current
+  answers `UnclaimedError` instead: the writer claims again and retries. So does a store whose run of
+  the job never issued that generation: a run state is created with its counter at a random `base`
+  (`new_run_base`), so the generations of one run state are (base, counter] and a generation from a
+  run state the store has since lost (Redis wiped mid-run, then another rank claimed first and made
+  a new one) falls outside it (`issued_by`) — the writer claims again instead of being called stale.
+  (Redis and the in-memory store; an SQLite file is not emptied under running ranks.) A step completes only when every rank's record of it was written by the slot's current
   holder, so records that a replaced process wrote before its replacement started never count.
 
 What this cannot tell apart without a coordinator: a rank restarted alone while its peers keep going
@@ -51,6 +56,8 @@ __all__ = [
     "StaleRunError",
     "UnclaimedError",
     "decide_claim",
+    "issued_by",
+    "new_run_base",
     "process_token",
     "stale_message",
 ]
@@ -112,6 +119,17 @@ def decide_claim(
     if holder is not None and holder.token == token:
         return Claim(gen=holder.gen, counter=counter, clear=False, take=False)
     return Claim(gen=counter + 1, counter=counter + 1, clear=False, take=True)
+
+
+def new_run_base() -> int:
+    """Where a new run state's generation counter starts: random, so that two run states of one job
+    (before and after a store lost it) issue disjoint generations. 2^40 keeps it exact in Redis' Lua."""
+    return secrets.randbelow(1 << 40)
+
+
+def issued_by(gen: int, base: int, counter: int) -> bool:
+    """Whether the run state with this base and counter issued generation `gen`."""
+    return base < gen <= counter
 
 
 def stale_message(

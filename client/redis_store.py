@@ -42,7 +42,7 @@ from typing import Any
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
-from .fence import RUN_FORMAT, Run, Slot, StaleRunError, UnclaimedError, stale_message
+from .fence import RUN_FORMAT, Run, Slot, StaleRunError, UnclaimedError, new_run_base, stale_message
 
 __all__ = ["REDIS_TIMEOUT_S", "WAITAOF_TIMEOUT_MS", "Persistence", "RedisStore"]
 
@@ -203,11 +203,14 @@ class RedisStore:
             time.sleep(0.002)
 
     # --- runs ------------------------------------------------------------------------------------
-    # KEYS: run, slots. ARGV: rank, world size, token, now, run format. Mirrors fence.decide_claim.
+    # KEYS: run, slots. ARGV: rank, world size, token, now, run format, the base of a new run state
+    # (fence.new_run_base: drawn by the client, Lua's random is seeded the same on every call).
+    # Mirrors fence.decide_claim.
     _CLAIM = """
         local fmt = tonumber(redis.call('HGET', KEYS[1], 'format') or '0')
         if fmt > tonumber(ARGV[5]) then return redis.error_reply('shardstream run format ' .. fmt) end
         local world = redis.call('HGET', KEYS[1], 'world_size')
+        if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], 'base', ARGV[6], 'counter', ARGV[6]) end
         local counter = tonumber(redis.call('HGET', KEYS[1], 'counter') or '0')
         if world == ARGV[2] and redis.call('HGET', KEYS[2], ARGV[1] .. ':by') == ARGV[3] then
             return tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
@@ -224,7 +227,8 @@ class RedisStore:
         keys = [self._key(job, "run"), self._key(job, "slots")]
         try:
             gen = self._claim_script(
-                keys, [str(rank), str(world_size), token, repr(time.time()), str(RUN_FORMAT)]
+                keys,
+                [str(rank), str(world_size), token, repr(time.time()), str(RUN_FORMAT), str(new_run_base())],
             )
         except self._redis.ResponseError as exc:
             if "shardstream run format" in str(exc):
@@ -257,11 +261,17 @@ class RedisStore:
     #       [5] ranks written, [6] slots, [7] generations of (step, key), [8] run.
     # ARGV: [1] rank, [2] record, [3] step, [4] world size, [5] key, [6] generation ('' = unfenced).
     # A fenced write of a process that no longer holds its rank is refused ({-1, holder...}), one to a
-    # store that holds no run of the job at all is answered {-2} (the writer claims again); a step
+    # store that holds no run of the job, or one that never issued its generation (fence.issued_by),
+    # is answered {-2} (the writer claims again); a step
     # completes when every rank wrote it under the key and each record's writer still holds its rank.
     _WRITE = """
         local gen = ARGV[6]
         if gen ~= '' and redis.call('EXISTS', KEYS[8]) == 0 then return {-2} end
+        if gen ~= '' then
+            local g = tonumber(gen)
+            local base = tonumber(redis.call('HGET', KEYS[8], 'base') or '0')
+            if g <= base or g > tonumber(redis.call('HGET', KEYS[8], 'counter') or '0') then return {-2} end
+        end
         if gen ~= '' and redis.call('HGET', KEYS[6], ARGV[1]) ~= gen then
             return {-1, redis.call('HGET', KEYS[6], ARGV[1]) or '', redis.call('HGET', KEYS[6], ARGV[1] .. ':by') or '',
                     redis.call('HGET', KEYS[6], ARGV[1] .. ':at') or '', redis.call('HGET', KEYS[8], 'world_size') or ''}
@@ -316,7 +326,9 @@ class RedisStore:
         else:
             out = self._call(self._write_script, keys, args)
         if isinstance(out, list) and int(out[0]) == -2:
-            raise UnclaimedError(f"cursor store {self.url} holds no run of job {job!r}")
+            raise UnclaimedError(
+                f"cursor store {self.url} holds no run of job {job!r} that issued generation {gen}"
+            )
         if isinstance(out, list):
             world_now = out[4].decode() if out[4] else ""
             holder = Slot(int(out[1]), out[2].decode(), float(out[3] or 0)) if out[1] else None

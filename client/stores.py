@@ -28,7 +28,16 @@ from typing import Protocol, runtime_checkable
 
 from shardstream.errors import InvalidArgumentError
 
-from .fence import Run, Slot, StaleRunError, UnclaimedError, decide_claim, stale_message
+from .fence import (
+    Run,
+    Slot,
+    StaleRunError,
+    UnclaimedError,
+    decide_claim,
+    issued_by,
+    new_run_base,
+    stale_message,
+)
 from .redis_store import RedisStore
 from .sqlite_store import SqliteStore, sqlite_path
 
@@ -87,6 +96,7 @@ class MemoryStore:
     _migrations: dict[str, bytes] = {}
     _gens: dict[str, dict[tuple[int, str, int], int]] = {}  # job -> (step, key, rank) -> writer's generation
     _runs: dict[str, tuple[int, int, dict[int, Slot]]] = {}  # job -> (world size, counter, slots)
+    _bases: dict[str, int] = {}  # job -> where its run state's counter started (fence.new_run_base)
     _lock = threading.Lock()
 
     def __init__(self, url: str = "memory://") -> None:
@@ -100,10 +110,13 @@ class MemoryStore:
             cls._migrations.clear()
             cls._gens.clear()
             cls._runs.clear()
+            cls._bases.clear()
 
     def claim(self, job: str, rank: int, world_size: int, token: str) -> int:
         with self._lock:
-            world_now, counter, slots = self._runs.get(job, (None, 0, {}))
+            if job not in self._runs:
+                self._bases[job] = new_run_base()
+            world_now, counter, slots = self._runs.get(job, (None, self._bases[job], {}))
             c = decide_claim(
                 world_size_now=world_now,
                 counter=counter,
@@ -138,8 +151,12 @@ class MemoryStore:
     ) -> bool:
         with self._lock:
             world_now, _, slots = self._runs.get(job, (None, 0, {}))
-            if gen is not None and job not in self._runs:
-                raise UnclaimedError(f"cursor store {self.url} holds no run of job {job!r}")
+            if gen is not None and (
+                job not in self._runs or not issued_by(gen, self._bases.get(job, 0), self._runs[job][1])
+            ):
+                raise UnclaimedError(
+                    f"cursor store {self.url} holds no run of job {job!r} that issued generation {gen}"
+                )
             if gen is not None and (rank not in slots or slots[rank].gen != gen):
                 raise StaleRunError(stale_message(job, rank, gen, slots.get(rank), world_now, step))
             ranks = self._shared.setdefault(job, {}).setdefault(step, {}).setdefault(key, {})

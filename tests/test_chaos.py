@@ -20,7 +20,6 @@ from loadtest.chaos_job import tally
 from loadtest.chaos_net import Blackhole
 from loadtest.chaos_rank import packed_keys
 from shardstream.client import Loader
-from shardstream.client.fence import StaleRunError
 from shardstream.client.stores import open_store
 
 from .support.redis_server import RedisServer
@@ -42,8 +41,8 @@ def run(ctx: Ctx, name: str) -> dict:  # type: ignore[type-arg]
     return out
 
 
-# corrupt-shard ends in a typed error (below); redis-wipe-midrun shows a known bug, whose small
-# version is the strict xfail below (the chaos row depends on which rank commits first after the wipe);
+# corrupt-shard ends in a typed error (below); redis-wipe-midrun's small version is below, in a fixed
+# order (the chaos row depends on which rank commits first after the wipe);
 # resize-mixture: the plain and mixture+transforms versions stand for it here (make chaos runs it).
 @pytest.mark.parametrize(
     "name", [n for n in FAULTS if n not in ("corrupt-shard", "redis-wipe-midrun", "resize-mixture")]
@@ -82,13 +81,6 @@ def test_a_corrupt_shard_is_a_typed_data_loss_naming_it(ctx: Ctx) -> None:
     assert all("row group" in e and "part-" in e for e in row["details"]["errors"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StaleRunError,
-    reason="bug: after Redis is wiped (restarted empty) mid-run, the first rank to commit claims the job "
-    "again and re-creates its run; the other ranks, writing with their generation from before the wipe, "
-    "find a run without their slot and are refused as stale (StaleRunError) instead of claiming again",
-)
 def test_ranks_commit_again_after_redis_is_wiped_mid_run(ctx: Ctx, tmp_path: Path) -> None:
     """redis-wipe-midrun, small and in order: two ranks of one job commit step 2, Redis loses
     everything, rank 1 commits step 3 (it claims the job again), then rank 0 commits step 3."""

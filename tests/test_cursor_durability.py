@@ -315,7 +315,8 @@ def test_a_redis_that_says_7_2_but_has_no_waitaof_still_gets_durable_writes(tmp_
         assert store.write("w", 2, "k", 0, 1, b"r", gen=gen, durable=True) is True
         with pytest.raises(StaleRunError):  # a refusal still comes through the pipeline's path
             store._persistence = dataclasses.replace(store.persistence(), version=(7, 2, 0))
-            store.write("w", 3, "k", 0, 1, b"r", gen=gen + 1, durable=True)
+            store.claim("w", 0, 1, "U")  # another process takes rank 0 over: "T" is stale
+            store.write("w", 3, "k", 0, 1, b"r", gen=gen, durable=True)
         store.close()
         server.kill()
         server.start()
@@ -504,3 +505,39 @@ def test_a_multi_rank_job_on_a_relative_sqlite_store_is_refused(
     with Loader(endpoints, "toy@1", batch_size=10, job="single"):  # one rank: the default is fine
         pass
     assert (tmp_path / ".shardstream" / "cursors.db").is_file()
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_generation_of_a_lost_run_state_is_claimed_again_not_refused_as_stale(
+    kind: str, redis_server: RedisServer
+) -> None:
+    """The store loses the job's run (Redis wiped mid-run); rank 1 claims first and makes a new run
+    state; rank 0's generation was issued by the lost one: its write is UnclaimedError (claim again),
+    never StaleRunError — while a generation the new run state took over is still stale."""
+    from shardstream.client.stores import MemoryStore
+
+    store = open_store("memory://" if kind == "memory" else redis_server.url)
+    try:
+        g0 = store.claim("j", 0, 2, "A")
+        g1 = store.claim("j", 1, 2, "B")
+        assert not store.write("j", 1, "k", 0, 2, b"r0", gen=g0) and store.write(
+            "j", 1, "k", 1, 2, b"r1", gen=g1
+        )
+        if kind == "memory":
+            MemoryStore.clear()
+        else:
+            redis.Redis.from_url(redis_server.url).flushall()
+        g1_new = store.claim("j", 1, 2, "B")
+        with pytest.raises(UnclaimedError):
+            store.write("j", 2, "k", 0, 2, b"r0", gen=g0)
+        g0_new = store.claim("j", 0, 2, "A")
+        assert not store.write("j", 2, "k", 0, 2, b"r0", gen=g0_new)
+        assert store.write("j", 2, "k", 1, 2, b"r1", gen=g1_new)
+        assert store.committed("j") == [2]
+        store.claim("j", 0, 2, "C")  # a newer process takes rank 0 over: "A" is stale now
+        with pytest.raises(StaleRunError):
+            store.write("j", 3, "k", 0, 2, b"r0", gen=g0_new)
+    finally:
+        store.close()
+        if kind == "memory":
+            MemoryStore.clear()
