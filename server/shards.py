@@ -86,17 +86,12 @@ class _LocalShard:
         return pq.ParquetFile(self._source, metadata=self.metadata).read_row_group(group, columns=columns)
 
 
-class _SparseFile:
-    """A read-only file of `size` bytes of which only some ranges were fetched; others are fetched on demand."""
+class _ReadOnlyFile:
+    """What pyarrow asks of a file object besides read(): a position over `_size` bytes, never written."""
 
-    def __init__(
-        self, size: int, segments: list[tuple[int, bytes]], fetch: Callable[[int, int], bytes]
-    ) -> None:
-        self._size = size
-        self._segments = segments
-        self._fetch = fetch
-        self._pos = 0
-        self.closed = False
+    _size: int
+    _pos: int
+    closed: bool
 
     def readable(self) -> bool:
         return True
@@ -115,6 +110,22 @@ class _SparseFile:
         self._pos = max(0, base + offset)
         return self._pos
 
+    def close(self) -> None:
+        self.closed = True
+
+
+class _SparseFile(_ReadOnlyFile):
+    """A read-only file of `size` bytes of which only some ranges were fetched; others are fetched on demand."""
+
+    def __init__(
+        self, size: int, segments: list[tuple[int, bytes]], fetch: Callable[[int, int], bytes]
+    ) -> None:
+        self._size = size
+        self._segments = segments
+        self._fetch = fetch
+        self._pos = 0
+        self.closed = False
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = self._size - self._pos
@@ -127,9 +138,6 @@ class _SparseFile:
         data = self._fetch(start, n)
         self._segments.append((start, data))
         return data
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def read_footer(fetch: Callable[[int, int], bytes], size: int) -> tuple[tuple[int, bytes], pq.FileMetaData]:
@@ -154,7 +162,7 @@ def read_footer(fetch: Callable[[int, int], bytes], size: int) -> tuple[tuple[in
 Fetch = Callable[[int, int], bytes]
 
 
-class _CheckedFile:
+class _CheckedFile(_ReadOnlyFile):
     """A read-only file of `size` bytes that serves only the checked ranges of `blobs` (fetched
     (start, bytes) pieces): a read of anything else is refused, never fetched."""
 
@@ -170,23 +178,6 @@ class _CheckedFile:
         self._pos = 0
         self.closed = False
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
     def read(self, n: int = -1) -> bytes | memoryview:
         if n is None or n < 0:
             n = self._size - self._pos
@@ -200,10 +191,9 @@ class _CheckedFile:
             for at, data in self._blobs:
                 if at <= start and end <= at + len(data):
                     return memoryview(data)[start - at : end - at]  # no copy: pyarrow keeps a reference
-        raise InternalError(f"the Parquet reader asked for bytes {start}-{end}, outside the checked column chunks")
-
-    def close(self) -> None:
-        self.closed = True
+        raise InternalError(
+            f"the Parquet reader asked for bytes {start}-{end}, outside the checked column chunks"
+        )
 
 
 class _RangedShard:
@@ -233,7 +223,9 @@ class _RangedShard:
     def checked(cls, fetch: Fetch, size: int, sums: ShardChecksums, keep: object = None) -> _RangedShard:
         """Open by the manifest's footer length: the footer's crc32 is checked before it is parsed."""
         if sums.footer_bytes > size:
-            raise DataLossError(f"footer of {sums.footer_bytes} bytes per the manifest exceeds the file's {size}")
+            raise DataLossError(
+                f"footer of {sums.footer_bytes} bytes per the manifest exceeds the file's {size}"
+            )
         footer = fetch(size - sums.footer_bytes, sums.footer_bytes)
         check_footer(footer, sums)
         if footer[-4:] != b"PAR1" or footer_bytes_of(footer) != sums.footer_bytes:
@@ -241,8 +233,12 @@ class _RangedShard:
         try:
             md = pq.read_metadata(pa.BufferReader(footer))
         except (OSError, pa.ArrowException) as exc:
-            raise DataLossError("unreadable Parquet footer") from exc  # the text stays in the chain (server log)
-        if md.num_row_groups != len(sums.row_groups) or (md.num_row_groups and md.num_columns != sums.columns):
+            raise DataLossError(
+                "unreadable Parquet footer"
+            ) from exc  # the text stays in the chain (server log)
+        if md.num_row_groups != len(sums.row_groups) or (
+            md.num_row_groups and md.num_columns != sums.columns
+        ):
             raise DataLossError(
                 f"footer lists {md.num_row_groups} row groups of {md.num_columns} column chunks, the manifest's "
                 f"checksums {len(sums.row_groups)} of {sums.columns}"
@@ -302,7 +298,9 @@ def _remote_fetch(ref: ObjectRef, etag: str) -> Fetch:
 
 def _local_fetch(fh: pa.NativeFile) -> Fetch:
     def fetch(start: int, length: int) -> bytes:
-        data = fh.read_at(length, start)  # pread on the handle opened: a shard replaced on disk is not mixed in
+        data = fh.read_at(
+            length, start
+        )  # pread on the handle opened: a shard replaced on disk is not mixed in
         if len(data) != length:
             raise DataLossError(f"short read at {start}: {len(data)} of {length} bytes")
         return data
