@@ -3,7 +3,8 @@
 `CutOnce(port, cut_after_bytes=N)` forwards bytes both ways unchanged, except that its first
 connection is closed (both sides) once N bytes have come back from the server: a gRPC stream broken
 at a chosen point of what it sent (in the middle of a step sent in parts, say), which a server
-cannot be asked to do. Later connections go through whole.
+cannot be asked to do. Later connections go through whole. The listener thread and its shutdown are
+the chaos suite's (`loadtest/chaos_net.py: ProxyThread`).
 """
 
 from __future__ import annotations
@@ -12,75 +13,33 @@ import asyncio
 import contextlib
 import threading
 
+from loadtest.chaos_net import ProxyThread
+
 __all__ = ["CutOnce"]
 
 
-class CutOnce:
+class CutOnce(ProxyThread):
     def __init__(self, upstream_port: int, *, cut_after_bytes: int) -> None:
-        self.upstream_port = upstream_port
+        super().__init__(upstream_port)
         self.cut_after_bytes = cut_after_bytes
         self.cut = threading.Event()  # set once the cut is done
-        self.port = 0
         self._connections = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._server: asyncio.base_events.Server | None = None
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def __enter__(self) -> CutOnce:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            assert self._server is not None
-            self._server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self._connections += 1
         limit = self.cut_after_bytes if self._connections == 1 else None
-        writers = [client_w]
-        tasks: list[asyncio.Future[None]] = []
+        up_r, up_w = await self._upstream()
+        tasks = [
+            asyncio.ensure_future(self._pipe(up_r, client_w, limit)),
+            asyncio.ensure_future(self._pipe(client_r, up_w, None)),
+        ]
         try:
-            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-            writers.append(up_w)
-            tasks = [
-                asyncio.ensure_future(self._pipe(up_r, client_w, limit)),
-                asyncio.ensure_future(self._pipe(client_r, up_w, None)),
-            ]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        except OSError:
-            pass
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for w in writers:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
+            up_w.close()
 
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, budget: int | None) -> None:
         """Forward r to w; with a budget, stop (the cut) once that many bytes went through."""
