@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
+from loadtest.fleet import tree_cpu_s
 from loadtest.transform_bench import make_jpegs
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -48,20 +49,6 @@ ROW_GROUP_ROWS = 16
 BATCH = 8
 READ = "/shardstream.v1.ShardStream/Read"
 DECODE = to_wire([{"op": "image.decode", "column": "image", "size": [224, 224]}])
-
-
-def server_cpu_s(server: LocalServer) -> float:
-    """CPU seconds of the server's main process and its live children (the workers)."""
-    assert server.proc is not None
-    main = psutil.Process(server.proc.pid)
-    total = 0.0
-    for p in [main, *main.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: int) -> int:
@@ -103,10 +90,10 @@ def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: i
 
 def one_pass(server: LocalServer, args: argparse.Namespace, seed: int) -> dict[str, float]:
     me = psutil.Process()
-    c0, s0, t0 = sum(me.cpu_times()[:2]), server_cpu_s(server), time.perf_counter()
+    c0, s0, t0 = sum(me.cpu_times()[:2]), tree_cpu_s(server.pid), time.perf_counter()
     nbytes = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed)
     wall = time.perf_counter() - t0
-    cpu = server_cpu_s(server) - s0
+    cpu = tree_cpu_s(server.pid) - s0
     return {
         "images_per_s": args.images / wall,
         "wall_s": wall,

@@ -45,6 +45,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, versions, write_vectors
+from loadtest.fleet import tree_cpu_s
 from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -78,20 +79,6 @@ def scrape(server: LocalServer) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
-
-
-def server_cpu_s(server: LocalServer) -> float:
-    """CPU seconds of the server's main process and its live children (the workers)."""
-    assert server.proc is not None
-    main = psutil.Process(server.proc.pid)
-    total = 0.0
-    for p in [main, *main.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def stream(target: str, req: pb.ReadRequest) -> int:
@@ -137,7 +124,7 @@ def epoch_pass(target: str, name: str, args: argparse.Namespace, seed: int) -> i
 
 def timed(server: LocalServer, fn: Any) -> dict[str, float]:
     me = psutil.Process()
-    c0, s0, t0 = sum(me.cpu_times()[:2]), server_cpu_s(server), time.perf_counter()
+    c0, s0, t0 = sum(me.cpu_times()[:2]), tree_cpu_s(server.pid), time.perf_counter()
     nbytes = fn()
     wall = time.perf_counter() - t0
     return {
@@ -145,7 +132,7 @@ def timed(server: LocalServer, fn: Any) -> dict[str, float]:
         "bytes": nbytes,
         "mb_per_s": nbytes / wall / 1e6,
         "client_cpu_s": sum(me.cpu_times()[:2]) - c0,
-        "server_cpu_s": server_cpu_s(server) - s0,
+        "server_cpu_s": tree_cpu_s(server.pid) - s0,
     }
 
 
