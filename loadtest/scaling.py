@@ -1,6 +1,7 @@
 """Scaling with cores: `serve --workers W` for W = 1, 2, 4, 8 on a CPU-bound load (image decode).
 
     python -m loadtest.scaling [--workers 1 2 4 8] [--images 480] [--streams 16] [--pairs 3]
+                               [--unique-images N] [--client-procs P]
                                [--json loadtest/results/scaling.json]
 
 The load: --images JPEGs of 500x375 (loadtest.transform_bench's generator) in row groups of 16,
@@ -8,7 +9,11 @@ served with `image.decode` to 224x224 (resize + center crop, Pillow) and no disk
 pass decodes every image: the servers' CPU is the bottleneck. A pass is one block-shuffled epoch
 read by --streams concurrent ranks (world size = --streams, batches of 8 images), each rank's epoch
 as Read calls of --chunk-steps steps, each on a new connection, so the kernel's SO_REUSEPORT hash
-spreads them over the workers; the client counts raw message bytes and decodes nothing. One
+spreads them over the workers; the client counts raw message bytes and decodes nothing. The ranks
+are threads of this process, or (--client-procs P > 1) of P client processes (spawned once, ranks
+dealt round-robin), so that on a many-core machine one Python client is not what limits W = 8.
+--unique-images N makes N distinct JPEGs and repeats them up to --images (the decode costs the same;
+making 10,000 distinct ones takes minutes). One
 `shardstream serve --workers W --transform-threads 1` per W, started once and warmed up with one
 pass (row groups cached, imports done); then --pairs rounds, each measuring every W (the order
 alternating from round to round). Reported per W: images/s, the server's CPU seconds (main process
@@ -21,7 +26,9 @@ as not measured. Figures only; exits 0.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -51,8 +58,11 @@ READ = "/shardstream.v1.ShardStream/Read"
 DECODE = to_wire([{"op": "image.decode", "column": "image", "size": [224, 224]}])
 
 
-def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: int) -> int:
-    """One epoch by `streams` concurrent ranks, each in Reads of `chunk_steps` on new connections; bytes."""
+def epoch_pass(
+    target: str, images: int, streams: int, chunk_steps: int, seed: int, ranks: list[int] | None = None
+) -> int:
+    """One epoch by `streams` concurrent ranks (or only `ranks` of them), each in Reads of
+    `chunk_steps` on new connections; bytes."""
     steps = -(-images // (streams * BATCH))
     received = [0] * streams
     errors: list[BaseException] = []
@@ -78,7 +88,7 @@ def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: i
         except BaseException as exc:  # noqa: BLE001 — re-raised below
             errors.append(exc)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(streams)]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (range(streams) if ranks is None else ranks)]
     for t in threads:
         t.start()
     for t in threads:
@@ -88,19 +98,45 @@ def epoch_pass(target: str, images: int, streams: int, chunk_steps: int, seed: i
     return sum(received)
 
 
-def one_pass(server: LocalServer, args: argparse.Namespace, seed: int) -> dict[str, float]:
+def client_part(job: tuple[str, int, int, int, int, list[int]]) -> tuple[int, float]:
+    """A client process's share of a pass (--client-procs): its ranks' bytes and its CPU seconds."""
+    c0 = time.process_time()
+    nbytes = epoch_pass(*job)
+    return nbytes, time.process_time() - c0
+
+
+def one_pass(
+    server: LocalServer, args: argparse.Namespace, seed: int, pool: Any = None, procs: int = 1
+) -> dict[str, float]:
     me = psutil.Process()
     c0, s0, t0 = sum(me.cpu_times()[:2]), tree_cpu_s(server.pid), time.perf_counter()
-    nbytes = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed)
+    if pool is None:
+        nbytes, child_cpu = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed), 0.0
+    else:
+        jobs = [
+            (
+                server.target,
+                args.images,
+                args.streams,
+                args.chunk_steps,
+                seed,
+                list(range(i, args.streams, procs)),
+            )
+            for i in range(procs)
+        ]
+        parts = pool.map(client_part, jobs, chunksize=1)
+        nbytes, child_cpu = sum(p[0] for p in parts), sum(p[1] for p in parts)
     wall = time.perf_counter() - t0
     cpu = tree_cpu_s(server.pid) - s0
+    client_cpu = sum(me.cpu_times()[:2]) - c0 + child_cpu
     return {
         "images_per_s": args.images / wall,
         "wall_s": wall,
         "server_cpu_s": cpu,
         "server_cores_busy": cpu / wall,
         "images_per_server_cpu_s": args.images / cpu if cpu else 0.0,
-        "client_cpu_s": sum(me.cpu_times()[:2]) - c0,
+        "client_cpu_s": client_cpu,
+        "client_cores_busy": client_cpu / wall,
         "bytes": nbytes,
     }
 
@@ -112,26 +148,36 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     workers = tuple(w for w in asked if args.workers or w <= cpus)
     root = workdir / "root"
     src = workdir / "images.parquet"
-    log(f"making {args.images} JPEGs of 500x375 in {workdir}")
-    pq.write_table(pa.table({"image": pa.array(make_jpegs(args.images), pa.binary())}), src)
+    unique = min(args.images, getattr(args, "unique_images", 0) or args.images)
+    procs = getattr(args, "client_procs", 1)
+    log(f"making {args.images} JPEGs of 500x375 ({unique} distinct) in {workdir}")
+    jpegs = make_jpegs(unique)
+    images = pa.array([jpegs[i % unique] for i in range(args.images)], pa.binary())
+    pq.write_table(pa.table({"image": images}), src)
+    del jpegs, images
     ingest(src, "images", root, IngestOptions(row_group_rows=ROW_GROUP_ROWS, progress=False))
     runs: dict[int, list[dict[str, float]]] = {w: [] for w in workers}
     servers: dict[int, LocalServer] = {}
+    pool = multiprocessing.get_context("spawn").Pool(procs) if procs > 1 else None
     try:
         for w in workers:
             servers[w] = LocalServer(root, workers=w, extra_args=("--transform-threads", "1")).start()
-            warm = one_pass(servers[w], args, seed=999)
+            warm = one_pass(servers[w], args, seed=999, pool=pool, procs=procs)
             log(f"  warm-up  workers={w}: {warm['images_per_s']:6.0f} images/s")
         for round_ in range(args.pairs):
             order = workers if round_ % 2 == 0 else workers[::-1]
             for w in order:
-                r = one_pass(servers[w], args, seed=round_)
+                r = one_pass(servers[w], args, seed=round_, pool=pool, procs=procs)
                 runs[w].append(r)
                 log(
                     f"  round {round_ + 1} workers={w}: {r['images_per_s']:6.0f} images/s, server "
-                    f"{r['server_cores_busy']:.2f} cores busy, {r['images_per_server_cpu_s']:.0f} images/server CPU-s"
+                    f"{r['server_cores_busy']:.2f} cores busy, {r['images_per_server_cpu_s']:.0f} images/server CPU-s, "
+                    f"client {r['client_cores_busy']:.2f} cores busy"
                 )
     finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
         for s in servers.values():
             s.stop()
     base = runs[workers[0]]
@@ -149,6 +195,9 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             str(w): spread([r["images_per_server_cpu_s"] for r in rs]) for w, rs in runs.items()
         },
         "client_cpu_s": {str(w): spread([r["client_cpu_s"] for r in rs]) for w, rs in runs.items()},
+        "client_cores_busy": {str(w): spread([r["client_cores_busy"] for r in rs]) for w, rs in runs.items()},
+        "client_procs": procs,
+        "distinct_images": unique,
         "speedup": {str(w): spread(v) for w, v in speedup.items()},
         "efficiency": {str(w): spread([x * workers[0] / w for x in v]) for w, v in speedup.items()},
         "runs": {str(w): rs for w, rs in runs.items()},
@@ -158,6 +207,7 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def print_scaling(res: dict[str, Any]) -> None:
     print(
         "\nworkers  images/s (min-max)      speedup (min-max)   efficiency   cores busy   images/server CPU-s"
+        "   client cores"
     )
     for w in res["workers_measured"]:
         k = str(w)
@@ -166,6 +216,7 @@ def print_scaling(res: dict[str, Any]) -> None:
             f"{w:>7}  {ips['median']:>6.0f} ({ips['min']:.0f}-{ips['max']:.0f})  "
             f"{sp['median']:>8.2f} ({sp['min']:.2f}-{sp['max']:.2f})  {eff['median']:>10.2f}   "
             f"{res['server_cores_busy'][k]['median']:>10.2f}   {res['images_per_server_cpu_s'][k]['median']:>10.0f}"
+            f"   {res['client_cores_busy'][k]['median']:>12.2f}"
         )
     if res["workers_not_measured"]:
         print(
@@ -199,6 +250,20 @@ def add_options(ap: argparse.ArgumentParser, images: int = 480, pairs: int = 3) 
     ap.add_argument(
         "--pairs", type=int, default=pairs, help=f"measured rounds after the warm-up (default {pairs})"
     )
+    ap.add_argument(
+        "--unique-images",
+        type=int,
+        default=0,
+        metavar="N",
+        help="distinct JPEGs, repeated up to --images (default 0: all distinct)",
+    )
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        metavar="P",
+        help="client processes the ranks are dealt over (default 1: threads of this process)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,4 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `timeout` (loadtest/device_run.sh) sends SIGTERM: unwind, so that the servers (own sessions)
+    # and the client processes are stopped rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
