@@ -23,7 +23,7 @@
 # and cwd) resolves the same way. Each stage runs under `timeout`, so what finished comes back.
 #
 # Environment (defaults in brackets): OUT [loadtest/results/device], PY [python3],
-# WHEELS [.devwheels], SCALING_ARGS, SCALING_TIMEOUT [260], FLIGHT_ARGS, FLIGHT_TIMEOUT [100],
+# WHEELS [.devwheels], SCALING_ARGS, SCALING_TIMEOUT [260], FLIGHT_ARGS, FLIGHT_TIMEOUT [110],
 # SMALL=1 (tiny sizes, for a dry run on 2 cores).
 set -u
 cd "$(dirname "$0")/.."
@@ -38,10 +38,10 @@ if [ "${SMALL:-0}" = 1 ]; then
     FLIGHT_ARGS=${FLIGHT_ARGS:---mib 32 --epochs 1 --pairs 1}
 else
     SCALING_ARGS=${SCALING_ARGS:---workers 1 2 4 8 --images 8192 --unique-images 480 --streams 32 --pairs 3 --client-procs 4}
-    FLIGHT_ARGS=${FLIGHT_ARGS:---pairs 5}
+    FLIGHT_ARGS=${FLIGHT_ARGS:---pairs 5 --loader}
 fi
 SCALING_TIMEOUT=${SCALING_TIMEOUT:-260}
-FLIGHT_TIMEOUT=${FLIGHT_TIMEOUT:-100}
+FLIGHT_TIMEOUT=${FLIGHT_TIMEOUT:-110}
 mkdir -p "$OUT"
 T0=$(date +%s)
 stage() { echo; echo "=== $* ($(($(date +%s) - T0)) s)"; }
