@@ -1,15 +1,20 @@
 """gRPC channels to shardstream servers: options, retries and the stub calls, in one place.
 
 A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurity`
-(credentials.py); the token rides on every call as metadata.
+(credentials.py); the token rides on every call as metadata. A server with an Arrow Flight data
+plane names its port in its GetDataset answers: that connection's Read streams are then Flight
+DoGets on the same host (flight_call.py), with the same credentials, token and keepalive.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
+import pyarrow.flight as flight
 
 from shardstream import allocator
 from shardstream.errors import InvalidArgumentError, from_grpc_error
@@ -17,6 +22,7 @@ from shardstream.framing import decode_read_response
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .credentials import ChannelSecurity
+from .flight_call import FlightCall, HeaderCapture
 
 __all__ = ["Connection", "normalize_endpoints"]
 
@@ -68,6 +74,17 @@ CHANNEL_OPTIONS = [
 ]
 
 
+# The Flight data plane's channel: the same keepalive as CHANNEL_OPTIONS (a silent server is noticed)
+FLIGHT_OPTIONS = [(k, v) for k, v in CHANNEL_OPTIONS if k.startswith(("grpc.keepalive", "grpc.http2"))]
+DISCOVERY_TIMEOUT_S = 10.0  # the GetDataset that tells a stream's first call the server's data port
+
+
+def _host_of(target: str) -> str:
+    """The host of `host:port` or `dns:///host:port` (brackets of an IPv6 address removed)."""
+    e = target.split("/", 3)[-1] if target.startswith("dns://") else target.removeprefix("dns:")
+    return e.rpartition(":")[0].strip("[]")
+
+
 def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[str]:
     """`host:port` or `dns:///host:port` strings, validated (a comma-separated string is accepted too)."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
@@ -102,7 +119,17 @@ class Connection:
         allocator.tune()  # received messages are multi-MiB bytes: keep their pages in the heap
         self.target = target
         security = security or ChannelSecurity()
+        self._security = security
         self._metadata = security.metadata or None  # the bearer token, on every call
+        # The Flight data plane, once a GetDataset answer named its port (None: not asked yet)
+        self._host = _host_of(target)
+        self._data_port: int | None = None
+        self._flight: Any = None
+        self._flight_lock = threading.Lock()
+        self._flight_headers = HeaderCapture()
+        self._flight_options = flight.FlightCallOptions(
+            headers=[(k.encode(), v.encode()) for k, v in security.metadata]
+        )
         self._channel = security.channel(target, CHANNEL_OPTIONS)
         self._get = self._channel.unary_unary(
             f"/{_SERVICE}/GetDataset",
@@ -123,9 +150,11 @@ class Connection:
 
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo:
         try:
-            return self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata)
+            info = self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
+        self._data_port = info.data_port
+        return info
 
     def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
         try:
@@ -134,8 +163,35 @@ class Connection:
             raise from_grpc_error(exc, target=self.target) from exc
 
     def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> Iterator:  # type: ignore[type-arg]
-        """The raw call (an iterator of (header, payload) that can be cancelled)."""
-        return self._read(request, timeout=timeout_s, metadata=self._metadata)
+        """The raw call: an iterator of (header, payload or rows) that can be cancelled — a Flight
+        DoGet on the server's data plane when it has one (GetDataset says so), else a grpcio Read."""
+        data_port = self._data_port
+        if data_port is None:  # not asked yet: the answer to GetDataset of what the request reads
+            # (a failure is the grpc.RpcError a Read would raise: the session retries it as one)
+            name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
+            info = self._get(
+                pb.GetDatasetRequest(dataset=name), timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata
+            )
+            data_port = self._data_port = info.data_port
+        if not data_port:
+            return self._read(request, timeout=timeout_s, metadata=self._metadata)
+        with self._flight_lock:
+            if self._flight is None:
+                self._flight = self._security.flight_client(
+                    self._host, data_port, FLIGHT_OPTIONS, [self._flight_headers]
+                )
+            client = self._flight
+        return FlightCall(client, self._flight_headers, request, self._flight_options, self.forget_data_port)
+
+    def forget_data_port(self) -> None:
+        """Ask the server for its data port again before the next stream (it may have restarted)."""
+        with self._flight_lock:  # not closed: another stream of this connection may still read on it
+            self._flight = None
+            self._data_port = None
 
     def close(self) -> None:
+        with self._flight_lock:
+            if self._flight is not None:
+                self._flight.close()
+                self._flight = None
         self._channel.close()

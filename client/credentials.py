@@ -67,6 +67,8 @@ class ChannelSecurity:
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
     server_name: str | None = None
     metadata: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # The PEM files as read (ca, cert, key), for the Flight data plane's client (flight.connect)
+    pem: tuple[bytes | None, bytes | None, bytes | None] = field(default=(None, None, None), repr=False)
 
     @property
     def tls(self) -> bool:
@@ -96,12 +98,11 @@ class ChannelSecurity:
         server_name = tls.get("server_name")
         if server_name is not None and (not isinstance(server_name, str) or not server_name):
             raise InvalidArgumentError(f"tls['server_name'] must be a host name, got {server_name!r}")
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read("ca", tls["ca"]) if "ca" in tls else None,
-            private_key=_read("key", tls["key"]) if "key" in tls else None,
-            certificate_chain=_read("cert", tls["cert"]) if "cert" in tls else None,
-        )
-        return cls(creds, server_name, metadata)
+        ca = _read("ca", tls["ca"]) if "ca" in tls else None
+        key = _read("key", tls["key"]) if "key" in tls else None
+        cert = _read("cert", tls["cert"]) if "cert" in tls else None
+        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        return cls(creds, server_name, metadata, (ca, cert, key))
 
     def channel(self, target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
         """A channel to `target` with these credentials (plaintext without TLS)."""
@@ -119,3 +120,22 @@ class ChannelSecurity:
         if self.server_name:
             options = [*options, ("grpc.ssl_target_name_override", self.server_name)]
         return grpc.secure_channel(target, self.credentials, options=options)
+
+    def flight_client(self, host: str, port: int, options: list[tuple[str, Any]], middleware: list[Any]) -> Any:
+        """A Flight client of the data plane at host:port with these credentials."""
+        import pyarrow.flight as flight
+
+        if self.credentials is None:
+            return flight.connect(
+                flight.Location.for_grpc_tcp(host, port), generic_options=options, middleware=middleware
+            )
+        ca, cert, key = self.pem
+        kwargs: dict[str, Any] = {"tls_root_certs": ca, "override_hostname": self.server_name}
+        if cert is not None:
+            kwargs.update(cert_chain=cert, private_key=key)
+        return flight.connect(
+            flight.Location.for_grpc_tls(host, port),
+            generic_options=options,
+            middleware=middleware,
+            **{k: v for k, v in kwargs.items() if v is not None},
+        )

@@ -14,12 +14,18 @@ from __future__ import annotations
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
-from shardstream.framing import ipc_bytes, read_ipc
+from shardstream.framing import read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["StepParts"]
+__all__ = ["StepParts", "as_batch"]
 
-Message = tuple[pb.ReadHeader, pa.Buffer]
+# A received message: its header and its rows, as Arrow IPC (the grpcio Read) or decoded (Flight)
+Message = tuple[pb.ReadHeader, "pa.Buffer | pa.RecordBatch"]
+
+
+def as_batch(payload: pa.Buffer | pa.RecordBatch) -> pa.RecordBatch:
+    """A message's rows as a record batch (Flight hands them decoded; a Read message's are IPC)."""
+    return payload if isinstance(payload, pa.RecordBatch) else read_ipc(payload)
 
 
 class StepParts:
@@ -33,7 +39,7 @@ class StepParts:
         self._header = None
         self._batches = []
 
-    def add(self, header: pb.ReadHeader, payload: pa.Buffer) -> Message | None:
+    def add(self, header: pb.ReadHeader, payload: pa.Buffer | pa.RecordBatch) -> Message | None:
         """The message to hand on (a whole step's, or a step whose last part this is); None while
         parts of the step are still to come."""
         part = header.steps[0] if len(header.steps) == 1 else None
@@ -59,7 +65,7 @@ class StepParts:
                 )
             first.part = part.part
             first.skipped.extend(part.skipped)
-        self._batches.append(read_ipc(payload))
+        self._batches.append(as_batch(payload))
         whole = self._header.steps[0]
         whole.rows += part.rows
         if part.more_parts:
@@ -70,7 +76,7 @@ class StepParts:
         step.part = 0
         step.more_parts = False
         out.end_of_epoch, out.dropped = header.end_of_epoch, header.dropped  # the last part's
-        return out, ipc_bytes(_concat(batches))
+        return out, _concat(batches)
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -21,6 +21,7 @@ All calls come from the server's event loop (one thread): no locks.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as Tally
 from dataclasses import dataclass
 
@@ -98,19 +99,22 @@ class Ticket:
         self._open = True
 
     def hold(self, nbytes: int) -> None:
-        self.held += nbytes
-        self._admission._add_bytes(nbytes)
+        with self._admission._lock:  # a Flight stream builds in one thread and sends from another
+            self.held += nbytes
+            self._admission._add_bytes(nbytes)
 
     def release(self, nbytes: int) -> None:
-        nbytes = min(nbytes, self.held)
-        self.held -= nbytes
-        self._admission._add_bytes(-nbytes)
+        with self._admission._lock:
+            nbytes = min(nbytes, self.held)
+            self.held -= nbytes
+            self._admission._add_bytes(-nbytes)
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
-            self.release(self.held)
-            self._admission._leave(self.peer)
+        with self._admission._lock:
+            if self._open:
+                self._open = False
+                self.release(self.held)
+                self._admission._leave(self.peer)
 
 
 class Admission:
@@ -121,6 +125,8 @@ class Admission:
         self.streams = 0
         self.buffered_bytes = 0
         self._per_peer: Tally[str] = Tally()
+        # The event loop's Read streams and the Flight plane's threads share one admission.
+        self._lock = threading.RLock()
 
     def has_room(self) -> bool:
         """Whether streams may build a message ahead (the buffer budget is not spent)."""
@@ -128,6 +134,10 @@ class Admission:
 
     def admit(self, peer: str) -> Ticket:
         """A ticket for a new stream from `peer` (a gRPC peer string), or ResourceExhaustedError."""
+        with self._lock:
+            return self._admit(peer)
+
+    def _admit(self, peer: str) -> Ticket:
         lim = self.limits
         host = peer_host(peer)
         if self.streams >= lim.max_streams:
@@ -158,11 +168,13 @@ class Admission:
         )
 
     def _leave(self, host: str) -> None:
-        self.streams -= 1
-        self._per_peer[host] -= 1
-        if self._per_peer[host] <= 0:
-            del self._per_peer[host]
+        with self._lock:
+            self.streams -= 1
+            self._per_peer[host] -= 1
+            if self._per_peer[host] <= 0:
+                del self._per_peer[host]
 
     def _add_bytes(self, nbytes: int) -> None:
-        self.buffered_bytes += nbytes
+        with self._lock:
+            self.buffered_bytes += nbytes
         STREAM_BUFFER_BYTES.inc(nbytes)

@@ -7,6 +7,10 @@ from the moment health says SERVING until the drain begins.
 
 With `workers > 1`, `run` becomes a supervisor (workers.py) of that many processes, each running
 `serve` on the same port (SO_REUSEPORT among themselves only); `workers == 1` is one process, as here.
+
+With `data_plane == "flight"` each process also serves the Arrow Flight data plane
+(flight_service.py) on `data_port` (its workers share it too); GetDataset tells clients that port.
+A drain stops it with the grpcio server: it takes no new streams, and in-flight ones get the grace.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import signal
 
 import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY
@@ -29,6 +35,7 @@ from . import security
 from .admission import Admission
 from .auth import Authenticator
 from .config import ServerConfig
+from .flight_service import FlightDataPlane
 from .grpc_metrics import RpcMetrics
 from .log_format import configure_logging
 from .process_metrics import disable_created_series, register_build_info
@@ -122,6 +129,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     if port == 0:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
     service.port = port  # the streams' connections arrive here (reaper.py finds them by it)
+    data_plane = _start_data_plane(cfg, service) if cfg.data_plane == "flight" else None
     metrics_port = None
     status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:
@@ -138,17 +146,25 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     status.started = True
     log.info(
-        "serving %s on %s:%d (%s; metrics on %s)",
+        "serving %s on %s:%d (%s; metrics on %s%s)",
         registry.root,
         cfg.host,
         port,
         security.describe(cfg),
         metrics_port or "-",
+        f"; Flight data plane on {service.data_port}" if data_plane else "",
     )
     if cfg.ready_file:
         pid = os.getpid()
         write_ready_file(
-            cfg.ready_file, {"port": port, "metrics_port": metrics_port, "pid": pid, "workers": [pid]}
+            cfg.ready_file,
+            {
+                "port": port,
+                "data_port": service.data_port or None,
+                "metrics_port": metrics_port,
+                "pid": pid,
+                "workers": [pid],
+            },
         )
     try:
         await stop.wait()
@@ -156,8 +172,50 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         log.info("draining: health NOT_SERVING, %.1f s grace for in-flight streams", cfg.grace_s)
         await health_servicer.enter_graceful_shutdown()
     finally:
-        await server.stop(cfg.grace_s)
+        if data_plane is None:
+            await server.stop(cfg.grace_s)
+        else:  # both at once; Flight's shutdown waits for its streams, for the grace at most
+            flight_stop = asyncio.ensure_future(asyncio.to_thread(data_plane.shutdown))
+            await server.stop(cfg.grace_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(flight_stop), max(0.1, cfg.grace_s))
+            except asyncio.TimeoutError:
+                log.warning("Flight streams still in progress after the %.1f s grace: leaving them", cfg.grace_s)
     log.info("stopped")
+
+
+def _start_data_plane(cfg: ServerConfig, service: ShardStreamService) -> FlightDataPlane:
+    """The Flight data plane of this process on cfg.data_port (0: a free one), its port in `service`."""
+    if service.auth.file is not None and any(p.subject is not None for p in service.auth.file.principals()):
+        raise InvalidArgumentError(
+            "--data-plane flight cannot tell principals by certificate subject (the --auth file names "
+            "some): use bearer tokens, or --data-plane grpc"
+        )
+    if cfg.data_port and not cfg.reuse_port:
+        from .workers import reserve_port
+
+        reserve_port(cfg.host, cfg.data_port, hold=False)
+    files = security.tls_files(cfg)
+    host = cfg.host.strip("[]")
+    try:
+        if files is None:
+            location = flight.Location.for_grpc_tcp(host, cfg.data_port)
+            plane = FlightDataPlane(service, location)
+        else:
+            with open(files.cert, "rb") as c, open(files.key, "rb") as k:
+                certs = [(c.read(), k.read())]
+            ca = None
+            if files.client_ca:
+                with open(files.client_ca, "rb") as f:
+                    ca = f.read()
+            location = flight.Location.for_grpc_tls(host, cfg.data_port)
+            plane = FlightDataPlane(service, location, tls_certificates=certs, client_ca=ca)
+    except (OSError, pa.ArrowException) as exc:
+        raise InvalidArgumentError(
+            f"cannot serve the Flight data plane on {cfg.host}:{cfg.data_port}: {exc} (is the port in use?)"
+        ) from exc
+    service.data_port = plane.port
+    return plane
 
 
 def run(cfg: ServerConfig) -> None:

@@ -66,12 +66,25 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Message:
-    """One built Read message and what it carries."""
+    """One built Read message and what it carries: framed wire bytes (`data`, the grpcio Read) or,
+    unframed, its header and rows (`header`, `batch`: the Flight data plane sends them as they are)."""
 
-    data: bytes
+    data: bytes | None
     steps: int  # steps it completes: its whole steps, or 1 for the last part of a step
     rows: int
     parts: bool = False  # it carries a part of a step
+    header: pb.ReadHeader | None = None
+    batch: pa.RecordBatch | None = None
+    nbytes: int = 0  # on the wire (framed: len(data); unframed: header + IPC stream, counted)
+
+
+def _message(
+    header: pb.ReadHeader, batch: pa.RecordBatch, steps: int, rows: int, *, framed: bool, parts: bool = False
+) -> Message:
+    if framed:
+        data = encode_batch(header, batch)
+        return Message(data, steps, rows, parts, nbytes=len(data))
+    return Message(None, steps, rows, parts, header, batch, _size(header, batch))
 
 
 class MessageSteps:
@@ -143,13 +156,15 @@ class MessageBuilder:
         )
 
     def stream(
-        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None
+        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None, *, framed: bool = True
     ) -> Iterator[Message]:
-        """Every message of the stream `plan` describes, in order, each built when asked for.
+        """Every message of the stream `plan` describes, in order, each built when asked for; framed
+        (wire bytes) or not (header and rows).
 
         `on_chunk(steps)` is called before each build, once `steps` has moved past it (read-ahead)."""
         if plan.nothing_left:
-            yield Message(self.end_of_epoch(plan), 0, 0)
+            header, empty = self.end_of_epoch_batch(plan)
+            yield _message(header, empty, 0, 0, framed=framed)
             return
         steps = MessageSteps(plan)
         part = 0  # of the step being sent in parts
@@ -160,11 +175,11 @@ class MessageBuilder:
             t0 = time.perf_counter()
             header, batch = self.build_batch(plan, chunk)
             rows = batch.num_rows
-            encoded = self._encode(plan, chunk, header, batch, part)
+            encoded = self._encode(plan, chunk, header, batch, part, framed)
             del header, batch  # held by `encoded` only as long as it needs them
             nbytes = 0
             for message in encoded:
-                nbytes += len(message.data)
+                nbytes += message.nbytes
                 if message.parts:
                     STEP_PARTS.inc()
                     part = 0 if message.steps else part + 1
@@ -176,6 +191,7 @@ class MessageBuilder:
     def messages(self, plan: ReadPlan) -> Iterator[bytes]:
         """Every message of the stream `plan` describes, in order, as wire bytes."""
         for message in self.stream(plan):
+            assert message.data is not None
             yield message.data
 
     def build(self, plan: ReadPlan, steps: range) -> tuple[bytes, int]:
@@ -213,22 +229,27 @@ class MessageBuilder:
 
     def end_of_epoch(self, plan: ReadPlan) -> bytes:
         """The one message of a stream with no step left: no rows, the epoch is over."""
+        header, empty = self.end_of_epoch_batch(plan)
+        return encode_read_response(header, ipc_bytes(empty))
+
+    def end_of_epoch_batch(self, plan: ReadPlan) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+        """end_of_epoch's header and (no) rows, unframed."""
         header = pb.ReadHeader(epoch=plan.epoch, end_of_epoch=True, dropped=plan.layout.dropped)
         none = np.empty(0, np.int64)
         empty = take_selection(plan.readers, none, none, plan.columns, mixture=plan.mixture)
         if plan.pipeline:
             empty = self._transform(plan, header, empty, none)
-        return encode_read_response(header, ipc_bytes(empty))
+        return header, empty
 
     # --- at most message_cap_bytes a message ----------------------------------------------------
     def _encode(
-        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, batch: pa.RecordBatch, part: int
+        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, batch: pa.RecordBatch, part: int, framed: bool
     ) -> Iterator[Message]:
         """The messages of one built chunk, each encoded when asked for (the rows are let go before
         the last one is handed out: a stream waiting to send it holds the message only)."""
         cap = plan.message_cap_bytes
         if chunk.samples is None and _size(header, batch) <= cap:
-            message = Message(encode_batch(header, batch), len(header.steps), batch.num_rows)
+            message = _message(header, batch, len(header.steps), batch.num_rows, framed=framed)
             del batch
             yield message
             return
@@ -247,13 +268,13 @@ class MessageBuilder:
                 j += 1
             out, rows = group(i, j)
             if chunk.samples is None and (j - i > 1 or _size(out, rows) <= cap):
-                yield Message(encode_batch(out, rows), j - i, rows.num_rows)
+                yield _message(out, rows, j - i, rows.num_rows, framed=framed)
             else:
-                yield from self._parts(plan, chunk, out, rows, part)
+                yield from self._parts(plan, chunk, out, rows, part, framed)
             i = j
 
     def _parts(
-        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, rows: pa.RecordBatch, part: int
+        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, rows: pa.RecordBatch, part: int, framed: bool
     ) -> Iterator[Message]:
         """One step's rows (all of them, or one chunk of its samples: `header` has its one StepInfo)
         as parts under the cap, numbered from `part`."""
@@ -279,7 +300,7 @@ class MessageBuilder:
             st.more_parts = not (last and chunk.last)
             if k:  # the part's skipped samples travel with its first piece
                 del st.skipped[:]
-            yield Message(encode_batch(out, rows.slice(a, b - a)), int(not st.more_parts), b - a, parts=True)
+            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, framed=framed, parts=True)
 
     def _transform(
         self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray

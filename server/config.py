@@ -83,6 +83,10 @@ class ServerConfig:
     tls_client_ca: str | None = None  # mTLS: clients need a certificate signed by this CA
     auth_file: str | None = None  # principals, their tokens (sha256) or subjects, and datasets
     reflection: bool = False  # gRPC server reflection (lists the services to anyone who connects)
+    # The data plane (flight_service.py): "grpc" serves Read on `port`; "flight" serves it as an
+    # Arrow Flight DoGet on `data_port` (0: a free one), which GetDataset tells clients.
+    data_plane: str = "grpc"
+    data_port: int = 0
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

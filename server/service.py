@@ -144,6 +144,7 @@ class ShardStreamService:
         self.admission = admission or Admission()
         self.reaper = Reaper(write_timeout_s)
         self.port = 0  # the port the server listens on, once bound (app.py)
+        self.data_port = 0  # its Flight data plane's port (flight_service.py); 0: Read is served here
         self._read_ahead = ReadAhead(read_ahead, cache)
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
@@ -185,6 +186,14 @@ class ShardStreamService:
         exc: BaseException,
         stream: StreamLog | None = None,
     ) -> None:
+        code, details, metadata = self.status_of(method, exc, stream)
+        await context.abort(code, details, trailing_metadata=metadata)
+
+    def status_of(
+        self, method: str, exc: BaseException, stream: StreamLog | None = None
+    ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+        """The status a failed call ends with (code, what the client may read, trailing metadata);
+        logged as needed, and counted against its stream."""
         sid = f" (stream {stream.stream_id})" if stream is not None else ""
         if not isinstance(exc, ShardstreamError):
             log.exception("%s%s failed unexpectedly", method, sid, exc_info=exc)
@@ -198,7 +207,7 @@ class ShardStreamService:
             stream.failed(code_name(exc.grpc_code), details)
             STREAM_ERRORS.labels(stream.label, stream.outcome).inc()
         metadata = exc.trailing_metadata() if isinstance(exc, ResourceExhaustedError) else ()
-        await context.abort(exc.grpc_code, details, trailing_metadata=metadata)
+        return exc.grpc_code, details, metadata
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         """The caller (auth.py); UnauthenticatedError when the server has --auth and it is nobody known."""
@@ -225,7 +234,8 @@ class ShardStreamService:
 
     # --- control plane -------------------------------------------------------------------------
     async def get_dataset(self, request: pb.GetDatasetRequest, principal: Principal = OPEN) -> pb.DatasetInfo:
-        return dataset_info(await asyncio.to_thread(self.planner.resolve, request.dataset, principal))
+        manifest = await asyncio.to_thread(self.planner.resolve, request.dataset, principal)
+        return dataset_info(manifest, self.data_port)
 
     async def list_datasets(
         self, request: pb.ListDatasetsRequest, principal: Principal = OPEN
@@ -236,7 +246,7 @@ class ShardStreamService:
         for bad in listing.bad:
             self._report(bad)
         readable = [m for m in listing.manifests if principal.may_read(m.name, m.version)]
-        return pb.ListDatasetsResponse(datasets=[dataset_info(m) for m in readable])
+        return pb.ListDatasetsResponse(datasets=[dataset_info(m, self.data_port) for m in readable])
 
     def _report(self, bad: BadEntry) -> None:
         if self._log_once(f"{bad.ref}: {bad.reason}"):
@@ -291,8 +301,8 @@ class ShardStreamService:
             audit.done(outcome)
             stream.end()
 
-    def _stream_log(self, request: pb.ReadRequest | None, peer: str) -> StreamLog:
-        stream = StreamLog(new_stream_id(), peer)
+    def _stream_log(self, request: pb.ReadRequest | None, peer: str, stream_id: str | None = None) -> StreamLog:
+        stream = StreamLog(stream_id or new_stream_id(), peer)
         stream.asked(request)
         if request is not None:  # labelled by name only once admitted (dataset_label.py)
             name = dataset_name(request.dataset, [s.dataset for s in request.mixture])
@@ -336,7 +346,7 @@ class ShardStreamService:
         async def build() -> Message | None:
             message = await asyncio.to_thread(next, messages, None)
             if message is not None:
-                ticket.hold(len(message.data))  # from built until written
+                ticket.hold(message.nbytes)  # from built until written
             return message
 
         def build_next() -> asyncio.Future[Message | None]:
@@ -348,7 +358,7 @@ class ShardStreamService:
                 message = await pending
                 if message is None:
                     return
-                n = len(message.data)
+                n = message.nbytes
                 # Build the next message while this one is written, unless the server's streams
                 # already hold their buffer budget: then only after it (a slow client holds one).
                 pending = build_next() if self.admission.has_room() else None
@@ -368,8 +378,8 @@ class ShardStreamService:
                 pending.cancel()
 
 
-def dataset_info(m: Manifest) -> pb.DatasetInfo:
-    """A manifest as GetDataset and ListDatasets answer it."""
+def dataset_info(m: Manifest, data_port: int = 0) -> pb.DatasetInfo:
+    """A manifest as GetDataset and ListDatasets answer it (with the server's Flight data port)."""
     return pb.DatasetInfo(
         name=m.name,
         version=m.version,
@@ -379,4 +389,5 @@ def dataset_info(m: Manifest) -> pb.DatasetInfo:
         num_bytes=m.num_bytes,
         fields=[pb.Field(name=n, type=t) for n, t in m.fields],
         arrow_schema=plain_schema(m.schema).serialize().to_pybytes(),  # no extension type a client would revive
+        data_port=data_port,
     )

@@ -194,6 +194,7 @@ class Supervisor:
         self._spawned = 0
         self._restart_count = 0
         self.port = 0
+        self.data_port = 0
         self.metrics_port: int | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -204,6 +205,14 @@ class Supervisor:
         if cfg.cache_dir:
             SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned
         self.port, held = reserve_port(cfg.host, cfg.port)
+        if cfg.data_plane == "flight":  # the workers' Flight data plane shares a port of its own
+            try:
+                self.data_port, data_held = reserve_port(cfg.host, cfg.data_port)
+            except BaseException:
+                for s in held:
+                    s.close()
+                raise
+            held += data_held
         httpd = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
@@ -243,6 +252,7 @@ class Supervisor:
             self.cfg,
             workers=1,
             port=self.port,
+            data_port=self.data_port,
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,
@@ -309,6 +319,7 @@ class Supervisor:
         if self.cfg.ready_file:
             info = {
                 "port": self.port,
+                "data_port": self.data_port or None,
                 "metrics_port": self.metrics_port,
                 "pid": os.getpid(),
                 "workers": pids,

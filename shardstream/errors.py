@@ -17,6 +17,13 @@ on which a client resumes a stream elsewhere instead of failing. An overloaded s
 to leave it alone in the trailing metadata `grpc-retry-pushback-ms` (gRPC's own key for a server's
 retry hint): `ResourceExhaustedError.retry_after_s` on the way out, `retry_pushback_s` on the way in.
 
+On the Arrow Flight data plane (`serve --data-plane flight`) the same status travels as a Flight
+error: `to_flight_error` picks the nearest Flight error class (Flight has none for INVALID_ARGUMENT,
+NOT_FOUND, DATA_LOSS or RESOURCE_EXHAUSTED: a plain Flight client sees UNKNOWN with the code named
+at the start of the message) and puts the exact code, the message and the retry hint in the
+error's `extra_info` as JSON; `FlightStatus.of(exc)` reads them back on the client as the
+`grpc.RpcError` the rest of the client handles (`from_grpc_error`, `retry_pushback_s`).
+
 A message that quotes what a caller sent quotes `excerpt(text)` — its repr, cut to EXCERPT_CHARS —
 so an error never echoes a request back (a server's answer to untrusted input stays small and says
 which value was wrong, not the whole of it).
@@ -24,7 +31,12 @@ which value was wrong, not the whole of it).
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
 
 __all__ = [
     "DataLossError",
@@ -37,6 +49,7 @@ __all__ = [
     "RETRYABLE_CODES",
     "RETRY_ONCE_CODES",
     "RETRY_PUSHBACK_KEY",
+    "FlightStatus",
     "ResourceExhaustedError",
     "ShardstreamError",
     "UnauthenticatedError",
@@ -44,6 +57,7 @@ __all__ = [
     "excerpt",
     "from_grpc_error",
     "retry_pushback_s",
+    "to_flight_error",
 ]
 
 
@@ -171,3 +185,67 @@ def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError
     cls = _BY_CODE.get(code, InternalError)
     where = f" (server {target})" if target else ""
     return cls(f"{details}{where}" if cls is not UnavailableError else f"{code.name}: {details}{where}")
+
+
+# --- the Flight data plane ------------------------------------------------------------------------
+_FLIGHT_CLASS: dict[grpc.StatusCode, type[flight.FlightError]] = {
+    grpc.StatusCode.UNAVAILABLE: flight.FlightUnavailableError,
+    grpc.StatusCode.UNAUTHENTICATED: flight.FlightUnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: flight.FlightUnauthorizedError,
+    grpc.StatusCode.CANCELLED: flight.FlightCancelledError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: flight.FlightTimedOutError,
+    grpc.StatusCode.INTERNAL: flight.FlightInternalError,
+}  # any other code: FlightServerError (UNKNOWN on the wire), the exact code in extra_info
+_FLIGHT_CODE = {cls: code for code, cls in _FLIGHT_CLASS.items()}
+
+
+def to_flight_error(code: grpc.StatusCode, message: str, retry_after_s: float | None = None) -> flight.FlightError:
+    """The Flight error a Flight handler raises for a status `code` with a client-facing `message`."""
+    info: dict[str, Any] = {"code": code.name, "message": message}
+    if retry_after_s is not None:
+        info["retry_pushback_ms"] = round(retry_after_s * 1000)
+    cls = _FLIGHT_CLASS.get(code, flight.FlightServerError)
+    return cls(f"{code.name}: {message}", extra_info=json.dumps(info).encode())
+
+
+class FlightStatus(grpc.RpcError):
+    """A failed Flight call as a gRPC status: code(), details() and trailing_metadata() (the retry
+    hint), read from the error's extra_info when a shardstream server sent it, else from its class."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details, self._metadata = code, details, metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    @classmethod
+    def of(cls, exc: BaseException) -> FlightStatus:
+        """`exc` (a FlightError, or another Arrow error a Flight reader raised) as a status."""
+        info: dict[str, Any] = {}
+        raw = getattr(exc, "extra_info", None)
+        if raw:
+            try:
+                info = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                info = {}
+        code = getattr(grpc.StatusCode, str(info.get("code")), None) if info else None
+        if not isinstance(code, grpc.StatusCode):
+            code = next(
+                (c for k, c in _FLIGHT_CODE.items() if isinstance(exc, k)),
+                grpc.StatusCode.UNKNOWN if isinstance(exc, flight.FlightError) else grpc.StatusCode.INTERNAL,
+            )
+        details = info.get("message")
+        if not isinstance(details, str):  # Flight's own text: the status, then its debug context
+            details = str(exc).split(". gRPC client debug context", 1)[0]
+            if isinstance(exc, pa.ArrowException) and not isinstance(exc, flight.FlightError):
+                details = f"the data plane's stream broke: {details}"
+        ms = info.get("retry_pushback_ms")
+        metadata = ((RETRY_PUSHBACK_KEY, str(ms)),) if isinstance(ms, int) else ()
+        return cls(code, details, metadata)

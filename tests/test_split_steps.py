@@ -24,11 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.parts import StepParts
+from shardstream.client.parts import StepParts, as_batch
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError
-from shardstream.framing import decode_read_response, ipc_bytes, read_ipc
+from shardstream.framing import decode_read_response, ipc_bytes
 from shardstream.server.build import MessageBuilder
 from shardstream.server.read_plan import ReadPlanner
 from shardstream.server.reader import new_row_group_cache
@@ -95,7 +95,7 @@ def steps_of(messages: list[bytes]) -> list[tuple[pb.StepInfo, pa.RecordBatch]]:
         if whole is None:
             continue
         header, payload = whole
-        batch = read_ipc(payload)
+        batch = as_batch(payload)
         row = 0
         for st in header.steps:
             out.append((st, batch.slice(row, st.rows)))
@@ -255,7 +255,7 @@ def test_a_stream_broken_mid_step_resumes_at_that_step_and_hands_it_over_once() 
         assert message is not None
         header, payload = message
         (st,) = header.steps
-        got.append((st.step, st.rows, st.part, st.more_parts, read_ipc(payload).column("id").to_pylist()))
+        got.append((st.step, st.rows, st.part, st.more_parts, as_batch(payload).column("id").to_pylist()))
     assert got == [(0, 3, 0, False, [0, 1, 2]), (1, 3, 0, False, [3, 4, 5])]
     assert opened == [0, 1]  # reopened at step 1, the step it was in the middle of
     assert session.next_step == 2

@@ -31,7 +31,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "version", "fingerprint", "num_rows", "num_shards", "num_bytes", "fields", "arrow_schema")
+    __slots__ = ("name", "version", "fingerprint", "num_rows", "num_shards", "num_bytes", "fields", "arrow_schema", "data_port")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class DatasetInfo(_message.Message):
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     fingerprint: str
@@ -48,7 +49,8 @@ class DatasetInfo(_message.Message):
     num_bytes: int
     fields: _containers.RepeatedCompositeFieldContainer[Field]
     arrow_schema: bytes
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ...) -> None: ...
+    data_port: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class Shuffle(_message.Message):
     __slots__ = ("mode", "window")

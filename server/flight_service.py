@@ -1,0 +1,289 @@
+"""The Arrow Flight data plane: a Read stream as a Flight DoGet (`serve --data-plane flight`).
+
+The ticket is the serialized `ReadRequest`; each record batch of the stream is one Read message's
+rows (provenance columns and transforms included) and carries that message's serialized
+`ReadHeader` (steps, positions, skipped samples, end of epoch) as its `app_metadata`. Flight's C++
+writes a batch's buffers into gRPC without a Python copy, which is why it is the faster plane
+(loadtest/README.md "Data plane": 1.12x the throughput per stream, 0.69x the server CPU per GB of
+the framed grpcio Read). The control plane (GetDataset, ListDatasets) and grpc.health stay on the
+grpcio port, which tells clients this port in `DatasetInfo.data_port`; a plain
+`pyarrow.flight.FlightClient` can read a rank's stream with nothing but a ReadRequest.
+
+Everything else is the grpcio Read's, shared through `ShardStreamService`: the planner (exactly-once
+positions, schedules, mixtures, transforms), the message builder (steps over the message cap in
+parts), admission (streams per server and per peer, the buffer budget: RESOURCE_EXHAUSTED with the
+retry hint), authentication by bearer token (the `authorization` header), the audit and stream log
+lines (the stream id rides in the response headers), the stream metrics, the redacted error texts
+and their status codes (errors.py `to_flight_error`: the exact code travels in the error's
+extra_info). The next message is built in a worker thread while Flight sends this one.
+
+What this plane cannot do from Python (pyarrow's Flight server takes no gRPC server options and
+exposes neither the client's certificate nor a blocked write): principals by certificate subject
+(a server whose --auth names subjects refuses to start with it), server keepalive pings and the
+write timeout that cuts a client which stopped reading (reaper.py) — such a stream holds its
+admission slot, a thread and one message until its connection ends — and certificates are read
+once, at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from shardstream.errors import (
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    ShardstreamError,
+    UnauthenticatedError,
+    to_flight_error,
+)
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .admission import Ticket
+from .audit import StreamAudit
+from .build import Message, MessageSteps
+from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name
+from .read_plan import ReadPlan
+from .service import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, ShardStreamService
+from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
+
+__all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
+
+log = logging.getLogger(__name__)
+
+FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
+BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
+_MIDDLEWARE = "shardstream"
+
+
+class _Call(flight.ServerMiddleware):  # type: ignore[misc]
+    """One DoGet: its headers, its stream id (sent back in the response headers), its RPC metrics."""
+
+    def __init__(self, headers: dict[str, list[Any]]) -> None:
+        self.headers = headers
+        self.stream_id = new_stream_id()
+        self.t0 = time.perf_counter()
+        self.code: grpc.StatusCode | None = None  # set by do_get when it ends the stream with a status
+        STARTED.labels("server_stream", FLIGHT_SERVICE, "DoGet").inc()
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """The call's headers as gRPC metadata (auth.py reads `authorization` from it)."""
+        return [
+            (k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+            for k, values in self.headers.items()
+            for v in values
+        ]
+
+    def sending_headers(self) -> dict[str, str]:
+        return {STREAM_ID_KEY: self.stream_id}
+
+    def call_completed(self, exception: BaseException | None) -> None:
+        if exception is None:
+            code = grpc.StatusCode.OK
+        elif self.code is not None:
+            code = self.code
+        elif isinstance(exception, flight.FlightCancelledError):
+            code = grpc.StatusCode.CANCELLED
+        else:
+            code = grpc.StatusCode.UNKNOWN
+        HANDLING_SECONDS.labels("server_stream", FLIGHT_SERVICE, "DoGet").observe(
+            time.perf_counter() - self.t0
+        )
+        HANDLED.labels("server_stream", FLIGHT_SERVICE, "DoGet", code_name(code)).inc()
+
+
+class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Call | None:
+        return _Call(headers) if info.method == flight.FlightMethod.DO_GET else None
+
+
+class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
+    """DoGet(ticket = serialized ReadRequest) -> the Read stream's messages as record batches."""
+
+    def __init__(
+        self,
+        service: ShardStreamService,
+        location: str,
+        *,
+        tls_certificates: list[tuple[bytes, bytes]] | None = None,
+        client_ca: bytes | None = None,
+    ) -> None:
+        super().__init__(
+            location,
+            tls_certificates=tls_certificates,
+            verify_client=client_ca is not None,
+            root_certificates=client_ca,
+            middleware={_MIDDLEWARE: _CallFactory()},
+        )
+        self.service = service
+        self._builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._builds.shutdown(wait=False, cancel_futures=True)
+
+    # --- DoGet ---------------------------------------------------------------------------------
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        call: _Call = context.get_middleware(_MIDDLEWARE)
+        svc = self.service
+        peer = context.peer()
+        try:
+            request: pb.ReadRequest | None = pb.ReadRequest.FromString(ticket.ticket)
+        except Exception:  # noqa: BLE001 — protobuf's DecodeError, invalid UTF-8 in a string field
+            request = None
+        stream = svc._stream_log(request, peer, call.stream_id)
+        audit = StreamAudit(peer, request)
+        try:
+            principal = svc.auth.authenticate(call.metadata(), None)
+            audit.principal = principal.name
+            admitted = svc.admission.admit(peer)
+        except (ResourceExhaustedError, UnauthenticatedError) as exc:
+            audit.done(exc.grpc_code.name)
+            stream.refused(str(exc))
+            raise self._fail(call, exc, stream) from None
+        active = STREAMS_ACTIVE.labels(stream.label)
+        active.inc()
+        try:
+            if request is None:
+                raise InvalidArgumentError(
+                    "the ticket is not a ReadRequest (the Read request does not parse)"
+                )
+            plan = svc.planner.plan(request, principal)
+            audit.planned([str(r.manifest.ref) for r in plan.readers])
+            active = svc._started(stream, plan, active)
+            messages = _Messages(self, plan, admitted)
+            first = messages.next()
+        except BaseException as exc:
+            self._end(
+                admitted,
+                active,
+                audit,
+                stream,
+                exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL",
+            )
+            raise self._fail(call, exc, stream) from None
+        assert first is not None and first.batch is not None
+        schema = first.batch.schema
+        return flight.GeneratorStream(
+            schema, self._send(call, messages, first, schema, admitted, active, audit, stream)
+        )
+
+    def _send(
+        self,
+        call: _Call,
+        messages: _Messages,
+        first: Message,
+        schema: pa.Schema,
+        admitted: Ticket,
+        active: Any,
+        audit: StreamAudit,
+        stream: StreamLog,
+    ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """The stream's (batch, header) pairs; Flight asks for the next once the last is written."""
+        label = stream.label
+        messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
+        rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
+        outcome = "GONE"  # until it ends otherwise: Flight stopped asking, its client went away
+        stream.reason = "client left"
+        message: Message | None = first
+        try:
+            while message is not None:
+                assert message.batch is not None and message.header is not None
+                batch = message.batch
+                if batch.schema != schema:  # e.g. a message whose samples a transform all skipped
+                    batch = _conform(batch, schema)
+                n = message.nbytes
+                messages_sent.inc()
+                batches_sent.inc(message.steps)
+                rows_sent.inc(message.rows)
+                bytes_sent.inc(n)
+                stream.sent(message.steps, message.rows, n)
+                metadata = message.header.SerializeToString()
+                messages.ahead()  # the next message builds while Flight writes this one
+                yield batch, metadata
+                audit.sent(n)
+                admitted.release(n)  # Flight asked for the next: this one is written
+                del batch, metadata
+                message = messages.next()
+            outcome = stream.outcome = "OK"
+            stream.reason = ""
+        except GeneratorExit:
+            messages.cancel()
+            raise
+        except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
+            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
+            stream.reason = ""
+            raise self._fail(call, exc, stream) from None
+        finally:
+            self._end(admitted, active, audit, stream, outcome)
+
+    def _end(
+        self, admitted: Ticket, active: Any, audit: StreamAudit, stream: StreamLog, outcome: str
+    ) -> None:
+        admitted.close()
+        active.dec()
+        audit.done(outcome)
+        stream.end()
+
+    def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
+        """The Flight error that ends the call (service.status_of logs and counts it)."""
+        code, details, _ = self.service.status_of("Read", exc, stream)
+        call.code = code
+        retry = exc.retry_after_s if isinstance(exc, ResourceExhaustedError) else None
+        return to_flight_error(code, details, retry)
+
+
+class _Messages:
+    """One stream's messages, each built in the plane's pool; `ahead()` starts the next build while
+    the server's streams hold less than their buffer budget (as the grpcio Read does)."""
+
+    def __init__(self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket) -> None:
+        svc = plane.service
+        self._pool = plane._builds
+        self._admission = svc.admission
+        self._admitted = admitted
+        self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
+
+        def read_ahead(steps: MessageSteps) -> None:
+            svc._read_ahead.schedule(plan, steps.ahead(svc._read_ahead.messages))
+
+        self._it = svc.builder.stream(plan, read_ahead, framed=False)
+        self._pending: Future[Message | None] | None = None
+
+    def _build(self) -> Message | None:
+        with self._lock:
+            message = next(self._it, None)
+        if message is not None:
+            self._admitted.hold(message.nbytes)  # from built until written
+        return message
+
+    def ahead(self) -> None:
+        if self._pending is None and self._admission.has_room():
+            self._pending = self._pool.submit(self._build)
+
+    def next(self) -> Message | None:
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else self._build()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` as the stream's schema (a Flight stream has one), or INTERNAL naming the difference."""
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise InternalError(
+            f"a message's columns ({batch.schema.names}) differ from the stream's first ({schema.names}): {exc}"
+        ) from exc
