@@ -24,7 +24,10 @@
 #
 # Environment (defaults in brackets): OUT [loadtest/results/device], PY [python3],
 # WHEELS [.devwheels], SCALING_ARGS, SCALING_TIMEOUT [260], FLIGHT_ARGS, FLIGHT_TIMEOUT [110],
-# SMALL=1 (tiny sizes, for a dry run on 2 cores).
+# FLIGHT=0 (skip the Flight A/B), SMALL=1 (tiny sizes, for a dry run on 2 cores). The second device
+# run of 2026-11-26 (scaling with cores, servers pinned):
+#   SCALING_ARGS="--workers 1 2 4 8 --images 4096 --unique-images 480 --streams 32 --pairs 3
+#   --client-procs 4 --pin" FLIGHT=0 WHEELS=$PWD/.devwheels bash .devsrc/loadtest/device_run.sh
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -67,6 +70,8 @@ stage "machine and versions"
 {
     echo "nproc: $(nproc)"
     grep -m1 "model name" /proc/cpuinfo
+    lscpu 2>/dev/null | grep -iE "^(Thread|Core|Socket|NUMA node|CPU\(s\)|L[23])" || true
+    echo "cpu0 siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null)"
     free -g | head -2
     uptime
     uname -r
@@ -109,11 +114,13 @@ timeout -k 10 "$SCALING_TIMEOUT" "$PY" -m loadtest.scaling $SCALING_ARGS --json 
     tee "$OUT/scaling.log"
 echo "scaling exit: ${PIPESTATUS[0]}"
 
-stage "flight_bench: python -m loadtest.flight_bench $FLIGHT_ARGS"
-# shellcheck disable=SC2086
-timeout -k 10 "$FLIGHT_TIMEOUT" "$PY" -m loadtest.flight_bench $FLIGHT_ARGS --json "$OUT/flight_bench.json" 2>&1 |
-    tee "$OUT/flight_bench.log"
-echo "flight_bench exit: ${PIPESTATUS[0]}"
+if [ "${FLIGHT:-1}" != 0 ]; then
+    stage "flight_bench: python -m loadtest.flight_bench $FLIGHT_ARGS"
+    # shellcheck disable=SC2086
+    timeout -k 10 "$FLIGHT_TIMEOUT" "$PY" -m loadtest.flight_bench $FLIGHT_ARGS --json "$OUT/flight_bench.json" 2>&1 |
+        tee "$OUT/flight_bench.log"
+    echo "flight_bench exit: ${PIPESTATUS[0]}"
+fi
 
 stage "done"
 uptime

@@ -1,7 +1,7 @@
 """Scaling with cores: `serve --workers W` for W = 1, 2, 4, 8 on a CPU-bound load (image decode).
 
     python -m loadtest.scaling [--workers 1 2 4 8] [--images 480] [--streams 16] [--pairs 3]
-                               [--unique-images N] [--client-procs P]
+                               [--unique-images N] [--client-procs P] [--pin]
                                [--json loadtest/results/scaling.json]
 
 The load: --images JPEGs of 500x375 (loadtest.transform_bench's generator) in row groups of 16,
@@ -13,7 +13,11 @@ spreads them over the workers; the client counts raw message bytes and decodes n
 are threads of this process, or (--client-procs P > 1) of P client processes (spawned once, ranks
 dealt round-robin), so that on a many-core machine one Python client is not what limits W = 8.
 --unique-images N makes N distinct JPEGs and repeats them up to --images (the decode costs the same;
-making 10,000 distinct ones takes minutes). One
+making 10,000 distinct ones takes minutes). A single worker is not a single core: each stream's next
+message is built in asyncio's default thread pool and Pillow releases the GIL while it decodes, so
+one process keeps several cores busy. --pin measures scaling with cores instead: server W runs on W
+CPUs (every thread of its processes; one per physical core first, then hyperthread siblings), the
+client processes on the others (or on all, when none are left). One
 `shardstream serve --workers W --transform-threads 1` per W, started once and warmed up with one
 pass (row groups cached, imports done); then --pairs rounds, each measuring every W (the order
 alternating from round to round). Reported per W: images/s, the server's CPU seconds (main process
@@ -26,6 +30,7 @@ as not measured. Figures only; exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -98,23 +103,65 @@ def epoch_pass(
     return sum(received)
 
 
-def client_part(job: tuple[str, int, int, int, int, list[int]]) -> tuple[int, float]:
+def cpu_order() -> list[int]:
+    """The CPUs this process may use, one per physical core first, then their hyperthread siblings."""
+    first: list[int] = []
+    rest: list[int] = []
+    seen: set[tuple[str, str]] = set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = ((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip())
+        except OSError:
+            key = (str(cpu), "")
+        (rest if key in seen else first).append(cpu)
+        seen.add(key)
+    return first + rest
+
+
+def pin(pid: int, cpus: list[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (threads it starts later inherit the mask)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def pin_tree(pid: int, cpus: list[int]) -> None:
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        pin(proc.pid, cpus)
+
+
+def client_part(job: tuple[list[int] | None, str, int, int, int, int, list[int]]) -> tuple[int, float]:
     """A client process's share of a pass (--client-procs): its ranks' bytes and its CPU seconds."""
+    if job[0]:
+        pin(os.getpid(), job[0])
     c0 = time.process_time()
-    nbytes = epoch_pass(*job)
+    nbytes = epoch_pass(*job[1:])
     return nbytes, time.process_time() - c0
 
 
 def one_pass(
-    server: LocalServer, args: argparse.Namespace, seed: int, pool: Any = None, procs: int = 1
+    server: LocalServer,
+    args: argparse.Namespace,
+    seed: int,
+    pool: Any = None,
+    procs: int = 1,
+    cpus: dict[str, list[int]] | None = None,
 ) -> dict[str, float]:
     me = psutil.Process()
+    client_cpus = cpus["client"] if cpus else None
+    if cpus:
+        pin_tree(server.pid, cpus["server"])
+        if pool is None:
+            pin(me.pid, cpus["client"])
     c0, s0, t0 = sum(me.cpu_times()[:2]), tree_cpu_s(server.pid), time.perf_counter()
     if pool is None:
         nbytes, child_cpu = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed), 0.0
     else:
         jobs = [
             (
+                client_cpus,
                 server.target,
                 args.images,
                 args.streams,
@@ -159,15 +206,23 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     runs: dict[int, list[dict[str, float]]] = {w: [] for w in workers}
     servers: dict[int, LocalServer] = {}
     pool = multiprocessing.get_context("spawn").Pool(procs) if procs > 1 else None
+    cpus_in_order = cpu_order()
+    pins = {
+        w: {"server": sorted(cpus_in_order[:w]), "client": sorted(cpus_in_order[w:] or cpus_in_order)}
+        for w in workers
+        if getattr(args, "pin", False)
+    }
+    if pins:
+        log(f"  pinned: CPUs in order {cpus_in_order}; " + "; ".join(f"W={w}: {p}" for w, p in pins.items()))
     try:
         for w in workers:
             servers[w] = LocalServer(root, workers=w, extra_args=("--transform-threads", "1")).start()
-            warm = one_pass(servers[w], args, seed=999, pool=pool, procs=procs)
+            warm = one_pass(servers[w], args, seed=999, pool=pool, procs=procs, cpus=pins.get(w))
             log(f"  warm-up  workers={w}: {warm['images_per_s']:6.0f} images/s")
         for round_ in range(args.pairs):
             order = workers if round_ % 2 == 0 else workers[::-1]
             for w in order:
-                r = one_pass(servers[w], args, seed=round_, pool=pool, procs=procs)
+                r = one_pass(servers[w], args, seed=round_, pool=pool, procs=procs, cpus=pins.get(w))
                 runs[w].append(r)
                 log(
                     f"  round {round_ + 1} workers={w}: {r['images_per_s']:6.0f} images/s, server "
@@ -197,6 +252,7 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "client_cpu_s": {str(w): spread([r["client_cpu_s"] for r in rs]) for w, rs in runs.items()},
         "client_cores_busy": {str(w): spread([r["client_cores_busy"] for r in rs]) for w, rs in runs.items()},
         "client_procs": procs,
+        "pinned": {str(w): p for w, p in pins.items()},
         "distinct_images": unique,
         "speedup": {str(w): spread(v) for w, v in speedup.items()},
         "efficiency": {str(w): spread([x * workers[0] / w for x in v]) for w, v in speedup.items()},
@@ -263,6 +319,11 @@ def add_options(ap: argparse.ArgumentParser, images: int = 480, pairs: int = 3) 
         default=1,
         metavar="P",
         help="client processes the ranks are dealt over (default 1: threads of this process)",
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="server W on W CPUs, the clients on the others: scaling with cores, not processes",
     )
 
 
