@@ -29,15 +29,16 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardstream.cursor_math import NO_SPLIT, WorkerSplit
+from shardstream.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after, is_last_step
 from shardstream.errors import (
+    DataLossError,
     InvalidArgumentError,
     ShardstreamError,
     UnavailableError,
 )
 from shardstream.plan import ShuffleSpec
 from shardstream.schedule import Schedule, job_position
-from shardstream.scheduled_layout import Layout, make_layout, split_start
+from shardstream.scheduled_layout import Layout, make_layout
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -366,14 +367,49 @@ class Loader:
         """Read only every `workers`-th step of this rank's stream, the first `worker` steps on.
 
         For k data-loader workers sharing one rank (`client/torch.py`): worker j takes steps j, j+k,
-        j+2k, ... of each epoch, and its cursor moves to its own first step from where the cursor is
-        now. Call it before iterating; a `load_state_dict()` after it restores that worker's own
-        saved cursor."""
+        j+2k, ... of the rank's stream from where the cursor is now — counted across epochs, so that
+        DataLoader's round robin hands them over in the stream's order at epoch boundaries too — and
+        its cursor moves to its own first step. Call it before iterating; a `load_state_dict()` after
+        it restores that worker's own saved cursor."""
         if self._active:
             raise RuntimeError("split_steps() while iterating: split before the loop starts")
         self._split = WorkerSplit(worker, workers)
         if worker:  # (worker 0's first step is where the cursor is: no need to resolve the target)
-            self._offset = split_start(self._layout(self._offset, self._epoch), worker)
+            first = self.stream.advance(self._epoch, self._offset, worker)
+            self._epoch, self._offset = first if first is not None else (self._epoch, self.target.num_rows)
+
+    @property
+    def stream(self) -> RankStream:
+        """This rank's steps epoch after epoch (cursor_math.RankStream), as this Loader cuts them."""
+        return RankStream(
+            self.target.num_rows, self.world_size, self.batch_size, self.drop_last, self.schedule
+        )
+
+    def delivered_elsewhere(self, epoch: int, start: int) -> None:
+        """Move the cursor past the step of this rank's stream that starts at (epoch, start), which
+        another reader of the same stream handed to the training loop (DataLoader workers,
+        `client/torch.py`): exactly as iterating this Loader would have. It must be the next step
+        (DataLossError otherwise: the training loop got steps out of order)."""
+        if self._active:
+            raise RuntimeError("delivered_elsewhere() while iterating this Loader")
+        self._apply_resume()
+        stream = self.stream
+        nxt = stream.advance(self._epoch, self._offset, 0)
+        if nxt is None or (self.epochs is not None and nxt[0] >= self.epochs) or nxt != (epoch, start):
+            where = "does not exist" if nxt is None else f"is at epoch {nxt[0]} offset {nxt[1]}"
+            raise DataLossError(
+                f"{self.pinned} rank {self.rank}: the training loop got the step at epoch {epoch} offset {start}, "
+                f"but the next step of the stream from the cursor (epoch {self._epoch}, offset {self._offset}) {where}"
+            )
+        e = self._epoch
+        while e < epoch:  # epochs with no step left: as the prefetch thread's empty items move the cursor
+            self.dropped[e] = stream.layout(self._offset if e == self._epoch else 0, e).dropped
+            e += 1
+        layout = stream.layout(start, epoch)  # the step is its first
+        if is_last_step(layout, 0):
+            self.dropped[epoch] = layout.dropped
+        self._epoch, self._offset = cursor_after(layout, epoch, 0, NO_SPLIT)
+        self._steps += 1
 
     def _read_spec(self) -> ReadSpec:
         return ReadSpec(
@@ -397,8 +433,11 @@ class Loader:
             epochs=self.epochs,
             schedule=self.schedule,
             split=self._split,
+            origin=(self._epoch, self._offset),
             retry=RetryPolicy(
-                max_retries=self.max_retries, budget_s=self.timeout_s, idle_timeout_s=self.stream_idle_timeout_s
+                max_retries=self.max_retries,
+                budget_s=self.timeout_s,
+                idle_timeout_s=self.stream_idle_timeout_s,
             ),
             job=self.job or "",
         )

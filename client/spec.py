@@ -8,9 +8,10 @@ iterates reaches the thread.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from shardstream.cursor_math import NO_SPLIT, WorkerSplit, epoch_start
+from shardstream.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
 from shardstream.plan import ShuffleSpec
 from shardstream.schedule import Schedule
 from shardstream.scheduled_layout import Layout, make_layout, split_start
@@ -83,6 +84,11 @@ class ReadSpec:
     epochs: int | None  # None: endless
     schedule: Schedule | None = None  # batch-size phases and skip ranges (None: one batch size, no skips)
     split: WorkerSplit = NO_SPLIT  # data-loader workers sharing this rank's stream
+    # With a split: the reader's cursor when it starts (its next step), from which its first step of
+    # each later epoch follows (cursor_math.RankStream.worker_epoch_starts, walked once, kept here)
+    origin: tuple[int, int] = (0, 0)
+    _starts: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    _walk: list[Iterator[tuple[int, int]]] = field(default_factory=list, compare=False, repr=False)
     retry: RetryPolicy = RetryPolicy()
     job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
 
@@ -107,7 +113,20 @@ class ReadSpec:
         )
 
     def epoch_start(self, epoch: int = 0) -> int:
-        """Where this reader's first step of epoch `epoch` starts when it starts the epoch afresh."""
+        """Where this reader's first step of epoch `epoch` starts when it starts the epoch afresh.
+
+        A data-loader worker (split) takes every k-th step of the rank's stream across epochs: its
+        first step of a later epoch depends on the epochs since its origin (walked once, in order)."""
+        if self.split.workers > 1 and epoch > self.origin[0]:
+            if not self._walk:
+                stream = RankStream(
+                    self.target.num_rows, self.world_size, self.batch_size, self.drop_last, self.schedule
+                )
+                self._walk.append(stream.worker_epoch_starts(self.origin, self.split.workers))
+            while epoch not in self._starts:
+                e, start = next(self._walk[0])
+                self._starts[e] = start
+            return self._starts[epoch]
         if self.schedule is None:
             return epoch_start(self.target.num_rows, self.world_size * self.batch_size, self.split)
         return split_start(self.layout(0, epoch), self.split.worker)

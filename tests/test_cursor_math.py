@@ -1,5 +1,6 @@
 """Cursor arithmetic (shardstream/cursor_math.py) as properties: every sample exactly once, over data-loader
-worker splits, world sizes, batch sizes, drop_last and start offsets; a cursor resumes exactly."""
+worker splits (within an epoch and across epochs), world sizes, batch sizes, drop_last and start offsets;
+a cursor resumes exactly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from shardstream.cursor_math import (
     NO_SPLIT,
+    RankStream,
     WorkerSplit,
     cursor_after,
     epoch_start,
@@ -17,6 +19,8 @@ from shardstream.cursor_math import (
 )
 from shardstream.errors import InvalidArgumentError
 from shardstream.plan import StepLayout
+
+from .support.splits import rank_steps, round_robin, worker_steps
 
 cases = st.fixed_dictionaries(
     {
@@ -64,21 +68,40 @@ def test_the_workers_of_a_rank_take_every_step_of_the_epoch_exactly_once(c: dict
 
 
 @settings(max_examples=400, deadline=None)
-@given(cases)
-def test_a_cursor_resumes_at_exactly_the_next_step_of_its_worker(c: dict) -> None:
-    for w in range(c["workers"]):
-        split = WorkerSplit(w, c["workers"])
-        walk = worker_walk(c, w)
-        for i, (_, (epoch, offset)) in enumerate(walk):
-            if i + 1 < len(walk):  # mid-epoch: the next layout's first step is the worker's next step
-                assert epoch == c["epoch"]
-                resumed = StepLayout(c["num_rows"], offset, c["world_size"], c["batch_size"], c["drop_last"])
-                assert resumed.num_steps > 0 and resumed.global_range(0) == walk[i + 1][0]
-            else:  # the worker's last step: the cursor is its start of the next epoch
-                gb = c["world_size"] * c["batch_size"]
-                assert (epoch, offset) == (c["epoch"] + 1, epoch_start(c["num_rows"], gb, split))
-        offsets = [off for _, (e, off) in walk if e == c["epoch"]]
-        assert offsets == sorted(set(offsets))  # strictly forward
+@given(cases, st.integers(1, 3))
+def test_across_epochs_the_round_robin_of_the_workers_is_the_rank_stream_and_each_cursor_resumes_it(
+    c: dict, more: int
+) -> None:
+    """Worker j takes steps j, j+k, ... of the stream counted across epochs (DataLoader's round robin
+    then hands the steps over in the stream's order at every epoch boundary, whatever the steps per
+    epoch), and a worker restarted from the cursor after any of its steps delivers exactly the rest."""
+    stream = RankStream(c["num_rows"], c["world_size"], c["batch_size"], c["drop_last"])
+    gb = c["world_size"] * c["batch_size"]
+    cursor = (c["epoch"], min(c["start_step"] * gb, c["num_rows"]))
+    epochs = c["epoch"] + more
+    ref = rank_steps(stream, cursor, epochs)
+    k = c["workers"]
+    walks = [worker_steps(stream, cursor, w, k, epochs) for w in range(k)]
+    assert [s[:2] for s in round_robin(walks)] == [s[:2] for s in ref]
+    for w, walk in enumerate(walks):
+        assert [s[:2] for s in walk] == [s[:2] for s in ref[w::k]]
+        for i, (_, _, after) in enumerate(walk):
+            rest = worker_steps(stream, after, w, k, epochs, split=False)
+            assert [s[:2] for s in rest] == [s[:2] for s in walk[i + 1 :]], (w, i, after)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases, st.integers(0, 12))
+def test_advance_is_the_nth_step_delivered(c: dict, n: int) -> None:
+    stream = RankStream(c["num_rows"], c["world_size"], c["batch_size"], c["drop_last"])
+    gb = c["world_size"] * c["batch_size"]
+    cursor = (c["epoch"], min(c["start_step"] * gb, c["num_rows"]))
+    ref = rank_steps(stream, cursor, c["epoch"] + 2 + n)
+    got = stream.advance(*cursor, n)
+    if ref[n:]:
+        assert got == (ref[n][0], ref[n][1][0])
+    else:  # epochs without steps
+        assert got is None and stream.layout(0, 0).num_steps == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -7,11 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.cursor_math import NO_SPLIT, WorkerSplit, cursor_after
+from shardstream.cursor_math import RankStream, cursor_after
 from shardstream.errors import InvalidArgumentError
 from shardstream.plan import StepLayout
 from shardstream.schedule import Schedule, job_position, merge_ranges, parse_batch_schedule
-from shardstream.scheduled_layout import ScheduledLayout, make_layout, split_start, step_position
+from shardstream.scheduled_layout import ScheduledLayout, make_layout, step_position
+
+from .support.splits import rank_steps, round_robin, worker_steps
 
 
 # --- a reference: the definition, one step at a time, over plain lists ----------------------------
@@ -168,25 +170,23 @@ def test_resume_with_another_world_size_mid_ramp_is_exact(n, w1, w2, phases, ski
     phases=phases_st,
     skips=skips_st,
     drop_last=st.booleans(),
+    start=st.integers(0, 90),
 )
-def test_worker_splits_take_every_kth_step(n, w, workers, phases, skips, drop_last) -> None:  # type: ignore[no-untyped-def]
+def test_worker_splits_take_every_kth_step_across_epochs(
+    n, w, workers, phases, skips, drop_last, start
+) -> None:  # type: ignore[no-untyped-def]
+    """Under batch-size phases and skip ranges too: the workers' round robin is the rank's stream
+    (epochs 1..3, from any cursor), and each worker cursor resumes exactly the rest of its steps."""
     sched = Schedule(tuple(phases), merge_ranges(skips))
-    whole = make_layout(n, 0, w, 1, drop_last, epoch=1, schedule=sched)
-    seen: dict[int, tuple[int, int]] = {}
-    for j in range(workers):
-        split = WorkerSplit(j, workers) if workers > 1 else NO_SPLIT
-        off = split_start(whole, j)
-        lay = make_layout(n, off, w, 1, drop_last, epoch=1, schedule=sched)
-        t = 0
-        while t < lay.num_steps:
-            seen[j + t] = lay.global_range(t)
-            epoch, nxt = cursor_after(lay, 1, t, split)
-            if epoch == 2:
-                assert nxt == split_start(make_layout(n, 0, w, 1, drop_last, epoch=2, schedule=sched), j)
-                break
-            assert nxt == lay.global_range(t + workers)[0]
-            t += workers
-    assert seen == {t: whole.global_range(t) for t in range(whole.num_steps)}
+    stream = RankStream(n, w, phases[0][1], drop_last, None if sched.is_plain else sched)
+    cursor = (1, min(start, n))
+    ref = rank_steps(stream, cursor, 4)
+    walks = [worker_steps(stream, cursor, j, workers, 4) for j in range(workers)]
+    assert [s[:2] for s in round_robin(walks)] == [s[:2] for s in ref]
+    for j, walk in enumerate(walks):
+        for i, (_, _, after) in enumerate(walk):
+            rest = worker_steps(stream, after, j, workers, 4, split=False)
+            assert [s[:2] for s in rest] == [s[:2] for s in walk[i + 1 :]]
 
 
 @settings(max_examples=300, deadline=None)

@@ -7,6 +7,8 @@
     faults        FAULT INJECTORS (not mocks): a TCP proxy that cuts S3 responses
     media         real media files (text, images, audio, video, RL episodes) and datasets of them
     rank_worker   a training rank as a process (`python -m tests.support.rank_worker`) and RankProcs
+    torch_rank    a training rank reading through DataLoader workers with a job, as a process
+    splits        data-loader worker splits simulated from the pure cursor functions (round robin)
     processes     the command line and fresh interpreters as subprocesses
     resume        the one resume harness (check_resume) and the multi-rank job it drives (Ranks)
     chart         helm/shardstream rendered offline, validated, and its server container run as rendered
