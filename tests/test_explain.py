@@ -25,6 +25,8 @@ from shardstream.cli import main
 from shardstream.client import Loader
 from shardstream.explain import Cursor, place_of, place_step
 from shardstream.plan import StepLayout
+from shardstream.registry import Registry
+from shardstream.server.drop_rows import drop_rows
 from shardstream.server.fleet import LocalServer
 
 from .support import media
@@ -32,6 +34,7 @@ from .support.data import N_ROWS, write_dataset
 from .support.servers import Servers
 
 TOKENIZE = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
+MASKED_ROWS = [(1, 5), *((0, r) for r in range(20, 40)), *((2, r) for r in range(4)), (3, 29)]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     images = media.real_images()[:6]
     pics = images[:2] + [("bad-0.jpg", b"not an image")] + images[2:5] + [("bad-1.jpg", b"\xff\xd8 cut")]
     media.write_table(root, "pics", media.blob_table("image", pics), row_group_rows=3, shard_rows=6)
+    # masked@2: masked@1 without some rows (drop_rows): one row, a whole row group, a shard's first rows
+    write_dataset(root, "masked", 300, row_group_rows=20, shard_rows=70)
+    drop_rows(Registry(root), "masked", rows=[*MASKED_ROWS])
     return root
 
 
@@ -97,10 +103,15 @@ def test_a_jobs_steps_are_what_its_ranks_received(server: LocalServer, root: Pat
         assert out["world_size"] == 2 and out["from_cursor"]["steps"] == (10 if t < 40 else 40), t
         assert [r["rank"] for r in out["ranks"]] == [0, 1]
         for r in out["ranks"]:
-            assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(first[r["rank"]][t]), (t, r["rank"])
+            assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(first[r["rank"]][t]), (
+                t,
+                r["rank"],
+            )
             assert r["positions"] == [first[r["rank"]][t].position_start, first[r["rank"]][t].position_end]
             assert r["skipped"] == []  # on_error="fail": nothing is ever left out
-        assert out["epoch"] == first[0][t].epoch and out["transforms"] == TOKENIZE and out["on_error"] == "fail"
+        assert (
+            out["epoch"] == first[0][t].epoch and out["transforms"] == TOKENIZE and out["on_error"] == "fail"
+        )
     assert explain(root, store, "--job", "run-1", "--step", "31")["ranks"][1]["positions"][1] == N_ROWS
     for t in (45, 49):
         out = explain(root, store, "--job", "run-1", "--step", str(t), "--rank", "0")
@@ -145,7 +156,49 @@ def test_a_scheduled_jobs_steps(server: LocalServer, root: Path, tmp_path: Path)
             assert r["positions"] == [info.position_start, info.position_end] and out["epoch"] == info.epoch
 
 
-def test_samples_a_transform_skipped_are_read_with_server(server: LocalServer, root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("seed", "world", "batch", "shuffle"), [(4, 2, 8, "block"), (9, 3, 5, "full"), (1, 1, 7, "none")]
+)
+def test_a_masked_versions_steps_and_samples_are_the_rows_a_server_delivers(
+    server: LocalServer, root: Path, tmp_path: Path, seed: int, world: int, batch: int, shuffle: str
+) -> None:
+    """masked@2 holds 274 of its files' 300 rows (drop_rows): explain maps its positions to the rows
+    the server delivers — by step, and a delivered row back to its step and rank — and says that a
+    masked row is never delivered."""
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    kw = dict(
+        job="masked", cursor_store=store, batch_size=batch, world_size=world, seed=seed, shuffle=shuffle
+    )
+    per_epoch = -(-274 // (world * batch))
+    got = {r: run(server, "masked@2", per_epoch + 5, (7,), rank=r, **kw) for r in range(world)}
+    delivered = [row for r in got for info in got[r].values() for row in rows_of(info)]
+    assert not set(delivered) & set(MASKED_ROWS) and len(delivered) > 274
+    for t in (0, 6, 7, per_epoch - 1, per_epoch, per_epoch + 4):
+        out = explain(root, store, "--job", "masked", "--step", str(t))
+        for r in out["ranks"]:
+            assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(got[r["rank"]][t]), (
+                t,
+                r["rank"],
+            )
+    for t, r in ((2, world - 1), (per_epoch + 1, 0)):
+        info = got[r][t]
+        for shard, row in rows_of(info)[:4]:
+            where = explain(
+                root, store, "masked@2", "--sample", f"{shard}:{row}", "--seed", str(seed), "--shuffle", shuffle,
+                "--world-size", str(world), "--batch-size", str(batch), "--epoch", str(info.epoch),
+            )  # fmt: skip
+            assert (where["job_step"], where["rank"]) == (t, r), (shard, row)
+            assert info.position_start <= where["position"] < info.position_end
+    for shard, row in MASKED_ROWS[::7]:
+        where = explain(
+            root, store, "masked@2", "--sample", f"{shard}:{row}", "--world-size", "1", "--batch-size", "4"
+        )
+        assert where["position"] is None and where["note"].startswith("masked"), (shard, row)
+
+
+def test_samples_a_transform_skipped_are_read_with_server(
+    server: LocalServer, root: Path, tmp_path: Path
+) -> None:
     store = f"sqlite:///{tmp_path}/cursors.db"
     decode = [{"op": "image.decode", "size": [8, 8]}]
     kw = dict(job="pics", cursor_store=store, batch_size=2, world_size=1, rank=0, seed=1, columns=["image"])
@@ -160,7 +213,9 @@ def test_samples_a_transform_skipped_are_read_with_server(server: LocalServer, r
         assert len(out["ranks"][0]["samples"]) == info.position_end - info.position_start
 
 
-def test_explain_needs_a_job_or_a_sample(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_needs_a_job_or_a_sample(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = f"sqlite:///{tmp_path}/none.db"
     assert main(["explain", "--root", str(root), "--store", store]) == 1
     assert main(["explain", "--job", "nope", "--step", "0", "--root", str(root), "--store", store]) == 1

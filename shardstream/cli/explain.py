@@ -20,6 +20,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from shardstream.explain import (
     Cursor,
@@ -282,8 +284,25 @@ def _explain_sample(args: argparse.Namespace) -> dict[str, Any]:
             f"shard {shard} ({uris[shard]}) of {m.ref} has {m.shards[shard].rows} rows"
         )
     spec = ShuffleSpec.parse(args.shuffle, args.window)
-    locator = RowLocator([s.row_groups for s in m.shards])
-    dataset_row = sum(s.rows for s in m.shards[:shard]) + row
+    # the rows the version holds: a drop_rows version's masked rows have no position in its order
+    locator = RowLocator([s.row_groups for s in m.shards], [s.masked for s in m.shards])
+    dataset_row = int(locator.row_index(np.asarray([shard]), np.asarray([row]))[0])
+    if dataset_row < 0:
+        return {
+            "dataset": m.ref,
+            "shard": shard,
+            "shard_uri": uris[shard],
+            "row": row,
+            "dataset_row": None,
+            "config": "",
+            "epoch": args.epoch,
+            "position": None,
+            "step": None,
+            "rank": None,
+            "index_in_batch": None,
+            "job_step": None,
+            "note": f"masked: {m.ref} does not hold this row (drop_rows); it is never delivered",
+        }
     order = DatasetOrder(m.fingerprint, locator.block_sizes, args.seed, spec).epoch(args.epoch)
     position = find_position(order.rows, m.num_rows, dataset_row)
     layout = StepLayout(m.num_rows, args.offset, args.world_size, args.batch_size, args.drop_last)
