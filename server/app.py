@@ -191,7 +191,7 @@ def _start_data_plane(cfg: ServerConfig, service: ShardStreamService) -> FlightD
             "--data-plane flight cannot tell principals by certificate subject (the --auth file names "
             "some): use bearer tokens, or --data-plane grpc"
         )
-    if cfg.data_port and not cfg.reuse_port:
+    if cfg.data_port:  # one clear line, before Flight logs its own about the bind
         from .workers import reserve_port
 
         reserve_port(cfg.host, cfg.data_port, hold=False)

@@ -205,14 +205,17 @@ class Supervisor:
         if cfg.cache_dir:
             SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned
         self.port, held = reserve_port(cfg.host, cfg.port)
-        if cfg.data_plane == "flight":  # the workers' Flight data plane shares a port of its own
+        if cfg.data_plane == "flight" and cfg.data_port:
+            # Each worker's Flight data plane has a port of its own (pyarrow's Flight server binds
+            # without SO_REUSEPORT): data_port + slot; GetDataset names the answering worker's.
             try:
-                self.data_port, data_held = reserve_port(cfg.host, cfg.data_port)
+                for slot in range(cfg.workers):
+                    reserve_port(cfg.host, cfg.data_port + slot, hold=False)
             except BaseException:
                 for s in held:
                     s.close()
                 raise
-            held += data_held
+            self.data_port = cfg.data_port
         httpd = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop_signal)
@@ -252,7 +255,7 @@ class Supervisor:
             self.cfg,
             workers=1,
             port=self.port,
-            data_port=self.data_port,
+            data_port=self.data_port + slot if self.data_port else 0,
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,

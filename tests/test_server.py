@@ -256,6 +256,7 @@ def test_a_silent_server_is_abandoned_for_another(endpoints: list[str]) -> None:
             request_serializer=pb.GetDatasetRequest.SerializeToString,
             response_deserializer=pb.DatasetInfo.FromString,
         )(pb.GetDatasetRequest(dataset="toy@1"), timeout=5)
+    info.data_port = 0  # the silent server serves Read itself (the Flight plane's own test: test_flight_data_plane)
     reads = []
 
     def never_send(request, context):  # type: ignore[no-untyped-def]

@@ -157,8 +157,8 @@ def add_commands(sub: Any) -> None:
         "--data-port",
         type=common.port,
         default=0,
-        help="the Flight data plane's port with --data-plane flight (default 0: a free one, which clients "
-        "learn from GetDataset)",
+        help="the Flight data plane's port with --data-plane flight; with --workers N, worker i serves "
+        "port + i (default 0: free ones; clients learn the port of the worker they asked from GetDataset)",
     )
     sp.add_argument(
         "--log-format",

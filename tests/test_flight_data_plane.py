@@ -1,0 +1,251 @@
+"""The Arrow Flight data plane (`serve --data-plane flight`, server/flight_service.py) against real
+servers: the Loader's streams go over Flight and keep the exactly-once, failover and provenance
+contracts; a plain pyarrow FlightClient reads a rank's stream with nothing but a ReadRequest;
+errors keep their status codes and retry hints; a silent Flight server is abandoned for another.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow.flight as flight
+import pytest
+import yaml
+
+from shardstream.client import Loader
+from shardstream.client.channel import Connection
+from shardstream.errors import FlightStatus, UnauthenticatedError, to_flight_error
+from shardstream.server.auth import token_sha256
+from shardstream.server.fleet import LocalServer
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .support.data import write_dataset
+from .support.servers import Servers, scrape
+
+N = 1500
+FLIGHT = ("--data-plane", "flight")
+TOKEN = "flight-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("flight") / "root"
+    write_dataset(root, "toy", N, row_group_rows=100, shard_rows=400)
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers(root: Path) -> Iterator[Servers]:
+    with Servers(root) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def pair(servers: Servers) -> list[LocalServer]:
+    return [servers.start(extra_args=FLIGHT, metrics=True) for _ in range(2)]
+
+
+def read_ids(endpoints: list[str], **kw: object) -> list[int]:
+    kw.setdefault("batch_size", 50)
+    with Loader(endpoints, "toy@1", output="numpy", epochs=1, **kw) as ld:  # type: ignore[arg-type]
+        return [int(i) for b in ld for i in b["id"]]
+
+
+def test_get_dataset_names_the_data_port_and_a_grpc_server_names_none(pair, servers) -> None:  # type: ignore[no-untyped-def]
+    info = pair[0].info()
+    assert info["data_port"] and info["data_port"] != pair[0].port
+    c = Connection(pair[0].target)
+    try:
+        assert c.get_dataset("toy", 5).data_port == info["data_port"]
+    finally:
+        c.close()
+    plain = servers.start()
+    c = Connection(plain.target)
+    try:
+        assert c.get_dataset("toy", 5).data_port == 0
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_every_sample_once_over_flight_and_the_same_order_as_over_grpc(pair, servers, world, seed) -> None:  # type: ignore[no-untyped-def]
+    plain = servers.start()
+    endpoints = [s.target for s in pair]
+    got, want = [], []
+    for rank in range(world):
+        kw = dict(rank=rank, world_size=world, batch_size=16, seed=seed, shuffle="block")
+        got += read_ids(endpoints, **kw)
+        want += read_ids([plain.target], **kw)
+    assert got == want  # the same stream, sample for sample, whichever plane carried it
+    assert sorted(got) == list(range(N))
+    m = scrape(pair[0])
+    key = 'grpc_server_started_total{grpc_method="DoGet",grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"}'
+    assert m[key] >= 1  # the streams went over Flight
+
+
+def test_a_server_killed_mid_epoch_fails_over_with_nothing_lost_or_repeated(servers, root) -> None:  # type: ignore[no-untyped-def]
+    a, b = servers.start(extra_args=FLIGHT), servers.start(extra_args=FLIGHT)
+    ids: list[int] = []
+    with Loader([a.target, b.target], "toy@1", output="numpy", epochs=1, batch_size=10, prefetch=1) as ld:
+        for i, batch in enumerate(ld):
+            ids += [int(x) for x in batch["id"]]
+            if i == 5:
+                a.kill()  # its stream breaks; the next endpoint continues at the first missing step
+    assert sorted(ids) == list(range(N))
+    assert len(ids) == N
+
+
+def test_a_plain_flight_client_reads_a_ranks_stream(pair) -> None:  # type: ignore[no-untyped-def]
+    """No shardstream code on the client: the ticket is a ReadRequest, app_metadata its ReadHeader."""
+    request = pb.ReadRequest(dataset="toy@1", seed=3, epoch=0, rank=1, world_size=2, batch_size=32)
+    request.shuffle.mode = "full"
+    client = flight.connect(f"grpc://127.0.0.1:{pair[0].info()['data_port']}")
+    try:
+        reader = client.do_get(flight.Ticket(request.SerializeToString()))
+        ids, steps = [], []
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            header = pb.ReadHeader.FromString(chunk.app_metadata.to_pybytes())
+            steps += [st.step for st in header.steps]
+            ids += chunk.data.column("id").to_pylist()
+    finally:
+        client.close()
+    want = read_ids([pair[0].target], rank=1, world_size=2, batch_size=32, seed=3, shuffle="full")
+    assert ids == want
+    assert steps == list(range(len(steps))) and header.end_of_epoch
+
+
+def test_a_missing_dataset_is_not_found_and_a_bad_ticket_invalid_argument(pair) -> None:  # type: ignore[no-untyped-def]
+    port = pair[0].info()["data_port"]
+    client = flight.connect(f"grpc://127.0.0.1:{port}")
+    try:
+        for ticket, code in (
+            (b"\xff\xff not a request", "INVALID_ARGUMENT"),
+            (pb.ReadRequest(dataset="nope@1", batch_size=4, world_size=1).SerializeToString(), "NOT_FOUND"),
+        ):
+            with pytest.raises(flight.FlightError) as info:
+                client.do_get(flight.Ticket(ticket)).read_all()
+            status = FlightStatus.of(info.value)
+            assert status.code().name == code, (code, status.details())
+            assert str(info.value).startswith(code)  # what a plain Flight client reads
+    finally:
+        client.close()
+
+
+def test_the_status_and_retry_hint_round_trip() -> None:
+    for code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DATA_LOSS, grpc.StatusCode.UNAVAILABLE):
+        exc = to_flight_error(code, "why", retry_after_s=0.25)
+        status = FlightStatus.of(exc)
+        assert (status.code(), status.details()) == (code, "why")
+        assert dict(status.trailing_metadata())["grpc-retry-pushback-ms"] == "250"
+    plain = FlightStatus.of(flight.FlightUnavailableError("gone. gRPC client debug context: x"))
+    assert plain.code() == grpc.StatusCode.UNAVAILABLE and plain.details() == "gone"
+
+
+def test_a_full_server_is_resource_exhausted_with_its_hint_and_the_loader_goes_elsewhere(servers) -> None:  # type: ignore[no-untyped-def]
+    full = servers.start(extra_args=(*FLIGHT, "--max-streams", "1"))
+    other = servers.start(extra_args=FLIGHT)
+    request = pb.ReadRequest(dataset="toy@1", batch_size=4, world_size=1)
+    client = flight.connect(f"grpc://127.0.0.1:{full.info()['data_port']}")
+    try:
+        held = client.do_get(flight.Ticket(request.SerializeToString()))  # takes the one slot
+        held.read_chunk()
+        with pytest.raises(flight.FlightError) as info:
+            client.do_get(flight.Ticket(request.SerializeToString())).read_all()
+        status = FlightStatus.of(info.value)
+        assert status.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "grpc-retry-pushback-ms" in dict(status.trailing_metadata())
+        assert sorted(read_ids([full.target, other.target], batch_size=50)) == list(range(N))
+        held.cancel()
+    finally:
+        client.close()
+
+
+def test_tokens_are_checked_on_the_data_plane(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        yaml.safe_dump(
+            {"principals": [{"name": "a", "token_sha256": token_sha256(TOKEN), "datasets": ["toy"]}]}
+        )
+    )
+    server = servers.start(extra_args=(*FLIGHT, "--auth", str(auth)))
+    assert sorted(read_ids([server.target], token=TOKEN)) == list(range(N))
+    request = pb.ReadRequest(dataset="toy@1", batch_size=4, world_size=1)
+    client = flight.connect(f"grpc://127.0.0.1:{server.info()['data_port']}")
+    try:
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            client.do_get(flight.Ticket(request.SerializeToString())).read_all()
+        bad = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer wrong")])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            client.do_get(flight.Ticket(request.SerializeToString()), bad).read_all()
+    finally:
+        client.close()
+    with pytest.raises(UnauthenticatedError):
+        read_ids([server.target], token="")
+
+
+def test_an_auth_file_with_certificate_subjects_is_refused_at_start(tmp_path: Path, root: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    ci = {"name": "ci", "token_sha256": token_sha256(TOKEN), "mtls_subject": "CN=ci", "datasets": ["*"]}
+    auth.write_text(yaml.safe_dump({"principals": [ci]}))
+    log = tmp_path / "server.log"
+    server = LocalServer(root, extra_args=(*FLIGHT, "--auth", str(auth)), log_path=log)
+    try:
+        with pytest.raises(RuntimeError, match="exited"):
+            server.start(timeout_s=60)
+    finally:
+        server.stop()
+    assert "cannot tell principals by certificate subject" in log.read_text()
+
+
+class _Silent(flight.FlightServerBase):  # type: ignore[misc]
+    """A purpose-built data plane that takes a DoGet and never answers it."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.calls = 0
+        self.release = threading.Event()
+
+    def do_get(self, context, ticket):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        while not self.release.wait(0.05) and not context.is_cancelled():
+            pass
+        raise flight.FlightUnavailableError("released")
+
+
+def test_a_silent_flight_server_is_abandoned_for_another(pair) -> None:  # type: ignore[no-untyped-def]
+    """The idle watchdog gives up on a DoGet that never returns (it cannot be cancelled itself)."""
+    silent = _Silent()
+    info = Connection(pair[0].target).get_dataset("toy@1", 5)
+    info.data_port = silent.port
+
+    class Front(grpc.GenericRpcHandler):  # GetDataset answered here, pointing at the silent plane
+        def service(self, details):  # type: ignore[no-untyped-def]
+            if details.method.endswith("/GetDataset"):
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda req, ctx: info,
+                    request_deserializer=pb.GetDatasetRequest.FromString,
+                    response_serializer=pb.DatasetInfo.SerializeToString,
+                )
+            return None
+
+    from concurrent import futures
+
+    front = grpc.server(futures.ThreadPoolExecutor(4))
+    front.add_generic_rpc_handlers((Front(),))
+    port = front.add_insecure_port("127.0.0.1:0")
+    front.start()
+    try:
+        ids = read_ids([f"127.0.0.1:{port}", pair[1].target], batch_size=100, stream_idle_timeout_s=1.0)
+        assert sorted(ids) == list(range(N)) and silent.calls >= 1
+    finally:
+        silent.release.set()
+        front.stop(0)
+        silent.shutdown()
