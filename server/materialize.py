@@ -30,6 +30,12 @@ output shard with the writer `ingest` uses (bulk.py). The driver registers the s
 version of the destination, reading nothing again. Reading that version with shuffle "none" gives
 exactly the rows that reading the source with the transforms and shuffle "none" gives, byte for byte
 (tests/test_materialize.py checks it through a real server).
+
+A `drop_rows` source (rows masked in its manifest, drop_rows.py): its masked rows are left out before
+the transforms — never read back into the output, never counted in positions — so the materialized
+version holds exactly the rows a reader of the source is served, once each, and needs no mask of its
+own (its lineage names the masked source version). Masking more rows of the source later does not
+reach the materialized version: drop them from it too, or materialize the new source version.
 """
 
 from __future__ import annotations
@@ -229,21 +235,42 @@ def _check_list(transforms: Any) -> list[Mapping[str, Any]]:
     return list(transforms)
 
 
+def _held(masked: Sequence[tuple[int, int]], stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the shard's rows `stored` (rows of its file), those a drop_rows version holds, and each
+    one's index among the rows the shard holds (its file's rows less the masked ones before it)."""
+    if not masked:
+        return stored, stored
+    starts = np.asarray([a for a, _ in masked], dtype=np.int64)
+    ends = np.asarray([b for _, b in masked], dtype=np.int64)
+    i = np.searchsorted(starts, stored, side="right") - 1  # the last masked range starting at or before
+    inside = (i >= 0) & (stored < ends[np.maximum(i, 0)])
+    before = np.concatenate([[0], np.cumsum(ends - starts)])  # masked rows before range i
+    kept = stored[~inside]
+    j = np.searchsorted(starts, kept, side="right")  # ranges wholly before each kept row
+    return kept, kept - before[j]
+
+
 def _chunks(
     job: MaterializeJob, built: _Built, registry: Registry, index: int, pool: ThreadPoolExecutor | None
 ) -> Iterator[pa.RecordBatch]:
     m = built.manifest
-    first_row = sum(s.rows for s in m.shards[:index])
+    # Positions count the rows the version holds, as an online read of it does (a drop_rows version's
+    # masked rows are neither read back nor counted: the output holds exactly what a reader is served)
+    first_row = sum(s.live_rows for s in m.shards[:index])
+    masked = m.shards[index].masked
     per_row = max(1, built.output_bytes_per_row)
     rows_at_once = max(1, CHUNK_OUTPUT_BYTES // per_row)
     at = 0
     for _, table in read_row_groups(registry, m, index, built.columns):
         rows = table.num_rows
-        for start in range(0, rows, rows_at_once):
+        stored, held = _held(masked, np.arange(at, at + rows, dtype=np.int64))
+        if len(stored) < rows:
+            table = table.take(pa.array(stored - at))
+        for start in range(0, len(stored), rows_at_once):
             part = table.slice(start, rows_at_once).combine_chunks().to_batches()
             batch = part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema)
             n = batch.num_rows
-            local = np.arange(at + start, at + start + n, dtype=np.int64)
+            local = stored[start : start + n]  # rows of the shard's file (provenance, as a server gives it)
             batch = pa.RecordBatch.from_arrays(
                 list(batch.columns) + [pa.array(np.full(n, index, np.int32)), pa.array(local)],
                 names=batch.schema.names + ["_shard", "_row"],
@@ -252,7 +279,7 @@ def _chunks(
                 batch,
                 seed=0,
                 epoch=0,
-                positions=local + first_row,  # the stored order: shuffle "none", epoch 0
+                positions=held[start : start + n] + first_row,  # the stored order: shuffle "none", epoch 0
                 steps=np.zeros(n, np.int64),
                 step_ids=[0],
                 pool=pool,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -19,6 +20,7 @@ from shardstream.client import Loader
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
+from shardstream.server.drop_rows import drop_rows
 from shardstream.server.fleet import LocalServer
 from shardstream.server.materialize import materialize, random_reason
 from shardstream.server.transforms.base import Transform
@@ -76,6 +78,12 @@ CASES: dict[str, tuple[str, list[dict[str, Any]], list[str] | None]] = {
 }
 
 
+MASKED = {
+    "text": [(0, 1), *((0, r) for r in range(4, 8)), (1, 11), (2, 0)],
+    "episodes": [(0, 2), *((1, r) for r in range(4, 8)), (2, 0)],
+}
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("materialize")
@@ -93,6 +101,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_table(root, "audio", blob_table("audio", real_audio(), repeat=2))
     write_table(root, "video", blob_table("video", real_videos()))
     write_table(root, "episodes", episodes_table(25, seed=1), row_group_rows=4, shard_rows=10)
+    # drop_rows versions: text@2 and episodes@2 mask a row, a whole row group, a shard's last/first row
+    reg = Registry(root)
+    for name, rows in MASKED.items():
+        drop_rows(reg, name, rows=rows)
     return root
 
 
@@ -124,6 +136,30 @@ def test_materialized_rows_are_the_online_transforms_bytes(
     # The field metadata the transforms set (text.tokenize's EOS id, which text.pack reads) is kept.
     for name in online.schema.names:
         assert stored.schema.field(name).metadata == online.schema.field(name).metadata, name
+
+
+@pytest.mark.parametrize("case", ["tokens", "byte-tokens", "rl-windows"])
+def test_a_drop_rows_source_materializes_exactly_the_rows_it_serves(
+    root: Path, server: LocalServer, case: str
+) -> None:
+    """A masked source: the output leaves its masked rows out (none read back, none twice) and is byte
+    for byte what reading the source online with the transforms gives — positions (rl.windows'
+    episode ids) count the rows the version holds, as the server counts them."""
+    source, transforms, columns = CASES[case]
+    src = Registry(root).resolve(f"{source}@2")
+    assert src.masked_rows == len(MASKED[source])
+    m = materialize(str(root), f"{source}@2", transforms, f"mat-masked-{case}", columns=columns or ())
+    assert m.derived_from is not None and m.derived_from.source == f"{source}@2"
+    assert not any(s.masked for s in m.shards)  # no mask of its own: the rows are left out
+    online = read_all(server, f"{source}@2", transforms=transforms, columns=columns)
+    stored = read_all(server, m.ref)
+    assert stored.num_rows == online.num_rows > 0
+    for name in online.schema.names:
+        assert stored.column(name).combine_chunks().equals(online.column(name).combine_chunks()), name
+    if source == "text":  # one output row per held source row: exactly the held ids, once each
+        starts = np.cumsum([0] + [s.rows for s in src.shards])
+        masked_ids = {int(starts[s]) + r for s, r in MASKED[source]}
+        assert stored.column("idx").to_pylist() == [i for i in range(30) if i not in masked_ids]
 
 
 def test_serving_the_materialized_version_needs_no_transform(root: Path, server: LocalServer) -> None:
