@@ -173,6 +173,23 @@ class MixturePlan:
         source_epoch, source_pos = np.divmod(count, self._rows[src])
         return src, source_epoch, source_pos
 
+    def taken_before(self, position: int) -> np.ndarray:
+        """How many samples of each source the stream holds before stream position `position`."""
+        block, inner = divmod(position, self.block_size)
+        out = block * self.alloc
+        if inner:
+            src, _ = self._block(block)
+            out = out + np.bincount(src[:inner], minlength=len(self.sources))
+        return out
+
+    def position_of(self, source: int, count: int) -> int:
+        """The stream position of source `source`'s `count`-th sample (counted from 0 over the whole
+        stream: its source epoch is count div its rows) — `locate` inverted, one block's cost."""
+        block, k = divmod(count, int(self.alloc[source]))
+        src, rank = self._block(block)
+        (hit,) = np.flatnonzero((src == source) & (rank == k))
+        return block * self.block_size + int(hit)
+
 
 class MixtureOrder:
     """Mixture positions -> (source index, row index in that source), through each source's orders."""

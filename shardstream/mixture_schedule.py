@@ -226,6 +226,22 @@ class MixtureSchedule:
             out = out + np.bincount(self._active[i][src[:inner]], minlength=len(self.sources))
         return out
 
+    def position_of(self, source: int, count: int) -> int | None:
+        """The stream position of source `source`'s `count`-th sample (counted across phases and
+        source epochs), None when the stream never takes that many of it (later phases leave it out).
+        `locate` inverted: O(phases) plus one block."""
+        for i in range(len(self._plans)):
+            alloc = int(self._alloc[i][source])
+            end = int(self._base[i + 1][source]) if i + 1 < len(self._plans) else None
+            if alloc == 0 or count < int(self._base[i][source]) or (end is not None and count >= end):
+                continue
+            b, k = divmod(count - int(self._base[i][source]), alloc)
+            block = self.first_blocks[i] + b
+            local, rank = self._plans[i]._block(block)
+            (hit,) = np.flatnonzero((self._active[i][local] == source) & (rank == k))
+            return block * self.block_size + int(hit)
+        return None
+
     def locate(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source index, source epoch, source position) for positions of mixture epoch `epoch`."""
         p = np.asarray(positions, dtype=np.int64)

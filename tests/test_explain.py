@@ -141,6 +141,58 @@ def test_a_mixture_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -
             assert [(s["source"], s["shard"], s["row"]) for s in r["samples"]] == received, (t, r["rank"])
 
 
+PHASES = [(0, {"toy@1": 0.7, "toy@2": 0.3}), (300, {"toy@1": 0.2, "toy@2": 0.8}), (900, {"toy@2": 1.0})]
+
+
+@pytest.mark.parametrize(("seed", "world", "batch"), [(3, 2, 8), (8, 3, 5)])
+def test_a_mixture_phases_jobs_steps_and_samples(
+    server: LocalServer, root: Path, tmp_path: Path, seed: int, world: int, batch: int
+) -> None:
+    """Mixture phases (curriculum): explain --job names, rank by rank, the source, shard and row each
+    rank received, in every phase and across the mixture's epoch boundary; explain MIX --sample
+    --source S names the step and rank that received a sample (the plan's lookup inverted)."""
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    kw = dict(
+        job="phases", cursor_store=store, batch_size=batch, world_size=world, seed=seed, mixture_block=50
+    )
+    per_epoch = -(-2 * N_ROWS // (world * batch))  # the mixture epoch: both sources' rows
+    steps = per_epoch + 4
+    got = {r: run(server, PHASES, steps, (9, per_epoch), rank=r, **kw) for r in range(world)}
+    label = "0=toy@1:0.7,toy@2:0.3;300=toy@1:0.2,toy@2:0.8;900=toy@2:1"
+    for t in (0, 8, 9, 300 // (world * batch) + 1, per_epoch - 1, per_epoch, steps - 1):
+        out = explain(root, store, "--job", "phases", "--step", str(t))
+        for r in out["ranks"]:
+            received = rows_of(got[r["rank"]][t], ["toy@1", "toy@2"])
+            assert [(s["source"], s["shard"], s["row"]) for s in r["samples"]] == received, (t, r["rank"])
+    for t, r in ((1, 0), (2000 // (world * batch), world - 1), (per_epoch + 2, 0)):
+        info = got[r][t]
+        for source, shard, row in rows_of(info, ["toy@1", "toy@2"])[:3]:
+            where = explain(
+                root, store, label, "--sample", f"{shard}:{row}", "--source", source, "--seed", str(seed),
+                "--world-size", str(world), "--batch-size", str(batch), "--epoch", str(info.epoch),
+                "--mixture-block", "50",
+            )  # fmt: skip
+            hits = [(o["job_step"], o["rank"]) for o in where["occurrences"]]
+            assert (t, r) in hits, (source, shard, row, hits)
+
+
+def test_a_sample_of_a_plain_mixture_lands_where_ranks_received_it(
+    server: LocalServer, root: Path, tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    mix = {"toy@1": 0.7, "toy@2": 0.3}
+    kw = dict(job="mixs", cursor_store=store, batch_size=8, world_size=2, seed=6, mixture_block=40)
+    got = {r: run(server, mix, 20, (5,), rank=r, **kw) for r in range(2)}
+    for t, r in ((0, 1), (17, 0)):
+        for source, shard, row in rows_of(got[r][t], ["toy@1", "toy@2"])[:4]:
+            where = explain(
+                root, store, "toy@1:0.7,toy@2:0.3", "--sample", f"{shard}:{row}", "--source", source,
+                "--seed", "6", "--world-size", "2", "--batch-size", "8", "--mixture-block", "40",
+            )  # fmt: skip
+            assert (t, r) in [(o["job_step"], o["rank"]) for o in where["occurrences"]]
+            assert where["source"] == source
+
+
 def test_a_scheduled_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -> None:
     """Batch-size phases and skip ranges (schedule_state.py): explained from the job's start and
     from its cursors, as the ranks received them."""

@@ -3,13 +3,16 @@
     explain --job JOB --step T [--rank R]     per rank: dataset version, positions, and every sample's
                                               (mixture source,) shard, row and row group; the transforms
                                               the job applied; the samples they skipped (with --server)
-    explain DATASET --sample SHARD:ROW ...     the sample's position in the epoch, its step and rank
+    explain DATASET --sample SHARD:ROW ...     the sample's position in the epoch, its step and rank; in a
+                                              mixture (--source NAME@V), each time the epoch takes it
 
 The job's steps come from its cursor store (the Loader's state at each checkpoint, client/state.py)
-walked with the plan's pure functions (shardstream/explain.py, inspect.py, plan.py, mixture.py);
-manifests come from the registry (--root). Nothing is written; only --server reads data.
-(A few lines over 400: the two questions share their parser, options and output, so they stay in one
-command module; the walk itself is shardstream/explain.py's.)
+walked with the plan's pure functions (shardstream/explain.py, inspect.py, plan.py, mixture.py,
+mixture_schedule.py: mixture phases too); manifests come from the registry (--root), a drop_rows
+version's masks included. A mixture's sample: its place in each source epoch's order, then the stream
+position of that source count (`position_of`, the plan's lookup inverted, O(phases) + one block).
+Nothing is written; only --server reads data. (Over 400 lines: the two questions share their parser,
+options and output, so they stay in one command module; the walk itself is shardstream/explain.py's.)
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from shardstream.explain import (
     place_step,
 )
 from shardstream.inspect import Selector, make_selector, step_samples
-from shardstream.mixture import is_mixture, parse_mixture
-from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
+from shardstream.mixture import MixtureOrder, is_mixture, parse_mixture
+from shardstream.mixture_schedule import is_mixture_schedule, parse_mixture_schedule, schedule_sources
+from shardstream.plan import ShuffleSpec, StepLayout
 from shardstream.registry import Registry
 from shardstream.schedule import Schedule
 
@@ -92,7 +96,18 @@ def _records(args: argparse.Namespace) -> tuple[str, list[tuple[int, Any, dict[s
 def _selector(reg: Registry, state: Any) -> Selector:
     """The dataset or mixture of a recorded state, as the servers plan it; its fingerprint checked."""
     shuffle = parse_shuffle(state.shuffle)
-    if is_mixture(state.dataset):
+    if is_mixture_schedule(state.dataset):  # mixture phases: every source any phase names
+        refs, phases = schedule_sources(parse_mixture_schedule(state.dataset))
+        sel = make_selector(
+            [reg.resolve(ref) for ref in refs],
+            None,
+            seed=state.seed,
+            shuffle=shuffle,
+            mixture_block=state.mixture_block,
+            epoch_samples=state.mixture_epoch_samples,
+            phases=phases,
+        )
+    elif is_mixture(state.dataset):
         pairs = parse_mixture(state.dataset)
         manifests = [reg.resolve(ref) for ref, _ in pairs]
         sel = make_selector(
@@ -120,10 +135,8 @@ def _schedule(raw: dict[str, Any], num_rows: int, cursor: Cursor) -> Schedule | 
     saved = raw.get("schedule")
     if not saved:
         return None
-    if saved.get("mixture"):
-        raise InvalidArgumentError(
-            "explain does not follow mixture phases yet (this job's cursors record some)"
-        )
+    if not saved.get("batch_size") and not saved.get("skip"):
+        return None  # mixture phases only: the selector follows them (_selector), the steps are plain
     from shardstream.client.schedule_state import LoaderSchedule, SkipRecord
 
     loader_schedule = LoaderSchedule(saved.get("batch_size") or cursor.batch_size, ())
@@ -259,15 +272,18 @@ def _read_skipped(
 
 # --- a sample's place ------------------------------------------------------------------------------
 def _explain_sample(args: argparse.Namespace) -> dict[str, Any]:
-    if is_mixture(args.dataset):
-        raise InvalidArgumentError("--sample takes one dataset version, not a mixture")
     shard_text, sep, row_text = args.sample.rpartition(":")
     if not sep or not shard_text or not row_text.isdigit():
         raise InvalidArgumentError(
             f"--sample must be SHARD:ROW (a shard index or uri, a row in it), got {args.sample!r}"
         )
+    spec = ShuffleSpec.parse(args.shuffle, args.window)
     with common.open_registry(args) as reg:
-        m = reg.resolve(args.dataset)
+        if is_mixture_schedule(args.dataset) or is_mixture(args.dataset):
+            sel, source = _sample_mixture(reg, args, spec)
+        else:
+            sel, source = make_selector([reg.resolve(args.dataset)], None, seed=args.seed, shuffle=spec), 0
+    m = sel.manifests[source]
     uris = [s.uri for s in m.shards]
     if shard_text.isdigit() and int(shard_text) < len(uris):
         shard = int(shard_text)
@@ -283,58 +299,106 @@ def _explain_sample(args: argparse.Namespace) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"shard {shard} ({uris[shard]}) of {m.ref} has {m.shards[shard].rows} rows"
         )
-    spec = ShuffleSpec.parse(args.shuffle, args.window)
-    # the rows the version holds: a drop_rows version's masked rows have no position in its order
-    locator = RowLocator([s.row_groups for s in m.shards], [s.masked for s in m.shards])
-    dataset_row = int(locator.row_index(np.asarray([shard]), np.asarray([row]))[0])
-    if dataset_row < 0:
-        return {
-            "dataset": m.ref,
-            "shard": shard,
-            "shard_uri": uris[shard],
-            "row": row,
-            "dataset_row": None,
-            "config": "",
-            "epoch": args.epoch,
-            "position": None,
-            "step": None,
-            "rank": None,
-            "index_in_batch": None,
-            "job_step": None,
-            "note": f"masked: {m.ref} does not hold this row (drop_rows); it is never delivered",
-        }
-    order = DatasetOrder(m.fingerprint, locator.block_sizes, args.seed, spec).epoch(args.epoch)
-    position = find_position(order.rows, m.num_rows, dataset_row)
-    layout = StepLayout(m.num_rows, args.offset, args.world_size, args.batch_size, args.drop_last)
-    where = place_of(layout, position)
-    per_epoch = StepLayout(m.num_rows, 0, args.world_size, args.batch_size, args.drop_last).num_steps
+    layout = StepLayout(sel.num_rows, args.offset, args.world_size, args.batch_size, args.drop_last)
+    per_epoch = StepLayout(sel.num_rows, 0, args.world_size, args.batch_size, args.drop_last).num_steps
     out: dict[str, Any] = {
-        "dataset": m.ref,
+        "dataset": sel.label if sel.is_mixture else m.ref,
+        **({"source": m.ref} if sel.is_mixture else {}),
         "shard": shard,
         "shard_uri": uris[shard],
         "row": row,
-        "dataset_row": dataset_row,
+        "dataset_row": None,
         "config": f"seed {args.seed}, shuffle {spec}, world size {args.world_size}, batch size {args.batch_size}"
         f"{', drop_last' if args.drop_last else ''}{f', from offset {args.offset}' if args.offset else ''}",
         "epoch": args.epoch,
-        "position": position,
+        "position": None,
         "step": None,
         "rank": None,
         "index_in_batch": None,
         "job_step": None,
     }
-    if where is not None:
-        step, rank = where
-        out.update(step=step, rank=rank, index_in_batch=position - layout.rank_range(step, rank)[0])
-        if not args.offset:  # a job that ran from epoch 0 at this world and batch size
-            out["job_step"] = args.epoch * per_epoch + step
+    # the rows the version holds: a drop_rows version's masked rows have no position in its order
+    dataset_row = int(sel.locators[source].row_index(np.asarray([shard]), np.asarray([row]))[0])
+    if dataset_row < 0:
+        out["note"] = f"masked: {m.ref} does not hold this row (drop_rows); it is never delivered"
+        return out
+    out["dataset_row"] = dataset_row
+    positions: list[tuple[int, int | None]]
+    if isinstance(sel.order, MixtureOrder):
+        positions = [*_mixture_positions(sel.order, source, m.num_rows, dataset_row, args.epoch)]
+    else:
+        positions = [(find_position(sel.order.epoch(args.epoch).rows, m.num_rows, dataset_row), None)]
+    places = []
+    for position, source_epoch in positions:
+        place: dict[str, Any] = {"position": position, "step": None, "rank": None, "index_in_batch": None}
+        if source_epoch is not None:
+            place["source_epoch"] = source_epoch
+        where = place_of(layout, position)
+        if where is not None:
+            step, rank = where
+            place.update(step=step, rank=rank, index_in_batch=position - layout.rank_range(step, rank)[0])
+            place["job_step"] = args.epoch * per_epoch + step if not args.offset else None
+        else:
+            place["note"] = (
+                "dropped: in the epoch's incomplete last step (drop_last)"
+                if position >= args.offset
+                else f"before --offset {args.offset}: not delivered by a stream started there"
+            )
+        places.append(place)
+    if sel.is_mixture:
+        out["occurrences"] = places
+    if places:
+        out.update(places[0])
     else:
         out["note"] = (
-            "dropped: in the epoch's incomplete last step (drop_last)"
-            if position >= args.offset
-            else f"before --offset {args.offset}: not delivered by a stream started there"
+            f"the mixture takes no sample of {m.ref}'s that epoch holds this row in mixture epoch {args.epoch}"
         )
     return out
+
+
+def _sample_mixture(reg: Registry, args: argparse.Namespace, spec: ShuffleSpec) -> tuple[Selector, int]:
+    """The mixture (or mixture phases) of --sample, and the index of its --source."""
+    if is_mixture_schedule(args.dataset):
+        refs, phases = schedule_sources(parse_mixture_schedule(args.dataset))
+        weights = None
+    else:
+        pairs = parse_mixture(args.dataset)
+        refs, phases, weights = [r for r, _ in pairs], None, [w for _, w in pairs]
+    sel = make_selector(
+        [reg.resolve(ref) for ref in refs],
+        weights,
+        seed=args.seed,
+        shuffle=spec,
+        mixture_block=args.mixture_block,
+        epoch_samples=args.mixture_epoch_samples,
+        phases=phases,
+    )
+    if args.source is None:
+        raise InvalidArgumentError(f"--sample in a mixture needs --source (one of {', '.join(refs)})")
+    names = [m.ref for m in sel.manifests]
+    hits = [i for i, (ref, full) in enumerate(zip(refs, names, strict=True)) if args.source in (ref, full)]
+    if len(hits) != 1:
+        raise NotFoundError(f"--source {args.source!r} is not a source of {args.dataset} ({', '.join(refs)})")
+    return sel, hits[0]
+
+
+def _mixture_positions(
+    mix: MixtureOrder, source: int, n: int, dataset_row: int, epoch: int
+) -> list[tuple[int, int]]:
+    """(position in mixture epoch `epoch`, source epoch) of each time the mixture takes the source's
+    row there: the source epochs that epoch's samples of the source come from, the row's place in
+    each one's order, and that sample's stream position (`position_of`: the plan's lookup inverted)."""
+    plan, order = mix.plan, mix.orders[source]
+    total = plan.epoch_samples
+    lo, hi = (int(plan.taken_before(e * total)[source]) for e in (epoch, epoch + 1))
+    out = []
+    for source_epoch in range(lo // n, -(-hi // n)):
+        count = source_epoch * n + find_position(order.epoch(source_epoch).rows, n, dataset_row)
+        if lo <= count < hi:
+            g = plan.position_of(source, count)
+            assert g is not None and epoch * total <= g < (epoch + 1) * total, (count, g)
+            out.append((g - epoch * total, source_epoch))
+    return sorted(out)
 
 
 def _print(out: dict[str, Any]) -> None:
@@ -417,6 +481,18 @@ def add_commands(sub: Any) -> None:
     )
     common.client_security_options(sp)
     sp.add_argument("--sample", metavar="SHARD:ROW", help="a shard (index, uri or file name) and a row in it")
+    sp.add_argument(
+        "--source", metavar="NAME@V", help="with a mixture as DATASET: the source the sample is of"
+    )
+    sp.add_argument(
+        "--mixture-block", type=int, default=0, help="with a mixture: the job's mixture_block (default 0)"
+    )
+    sp.add_argument(
+        "--mixture-epoch-samples",
+        type=int,
+        default=0,
+        help="with a mixture: the job's mixture_epoch_samples (default 0)",
+    )
     sp.add_argument("--seed", type=int, default=0, help="the job's seed (default 0)")
     sp.add_argument("--world-size", type=common.positive_int, default=1, help="ranks in the job (default 1)")
     sp.add_argument(
