@@ -120,3 +120,21 @@ def test_parse_label_and_errors() -> None:
         MixtureSchedule(srcs, [(0, [1, 0, 0]), (10, [0, 1, 0]), (900, [0, 0, 1])], 0)
     with pytest.raises(InvalidArgumentError, match="not all 0"):
         MixtureSchedule(srcs, [(0, [0, 0, 0])], 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), second=st.integers(1, 9), third=st.integers(10, 30))
+def test_position_of_inverts_locate(seed: int, second: int, third: int) -> None:
+    """`position_of(source, count)` (explain --sample in a mixture) is `locate` inverted, for a plain
+    mixture and for phases — one of which leaves a source out."""
+
+    srcs = [SourceInfo("a@1", "fa", 37, 0.7), SourceInfo("b@1", "fb", 23, 0.3)]
+    plain = MixturePlan(srcs, seed, 10)
+    phased = MixtureSchedule(
+        srcs, [(0, [0.7, 0.3]), (second * 10, [0.0, 1.0]), (third * 10, [0.5, 0.5])], seed, 10
+    )
+    for plan in (plain, phased):
+        src, ep, pos = plan.locate(0, np.arange(400))
+        for g in range(400):
+            s = int(src[g])
+            assert plan.position_of(s, int(ep[g]) * srcs[s].num_rows + int(pos[g])) == g
