@@ -21,8 +21,6 @@ import os
 import signal
 
 import grpc
-import pyarrow as pa
-import pyarrow.flight as flight
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY
@@ -35,7 +33,7 @@ from . import security
 from .admission import Admission
 from .auth import Authenticator
 from .config import ServerConfig
-from .flight_service import FlightDataPlane
+from .data_plane import DataPlane
 from .grpc_metrics import RpcMetrics
 from .log_format import configure_logging
 from .process_metrics import disable_created_series, register_build_info
@@ -129,7 +127,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     if port == 0:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
     service.port = port  # the streams' connections arrive here (reaper.py finds them by it)
-    data_plane = _start_data_plane(cfg, service) if cfg.data_plane == "flight" else None
+    data_plane = DataPlane.start(cfg, service) if cfg.data_plane == "flight" else None
     metrics_port = None
     status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:
@@ -174,48 +172,12 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     finally:
         if data_plane is None:
             await server.stop(cfg.grace_s)
-        else:  # both at once; Flight's shutdown waits for its streams, for the grace at most
-            flight_stop = asyncio.ensure_future(asyncio.to_thread(data_plane.shutdown))
+        else:  # both at once, each giving its streams the grace
+            flight_stop = asyncio.ensure_future(asyncio.to_thread(data_plane.stop, cfg.grace_s))
             await server.stop(cfg.grace_s)
-            try:
-                await asyncio.wait_for(asyncio.shield(flight_stop), max(0.1, cfg.grace_s))
-            except asyncio.TimeoutError:
+            if not await flight_stop:
                 log.warning("Flight streams still in progress after the %.1f s grace: leaving them", cfg.grace_s)
     log.info("stopped")
-
-
-def _start_data_plane(cfg: ServerConfig, service: ShardStreamService) -> FlightDataPlane:
-    """The Flight data plane of this process on cfg.data_port (0: a free one), its port in `service`."""
-    if service.auth.file is not None and any(p.subject is not None for p in service.auth.file.principals()):
-        raise InvalidArgumentError(
-            "--data-plane flight cannot tell principals by certificate subject (the --auth file names "
-            "some): use bearer tokens, or --data-plane grpc"
-        )
-    if cfg.data_port:  # one clear line, before Flight logs its own about the bind
-        from .workers import reserve_port
-
-        reserve_port(cfg.host, cfg.data_port, hold=False)
-    files = security.tls_files(cfg)
-    host = cfg.host.strip("[]")
-    try:
-        if files is None:
-            location = flight.Location.for_grpc_tcp(host, cfg.data_port)
-            plane = FlightDataPlane(service, location)
-        else:
-            with open(files.cert, "rb") as c, open(files.key, "rb") as k:
-                certs = [(c.read(), k.read())]
-            ca = None
-            if files.client_ca:
-                with open(files.client_ca, "rb") as f:
-                    ca = f.read()
-            location = flight.Location.for_grpc_tls(host, cfg.data_port)
-            plane = FlightDataPlane(service, location, tls_certificates=certs, client_ca=ca)
-    except (OSError, pa.ArrowException) as exc:
-        raise InvalidArgumentError(
-            f"cannot serve the Flight data plane on {cfg.host}:{cfg.data_port}: {exc} (is the port in use?)"
-        ) from exc
-    service.data_port = plane.port
-    return plane
 
 
 def run(cfg: ServerConfig) -> None:

@@ -17,12 +17,15 @@ lines (the stream id rides in the response headers), the stream metrics, the red
 and their status codes (errors.py `to_flight_error`: the exact code travels in the error's
 extra_info). The next message is built in a worker thread while Flight sends this one.
 
+A client that stops reading is cut as on the grpcio port (reaper.py): Flight asks for a stream's
+next message once the last one is written, so a stream not asked for --write-timeout is reaped —
+its connection shut down, which ends the blocked write — and leaves its slot and memory.
+
 What this plane cannot do from Python (pyarrow's Flight server takes no gRPC server options and
-exposes neither the client's certificate nor a blocked write): principals by certificate subject
-(a server whose --auth names subjects refuses to start with it), server keepalive pings and the
-write timeout that cuts a client which stopped reading (reaper.py) — such a stream holds its
-admission slot, a thread and one message until its connection ends — and certificates are read
-once, at start.
+does not expose the client's certificate): principals by certificate subject (a server whose
+--auth names subjects refuses to start with it: use --data-plane grpc) and server keepalive pings
+(a stream's reaping does their work for a client that holds a stream). Certificates are followed
+by data_plane.py, which replaces the plane on its port when they change.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -53,6 +57,7 @@ from .audit import StreamAudit
 from .build import Message, MessageSteps
 from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name
 from .read_plan import ReadPlan
+from .reaper import STREAMS_REAPED, shutdown_connection
 from .service import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, ShardStreamService
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
 
@@ -101,6 +106,20 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
         HANDLED.labels("server_stream", FLIGHT_SERVICE, "DoGet", code_name(code)).inc()
 
 
+@dataclass
+class _Writing:
+    """A stream as the reaper sees it: since when Flight writes its message (None: it does not)."""
+
+    peer: str
+    stream: StreamLog
+    since: float | None = None
+    reaped: bool = False
+
+    def overdue(self, now: float, timeout_s: float) -> bool:
+        since = self.since
+        return since is not None and not self.reaped and now - since > timeout_s
+
+
 class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Call | None:
         return _Call(headers) if info.method == flight.FlightMethod.DO_GET else None
@@ -126,10 +145,42 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         )
         self.service = service
         self._builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
+        # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
+        # reaps those it has been writing for longer than the write timeout.
+        self._writing: dict[int, _Writing] = {}
+        self._keys = iter(range(1 << 62))
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="flight-reaper", daemon=True)
+        self._sweeper.start()
 
     def shutdown(self) -> None:
         super().shutdown()
+        self._stopped.set()
         self._builds.shutdown(wait=False, cancel_futures=True)
+
+    def _sweep(self) -> None:
+        timeout_s = self.service.reaper.timeout_s
+        while not self._stopped.wait(min(1.0, timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [w for w in self._writing.values() if w.overdue(now, timeout_s)]
+            shut: set[str] = set()  # a connection's streams go together
+            for w in overdue:
+                w.reaped = True  # once
+                STREAMS_REAPED.inc()
+                w.stream.reason = "reaped: nothing read for --write-timeout"
+                if w.peer in shut:
+                    continue
+                closed = shutdown_connection(w.peer, self.port)
+                if closed:
+                    shut.add(w.peer)
+                log.warning(
+                    "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
+                    w.peer or "an unknown peer",
+                    timeout_s,
+                    "connection shut down" if closed else "its connection was not found",
+                )
 
     # --- DoGet ---------------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
@@ -195,6 +246,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         outcome = "GONE"  # until it ends otherwise: Flight stopped asking, its client went away
         stream.reason = "client left"
         message: Message | None = first
+        key = next(self._keys)
+        writing = _Writing(stream.peer, stream)
+        with self._lock:
+            self._writing[key] = writing
         try:
             while message is not None:
                 assert message.batch is not None and message.header is not None
@@ -209,7 +264,9 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 stream.sent(message.steps, message.rows, n)
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
+                writing.since = time.monotonic()
                 yield batch, metadata
+                writing.since = None
                 audit.sent(n)
                 admitted.release(n)  # Flight asked for the next: this one is written
                 del batch, metadata
@@ -224,6 +281,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             stream.reason = ""
             raise self._fail(call, exc, stream) from None
         finally:
+            with self._lock:
+                self._writing.pop(key, None)
             self._end(admitted, active, audit, stream, outcome)
 
     def _end(

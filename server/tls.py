@@ -27,7 +27,7 @@ import grpc
 
 from shardstream.errors import InvalidArgumentError
 
-__all__ = ["CertificateFiles", "TlsFiles", "server_credentials"]
+__all__ = ["CertificateFiles", "TlsFiles", "file_signature", "load_pem", "server_credentials"]
 
 log = logging.getLogger("shardstream.server.tls")
 
@@ -46,7 +46,7 @@ class TlsFiles:
         return (self.cert, self.key) if self.client_ca is None else (self.cert, self.key, self.client_ca)
 
 
-def _signature(paths: tuple[str, ...]) -> _Signature:
+def file_signature(paths: tuple[str, ...]) -> _Signature:
     out = []
     for p in paths:
         st = os.stat(p)
@@ -54,7 +54,7 @@ def _signature(paths: tuple[str, ...]) -> _Signature:
     return tuple(out)
 
 
-def _load(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
+def load_pem(files: TlsFiles) -> tuple[bytes, bytes, bytes | None]:
     """The PEM bytes of the files, checked: the key matches the certificate, the CA parses."""
     contents = []
     for what, path in (
@@ -100,10 +100,10 @@ class CertificateFiles:
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         try:
-            self._signature = _signature(files.paths())
+            self._signature = file_signature(files.paths())
         except OSError as exc:
             raise InvalidArgumentError(f"TLS file {exc.filename}: {exc.strerror}") from exc
-        self.initial = _configuration(*_load(files))
+        self.initial = _configuration(*load_pem(files))
         self._bad: _Signature | None = None
         self._lock = threading.Lock()
         self.reloads = 0
@@ -113,7 +113,7 @@ class CertificateFiles:
 
         Called by gRPC before every handshake: a stat of each file, nothing more unless one changed."""
         try:
-            sig = _signature(self.files.paths())
+            sig = file_signature(self.files.paths())
         except OSError:
             return None  # a file mid-swap: keep the current one
         if sig == self._signature or sig == self._bad:
@@ -122,7 +122,7 @@ class CertificateFiles:
             if sig == self._signature:
                 return None
             try:
-                config = _configuration(*_load(self.files))
+                config = _configuration(*load_pem(self.files))
             except InvalidArgumentError as exc:
                 self._bad = sig
                 log.error("TLS files changed but do not load, keeping the last good ones: %s", exc)

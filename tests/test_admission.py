@@ -229,16 +229,11 @@ class GoodStream:
         self.thread.join(120)
 
 
-def answer(channel: grpc.Channel, request: bytes) -> tuple[grpc.StatusCode, int]:
+def answer(streams: Streams, request: bytes) -> tuple[grpc.StatusCode, int]:
     """(the stream's status, its largest message) for a Read of `request` (raw bytes)."""
-    largest = 0
-    try:
-        for data in channel.unary_stream(READ)(request, timeout=120):
-            largest = max(largest, len(data))
-        return grpc.StatusCode.OK, largest
-    except grpc.RpcError as exc:
-        assert exc.code() in ANSWERS, (exc.code(), exc.details())
-        return exc.code(), largest
+    code, _, largest = streams.read_through(request)
+    assert code in ANSWERS, code
+    return code, largest
 
 
 def test_random_requests_never_get_internal_and_memory_stays_bounded(property_server: LocalServer) -> None:
@@ -247,7 +242,7 @@ def test_random_requests_never_get_internal_and_memory_stays_bounded(property_se
     peak = [rss_before]
     codes: dict[str, int] = {}
 
-    with grpc.insecure_channel(target, options=OPTIONS) as channel, GoodStream(target) as good:
+    with Streams(target) as channel, GoodStream(target) as good:
 
         @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
         @given(requests())
@@ -278,8 +273,8 @@ def stalled_rss_budget(server: LocalServer, cache_mib: int, buffer_mib: int) -> 
     thread pools started, row-group cache filled), its cache again and its stream buffer budget,
     with half the budget again for what the allocator keeps around messages."""
     with Streams(server.target) as warm:
-        call = warm.channels[0].unary_stream(READ)(blobs().SerializeToString(), timeout=60)
-        assert sum(1 for _ in call) > 1
+        code, messages, _ = warm.read_through(blobs().SerializeToString(), 60)
+        assert code == grpc.StatusCode.OK and messages > 1
     wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the warm-up stream to end")
     return server_rss(server) + (cache_mib + buffer_mib * 3 // 2) * MiB
 
@@ -302,10 +297,9 @@ def test_stalled_streams_beyond_the_limit_are_refused_and_memory_stays_in_budget
         print(f"\n100 stalled streams (+100 refused): server RSS {rss / MiB:.0f} MiB, budget {budget / MiB:.0f} MiB")
         assert rss < budget
         # The refusal says why and when to come back.
-        with pytest.raises(grpc.RpcError) as err:
-            next(streams.channels[0].unary_stream(READ)(blobs().SerializeToString(), timeout=30))
-        assert "server busy: 100 Read streams in progress" in err.value.details()
-        assert (RETRY_PUSHBACK_KEY, "1000") in tuple(err.value.trailing_metadata())
+        err = streams.refusal(blobs())
+        assert "server busy: 100 Read streams in progress" in err.details()
+        assert (RETRY_PUSHBACK_KEY, "1000") in tuple(err.trailing_metadata())
     wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the cancelled streams to end")
     assert scrape(server)["shardstream_stream_buffer_bytes"] == 0
 

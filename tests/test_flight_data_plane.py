@@ -6,6 +6,8 @@ errors keep their status codes and retry hints; a silent Flight server is abando
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +24,10 @@ from shardstream.server.auth import token_sha256
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .support.certs import Issued, Pki, write_atomic
 from .support.data import write_dataset
-from .support.servers import Servers, scrape
+from .support.servers import Servers, scrape, wait_for
+from .support.stalls import Streams, stalled_process, write_blobs
 
 N = 1500
 FLIGHT = ("--data-plane", "flight")
@@ -34,6 +38,7 @@ TOKEN = "flight-token-0123456789"
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("flight") / "root"
     write_dataset(root, "toy", N, row_group_rows=100, shard_rows=400)
+    write_blobs(root, "blobs", 256, 64 << 10)  # 16 MiB of incompressible rows: a stream left unread
     return root
 
 
@@ -152,20 +157,14 @@ def test_the_status_and_retry_hint_round_trip() -> None:
 def test_a_full_server_is_resource_exhausted_with_its_hint_and_the_loader_goes_elsewhere(servers) -> None:  # type: ignore[no-untyped-def]
     full = servers.start(extra_args=(*FLIGHT, "--max-streams", "1"))
     other = servers.start(extra_args=FLIGHT)
-    request = pb.ReadRequest(dataset="toy@1", batch_size=4, world_size=1)
-    client = flight.connect(f"grpc://127.0.0.1:{full.info()['data_port']}")
-    try:
-        held = client.do_get(flight.Ticket(request.SerializeToString()))  # takes the one slot
-        held.read_chunk()
-        with pytest.raises(flight.FlightError) as info:
-            client.do_get(flight.Ticket(request.SerializeToString())).read_all()
-        status = FlightStatus.of(info.value)
-        assert status.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "grpc-retry-pushback-ms" in dict(status.trailing_metadata())
+    blobs = pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=4, max_message_bytes=256 << 10)
+    with Streams(full.target) as streams:
+        assert streams.flights  # over the Flight plane
+        assert streams.open(blobs, 1) == [grpc.StatusCode.OK]  # holds the one slot: 16 MiB, unread
+        refusal = streams.refusal(blobs)
+        assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "grpc-retry-pushback-ms" in dict(refusal.trailing_metadata())
         assert sorted(read_ids([full.target, other.target], batch_size=50)) == list(range(N))
-        held.cancel()
-    finally:
-        client.close()
 
 
 def test_tokens_are_checked_on_the_data_plane(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -249,3 +248,68 @@ def test_a_silent_flight_server_is_abandoned_for_another(pair) -> None:  # type:
         silent.release.set()
         front.stop(0)
         silent.shutdown()
+
+
+def test_the_data_planes_certificate_is_rotated_without_a_restart_and_open_streams_finish(
+    servers, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    p = Pki(tmp_path / "pki")
+    old_ca, new_ca = p.ca("old-ca"), p.ca("new-ca")
+    old, new = p.server(old_ca, "old"), p.server(new_ca, "new")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    write_atomic(cert, old.pem)
+    write_atomic(key, old.key.read_bytes())
+    server = servers.start(
+        extra_args=(*FLIGHT, "--tls-cert", str(cert), "--tls-key", str(key)),
+        credentials=grpc.ssl_channel_credentials(old_ca.pem),
+    )
+    port = server.info()["data_port"]
+    request = pb.ReadRequest(dataset="toy@1", batch_size=10, world_size=1).SerializeToString()
+
+    def client(ca: Issued) -> flight.FlightClient:
+        return flight.connect(f"grpc+tls://127.0.0.1:{port}", tls_root_certs=ca.pem)
+
+    def trusted_by(ca: Issued) -> bool:
+        c = client(ca)
+        try:
+            c.do_get(flight.Ticket(request)).read_chunk()
+            return True
+        except flight.FlightError:
+            return False
+        finally:
+            c.close()
+
+    assert trusted_by(old_ca) and not trusted_by(new_ca)
+    open_before = client(old_ca)
+    reader = open_before.do_get(flight.Ticket(request))
+    ids = reader.read_chunk().data.column("id").to_pylist()
+    write_atomic(key, new.key.read_bytes())  # the key first: a moment where the pair does not match
+    write_atomic(cert, new.pem)
+    wait_for(lambda: trusted_by(new_ca), "the data plane to serve the new certificate", 30)
+    assert not trusted_by(old_ca)
+    ids += reader.read_all().column("id").to_pylist()  # the stream opened before goes on to its end
+    open_before.close()
+    assert ids == list(range(N))
+    # and the Loader, trusting the new CA, reads over the replaced plane
+    assert sorted(read_ids([server.target], tls={"ca": str(new_ca.cert)})) == list(range(N))
+    assert server.proc.poll() is None
+
+
+def test_a_frozen_clients_flight_streams_are_reaped(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The write timeout on the Flight plane: the connection is shut down, slots and bytes come back."""
+    server = servers.start(metrics=True, extra_args=(*FLIGHT, "--write-timeout", "1"))
+    blobs = pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=4, max_message_bytes=256 << 10)
+    client = stalled_process(server.target, blobs, 5, tmp_path)
+    try:
+        assert (tmp_path / "stalled.ready").read_text().split() == ["OK"] * 5
+        os.kill(client.pid, signal.SIGSTOP)
+        wait_for(
+            lambda: scrape(server)["shardstream_streams_active"] == 0, "the frozen client's streams to end"
+        )
+        metrics = scrape(server)
+        assert metrics["shardstream_stream_buffer_bytes"] == 0
+        assert metrics["shardstream_streams_reaped_total"] == 5
+        assert sorted(read_ids([server.target])) == list(range(N))  # and the server serves on
+    finally:
+        os.killpg(client.pid, signal.SIGKILL)
+        client.wait()

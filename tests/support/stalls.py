@@ -1,4 +1,5 @@
-"""Clients that stop reading, for the admission tests: Read streams over raw gRPC channels left unread.
+"""Clients that stop reading, for the admission tests: Read streams left unread, over raw gRPC
+channels or a plain Flight client (whichever data plane the server serves).
 
 `write_blobs` makes a dataset of incompressible rows (so messages are as large as asked), `Streams`
 opens Read streams from this process and reads only their first message (or their error),
@@ -14,12 +15,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.flight as flight
 
+from shardstream.errors import FlightStatus
 from shardstream.manifest import Manifest
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
@@ -49,31 +53,89 @@ def write_blobs(root: Path, name: str, rows: int, row_bytes: int) -> Manifest:
 
 class Streams:
     """Read streams opened on `connections` channels to `target`, read no further than their first
-    message; `close()` cancels them and closes the channels."""
+    message; `close()` cancels them and closes the channels. Over the server's Flight data plane
+    when it has one (its ListDatasets answer names the port), else as grpcio Read calls."""
 
     def __init__(self, target: str, connections: int = 1) -> None:
         self.channels = [grpc.insecure_channel(target, options=OPTIONS) for _ in range(connections)]
-        self.calls: list[grpc.Call] = []
+        self.calls: list[Any] = []
         self.codes: list[grpc.StatusCode] = []  # the first message's outcome, per stream opened
+        listing = self.channels[0].unary_unary(
+            "/shardstream.v1.ShardStream/ListDatasets",
+            request_serializer=pb.ListDatasetsRequest.SerializeToString,
+            response_deserializer=pb.ListDatasetsResponse.FromString,
+        )(pb.ListDatasetsRequest(), timeout=30)
+        port = listing.datasets[0].data_port if listing.datasets else 0
+        host = target.rpartition(":")[0]
+        self.flights = (
+            [flight.connect(f"grpc://{host}:{port}", generic_options=OPTIONS) for _ in range(connections)]
+            if port
+            else []
+        )
+
+    def _call(self, i: int, data: bytes, timeout_s: float) -> Any:
+        if self.flights:
+            options = flight.FlightCallOptions(timeout=timeout_s)
+            return self.flights[i % len(self.flights)].do_get(flight.Ticket(data), options)
+        return self.channels[i % len(self.channels)].unary_stream(READ)(data, timeout=timeout_s)
 
     def open(self, request: pb.ReadRequest, n: int, timeout_s: float = 60) -> list[grpc.StatusCode]:
         """Open n streams of `request`; the outcome of each first message (OK or the error's code)."""
         data = request.SerializeToString()
         out = []
         for i in range(n):
-            call = self.channels[i % len(self.channels)].unary_stream(READ)(data, timeout=timeout_s)
-            self.calls.append(call)
             try:
-                next(call)
+                call = self._call(i, data, timeout_s)
+                self.calls.append(call)
+                call.read_chunk() if self.flights else next(call)
                 out.append(grpc.StatusCode.OK)
             except grpc.RpcError as exc:
                 out.append(exc.code())
+            except flight.FlightError as exc:
+                out.append(FlightStatus.of(exc).code())
         self.codes += out
         return out
+
+    def refusal(self, request: pb.ReadRequest) -> grpc.RpcError:
+        """The error of one more stream (its code, details and trailing metadata)."""
+        try:
+            self.open_raw(request)
+        except grpc.RpcError as exc:
+            return exc
+        except flight.FlightError as exc:
+            return FlightStatus.of(exc)
+        raise AssertionError("the stream was admitted")
+
+    def read_through(self, data: bytes, timeout_s: float = 120) -> tuple[grpc.StatusCode, int, int]:
+        """Read a stream of `data` (a ReadRequest's bytes, or not) to its end: (its status, its
+        messages, its largest message's bytes)."""
+        messages = largest = 0
+        try:
+            call = self._call(0, data, timeout_s)
+            if self.flights:
+                for chunk in call:
+                    messages += 1
+                    largest = max(largest, chunk.data.nbytes + len(chunk.app_metadata or b""))
+            else:
+                for message in call:
+                    messages += 1
+                    largest = max(largest, len(message))
+            return grpc.StatusCode.OK, messages, largest
+        except grpc.RpcError as exc:
+            return exc.code(), messages, largest
+        except flight.FlightError as exc:
+            return FlightStatus.of(exc).code(), messages, largest
+
+    def open_raw(self, request: pb.ReadRequest) -> None:
+        call = self._call(0, request.SerializeToString(), 30)
+        self.calls.append(call)
+        call.read_chunk() if self.flights else next(call)
 
     def close(self) -> None:
         for call in self.calls:
             call.cancel()
+        for client in self.flights:
+            client.close()
         for channel in self.channels:
             channel.close()
 
@@ -100,7 +162,15 @@ def stalled_process(target: str, request: pb.ReadRequest, n: int, tmp: Path) -> 
     READY_FILE with their codes and then reads nothing more until killed."""
     ready = tmp / "stalled.ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.stalls", target, str(n), request.SerializeToString().hex(), str(ready)],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.stalls",
+            target,
+            str(n),
+            request.SerializeToString().hex(),
+            str(ready),
+        ],
         cwd=REPO,
         start_new_session=True,
     )
