@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,6 +78,8 @@ CHANNEL_OPTIONS = [
 # The Flight data plane's channel: the same keepalive as CHANNEL_OPTIONS (a silent server is noticed)
 FLIGHT_OPTIONS = [(k, v) for k, v in CHANNEL_OPTIONS if k.startswith(("grpc.keepalive", "grpc.http2"))]
 DISCOVERY_TIMEOUT_S = 10.0  # the GetDataset that tells a stream's first call the server's data port
+GRANT_HEADER = b"x-shardstream-grant"  # a certificate principal's grant, on DoGet (server/grants.py)
+GRANT_MARGIN_S = 60.0  # a grant is asked for again this long before it runs out
 
 
 def _host_of(target: str) -> str:
@@ -127,9 +130,9 @@ class Connection:
         self._flight: Any = None
         self._flight_lock = threading.Lock()
         self._flight_headers = HeaderCapture()
-        self._flight_options = flight.FlightCallOptions(
-            headers=[(k.encode(), v.encode()) for k, v in security.metadata]
-        )
+        self._flight_call_headers = [(k.encode(), v.encode()) for k, v in security.metadata]
+        self._grant = b""  # the server's word for a certificate's principal (GetDataset's data_grant)
+        self._grant_until = 0.0
         self._channel = security.channel(target, CHANNEL_OPTIONS)
         self._get = self._channel.unary_unary(
             f"/{_SERVICE}/GetDataset",
@@ -153,7 +156,7 @@ class Connection:
             info = self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
-        self._data_port = info.data_port
+        self._remember(info)
         return info
 
     def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
@@ -166,13 +169,15 @@ class Connection:
         """The raw call: an iterator of (header, payload or rows) that can be cancelled — a Flight
         DoGet on the server's data plane when it has one (GetDataset says so), else a grpcio Read."""
         data_port = self._data_port
-        if data_port is None:  # not asked yet: the answer to GetDataset of what the request reads
+        stale_grant = self._grant and time.monotonic() > self._grant_until - GRANT_MARGIN_S
+        if data_port is None or stale_grant:  # not asked yet (or its grant runs out): GetDataset
             # (a failure is the grpc.RpcError a Read would raise: the session retries it as one)
             name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
             info = self._get(
                 pb.GetDatasetRequest(dataset=name), timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata
             )
-            data_port = self._data_port = info.data_port
+            self._remember(info)
+            data_port = info.data_port
         if not data_port:
             return self._read(request, timeout=timeout_s, metadata=self._metadata)
         with self._flight_lock:
@@ -181,13 +186,25 @@ class Connection:
                     self._host, data_port, FLIGHT_OPTIONS, [self._flight_headers]
                 )
             client = self._flight
-        return FlightCall(client, self._flight_headers, request, self._flight_options, self.forget_data_port)
+            headers = self._flight_call_headers
+            if self._grant:
+                headers = [*headers, (GRANT_HEADER, self._grant)]
+        options = flight.FlightCallOptions(headers=headers)
+        return FlightCall(client, self._flight_headers, request, options, self.forget_data_port)
+
+    def _remember(self, info: pb.DatasetInfo) -> None:
+        """The data plane a GetDataset answer names: its port, and the caller's grant there."""
+        with self._flight_lock:
+            self._data_port = info.data_port
+            self._grant = info.data_grant
+            self._grant_until = time.monotonic() + info.data_grant_ttl_s
 
     def forget_data_port(self) -> None:
         """Ask the server for its data port again before the next stream (it may have restarted)."""
         with self._flight_lock:  # not closed: another stream of this connection may still read on it
             self._flight = None
             self._data_port = None
+            self._grant = b""
 
     def close(self) -> None:
         with self._flight_lock:

@@ -87,6 +87,7 @@ class ServerConfig:
     # Arrow Flight DoGet on `data_port` (0: a free one), which GetDataset tells clients.
     data_plane: str = "grpc"
     data_port: int = 0
+    grant_key: str = ""  # hex; signs data-plane grants (grants.py): made at start, a supervisor's shared
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -25,6 +25,7 @@ from shardstream.errors import InvalidArgumentError
 from . import security
 from .config import ServerConfig
 from .flight_service import FlightDataPlane
+from .grants import Grants, new_key
 from .service import ShardStreamService
 from .tls import TlsFiles, file_signature, load_pem
 
@@ -50,12 +51,7 @@ class DataPlane:
 
     @classmethod
     def start(cls, cfg: ServerConfig, service: ShardStreamService) -> DataPlane:
-        auth = service.auth.file
-        if auth is not None and any(p.subject is not None for p in auth.principals()):
-            raise InvalidArgumentError(
-                "--data-plane flight cannot tell principals by certificate subject (the --auth file names "
-                "some): use bearer tokens, or --data-plane grpc"
-            )
+        service.grants = Grants(cfg.grant_key or new_key())
         if cfg.data_port:  # one clear line, before Flight logs its own about the bind
             from .workers import reserve_port
 

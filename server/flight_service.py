@@ -21,9 +21,9 @@ A client that stops reading is cut as on the grpcio port (reaper.py): Flight ask
 next message once the last one is written, so a stream not asked for --write-timeout is reaped —
 its connection shut down, which ends the blocked write — and leaves its slot and memory.
 
-What this plane cannot do from Python (pyarrow's Flight server takes no gRPC server options and
-does not expose the client's certificate): principals by certificate subject (a server whose
---auth names subjects refuses to start with it: use --data-plane grpc) and server keepalive pings
+A caller the --auth file knows by its certificate's subject is known here by the grant the gRPC
+port gave it (grants.py: pyarrow's Flight server does not expose the client's certificate). What
+this plane cannot do from Python (its server takes no gRPC server options): server keepalive pings
 (a stream's reaping does their work for a client that holds a stream). Certificates are followed
 by data_plane.py, which replaces the plane on its port when they change.
 """
@@ -54,7 +54,9 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .admission import Ticket
 from .audit import StreamAudit
+from .auth import Principal
 from .build import Message, MessageSteps
+from .grants import GRANT_HEADER
 from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name
 from .read_plan import ReadPlan
 from .reaper import STREAMS_REAPED, shutdown_connection
@@ -182,6 +184,14 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                     "connection shut down" if closed else "its connection was not found",
                 )
 
+    def _principal(self, call: _Call) -> Principal:
+        """The caller: by the grant the gRPC port gave it (a certificate's principal), else its token."""
+        svc = self.service
+        grant = call.headers.get(GRANT_HEADER)
+        if grant and svc.grants is not None and svc.auth.enabled:
+            return svc.grants.principal(grant[0], svc.auth)
+        return svc.auth.authenticate(call.metadata(), None)
+
     # --- DoGet ---------------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         call: _Call = context.get_middleware(_MIDDLEWARE)
@@ -194,7 +204,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         stream = svc._stream_log(request, peer, call.stream_id)
         audit = StreamAudit(peer, request)
         try:
-            principal = svc.auth.authenticate(call.metadata(), None)
+            principal = self._principal(call)
             audit.principal = principal.name
             admitted = svc.admission.admit(peer)
         except (ResourceExhaustedError, UnauthenticatedError) as exc:

@@ -55,6 +55,7 @@ from .auth import OPEN, Authenticator, Principal
 from .build import Message, MessageBuilder, MessageSteps
 from .config import DEFAULT_WRITE_TIMEOUT_S
 from .dataset_label import dataset_label, dataset_name
+from .grants import GRANT_TTL_S, Grants
 from .grpc_metrics import code_name, preinitialize
 from .read_plan import ReadPlan, ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
@@ -145,6 +146,7 @@ class ShardStreamService:
         self.reaper = Reaper(write_timeout_s)
         self.port = 0  # the port the server listens on, once bound (app.py)
         self.data_port = 0  # its Flight data plane's port (flight_service.py); 0: Read is served here
+        self.grants: Grants | None = None  # with a data plane: what vouches for certificate callers
         self._read_ahead = ReadAhead(read_ahead, cache)
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
@@ -235,7 +237,11 @@ class ShardStreamService:
     # --- control plane -------------------------------------------------------------------------
     async def get_dataset(self, request: pb.GetDatasetRequest, principal: Principal = OPEN) -> pb.DatasetInfo:
         manifest = await asyncio.to_thread(self.planner.resolve, request.dataset, principal)
-        return dataset_info(manifest, self.data_port)
+        info = dataset_info(manifest, self.data_port)
+        if self.grants is not None and self.auth.enabled and principal.subject is not None:
+            info.data_grant = self.grants.issue(principal)  # the data plane cannot see the certificate
+            info.data_grant_ttl_s = GRANT_TTL_S
+        return info
 
     async def list_datasets(
         self, request: pb.ListDatasetsRequest, principal: Principal = OPEN

@@ -55,6 +55,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
 from .config import ServerConfig
+from .grants import new_key
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .roots import open_registry
@@ -195,6 +196,7 @@ class Supervisor:
         self._restart_count = 0
         self.port = 0
         self.data_port = 0
+        self.grant_key = cfg.grant_key or new_key()  # the workers vouch for each other's grants
         self.metrics_port: int | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -256,6 +258,7 @@ class Supervisor:
             workers=1,
             port=self.port,
             data_port=self.data_port + slot if self.data_port else 0,
+            grant_key=self.grant_key,
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,

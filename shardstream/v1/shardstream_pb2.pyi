@@ -31,7 +31,7 @@ class Field(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "version", "fingerprint", "num_rows", "num_shards", "num_bytes", "fields", "arrow_schema", "data_port")
+    __slots__ = ("name", "version", "fingerprint", "num_rows", "num_shards", "num_bytes", "fields", "arrow_schema", "data_port", "data_grant", "data_grant_ttl_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class DatasetInfo(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_GRANT_FIELD_NUMBER: _ClassVar[int]
+    DATA_GRANT_TTL_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     fingerprint: str
@@ -50,7 +52,9 @@ class DatasetInfo(_message.Message):
     fields: _containers.RepeatedCompositeFieldContainer[Field]
     arrow_schema: bytes
     data_port: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ..., data_port: _Optional[int] = ...) -> None: ...
+    data_grant: bytes
+    data_grant_ttl_s: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[Field, _Mapping]]] = ..., arrow_schema: _Optional[bytes] = ..., data_port: _Optional[int] = ..., data_grant: _Optional[bytes] = ..., data_grant_ttl_s: _Optional[int] = ...) -> None: ...
 
 class Shuffle(_message.Message):
     __slots__ = ("mode", "window")
