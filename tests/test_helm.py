@@ -17,7 +17,9 @@ import math
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,8 @@ def test_every_values_file_meets_the_schema(case: str) -> None:
         ({"replicas": 2}, r"additional properties 'replicas' not allowed"),
         ({"server": {"prot": 7070}}, r"at '/server': additional properties 'prot' not allowed"),
         ({"server": {"port": 70700}}, r"at '/server/port'.*maximum"),
+        ({"server": {"dataPort": 70700}}, r"at '/server/dataPort'.*maximum"),
+        ({"server": {"dataPort": "7071"}}, r"at '/server/dataPort': got string, want integer"),
         ({"probes": {"mode": "tcp"}}, r"at '/probes/mode'.*'grpc', 'http'"),
         ({"registry": {"root": "datasets"}}, r"at '/registry/root'.*does not match"),
         ({"resources": {"limits": {"memory": "4GB"}}}, r"at '/resources/limits/memory'"),
@@ -203,6 +207,13 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
         ({"tls": {"clientCA": True}}, r"tls.clientCA needs tls.enabled"),
         ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, r"minReplicas \(5\) exceeds"),
         ({"server": {"metricsPort": 7070}}, r"server.port and server.metricsPort are both 7070"),
+        ({"server": {"metricsPort": 7072}}, r"server.metricsPort \(7072\) is inside the data ports 7071..7072"),
+        ({"server": {"dataPort": 7068, "workers": 4}}, r"server.port \(7070\) is inside the data ports 7068..7071"),
+        ({"server": {"dataPort": 65535}}, r"the data ports run past 65535 \(server.dataPort 65535 \+ 2 workers\)"),
+        (
+            {"resources": {"limits": None}, "networkPolicy": {"enabled": True}},
+            r"networkPolicy.enabled needs a known worker count",
+        ),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -229,6 +240,66 @@ def test_probes_are_on_the_ports_the_server_listens_on(rendered: dict[str, Rende
             assert probe["httpGet"]["port"] == "metrics" and probe["httpGet"]["path"] in ("/healthz", "/readyz")
     if "grpc" in c["readinessProbe"]:
         assert c["readinessProbe"]["grpc"]["service"] == "shardstream.v1.ShardStream"
+
+
+def data_ports(r: Rendered) -> dict[str, int]:
+    """The server container's data ports by name ("data", "data-1", ...)."""
+    return {p["name"]: p["containerPort"] for p in r.container["ports"] if p["name"].startswith("data")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_workers_data_port_is_declared_served_and_opened(rendered: dict[str, Rendered], case: str) -> None:
+    """Worker i's Flight data plane listens on --data-port + i: the container declares each of them,
+    both Services carry them (the ClusterIP one routes tools' streams; the headless one lists them),
+    and the NetworkPolicy opens the whole range to the peers the gRPC port is open to."""
+    r, values = rendered[case], merged(case)["server"]
+    c = r.container
+    first, workers = int(flag(c["args"], "--data-port")), int(flag(c["args"], "--workers"))
+    assert first == values["dataPort"]
+    expected = {("data" if i == 0 else f"data-{i}"): first + i for i in range(workers)}
+    assert data_ports(r) == expected
+    numbers = [p["containerPort"] for p in c["ports"]]
+    assert len(numbers) == len(set(numbers)), numbers
+    assert int(flag(c["args"], "--port")) not in expected.values()
+    assert int(flag(c["args"], "--metrics-port")) not in expected.values()
+    for svc in r.of_kind("Service"):
+        if svc["metadata"]["labels"]["app.kubernetes.io/component"] not in ("server", "server-headless"):
+            continue  # Redis
+        ports = {p["name"]: p for p in svc["spec"]["ports"]}
+        assert {n: ports[n]["port"] for n in expected} == expected, svc["metadata"]["name"]
+        assert all(ports[n]["targetPort"] == n for n in expected)
+        assert svc["spec"]["ports"][0]["name"] == "grpc", "clients' endpoint: the control port comes first"
+    for np_ in r.of_kind("NetworkPolicy"):
+        if np_["metadata"]["labels"]["app.kubernetes.io/component"] != "server":
+            continue
+        (client_rule,) = [rule for rule in np_["spec"]["ingress"] if {"port": "grpc", "protocol": "TCP"} in rule["ports"]]
+        (data,) = [p for p in client_rule["ports"] if p["port"] != "grpc"]
+        assert (data["port"], data.get("endPort", data["port"])) == (first, first + workers - 1)
+        assert client_rule.get("from") == (merged(case)["networkPolicy"]["clients"] or None)
+
+
+def test_a_pod_without_a_cpu_limit_declares_the_first_data_port() -> None:
+    """No CPU limit: the server picks its worker count, so only dataPort is known to the chart."""
+    r = render({"resources": {"requests": {"cpu": "1"}, "limits": None}})
+    assert flag(r.container["args"], "--workers") is None and data_ports(r) == {"data": 7071}
+    assert "7071 + the worker's slot" in r.notes
+
+
+def test_the_charts_data_port_is_the_servers_default() -> None:
+    """server.dataPort (7071) is what `serve --port 7070` picks without --data-port (port + 1)."""
+    values = load_values(CHART / "values.yaml")["server"]
+    assert serve_config(["serve", "--port", str(values["port"])]).data_port == values["dataPort"]
+    assert serve_config(render(None).container["args"]).data_port == values["dataPort"]
+    r = render({"server": {"dataPort": 8000, "workers": 3}})
+    assert serve_config(r.container["args"]).data_port == 8000
+    assert data_ports(r) == {"data": 8000, "data-1": 8001, "data-2": 8002}
+    assert "8000..8002 (one per worker)" in r.notes
+
+
+def test_the_helm_test_pod_checks_both_planes() -> None:
+    pod = render({"tests": {"enabled": True}}).one("Pod")
+    script = pod["spec"]["containers"][0]["command"][-1]
+    assert 'host = "shardstream"' in script and f'{{host}}:{7070}' in script and f"grpc+tcp://{{host}}:{7071}" in script
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -426,14 +497,47 @@ def test_the_charts_limits_default_to_the_servers_and_reach_its_flags() -> None:
 # --- run what the chart renders -------------------------------------------------------------------
 
 
+def unused_port_range(n: int) -> int:
+    """The first of `n` consecutive loopback ports nothing listens on right now."""
+    for _ in range(200):
+        first = unused_port()
+        if first + n > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports found")
+
+
+def unused_port_outside(first: int, n: int) -> int:
+    """A free port that is not one of first..first+n-1."""
+    while (port := unused_port()) in range(first, first + n):
+        pass
+    return port
+
+
 @pytest.mark.parametrize("case", ["default", "minimal", "monitoring"])
 def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, tmp_path: Path) -> None:
     """The Deployment's container as rendered (ports moved to free ones through the chart's own
-    values), on a local registry: the kubelet's probes pass, a Loader reads an epoch exactly once
-    through the NOTES endpoint, /metrics counts it, and SIGTERM drains within the grace period."""
-    port, metrics_port = unused_port(), unused_port()
+    values: control, metrics, and one data port per worker), on a local registry: the kubelet's
+    probes pass, a Loader reads an epoch exactly once through the NOTES endpoint (its streams over
+    the workers' Flight data ports), the `helm test` pod's script passes against it, /metrics counts
+    the epoch, and SIGTERM drains within the grace period."""
     values = values_of(case) or {}
-    values["server"] = {**values.get("server", {}), "port": port, "metricsPort": metrics_port}
+    workers = int(flag(render(values).container["args"], "--workers"))
+    data_port = unused_port_range(workers)  # worker i's Flight data plane on data_port + i
+    port, metrics_port = unused_port_outside(data_port, workers), unused_port_outside(data_port, workers)
+    values["server"] = {**values.get("server", {}), "port": port, "metricsPort": metrics_port, "dataPort": data_port}
+    values["tests"] = {"enabled": True}
     r = render(values)
     registry = tmp_path / "registry"
     write_dataset(registry, "toy", N_ROWS)
@@ -451,6 +555,13 @@ def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, t
             with Loader(endpoint, "toy@1", batch_size=16, rank=rank, world_size=2, seed=3, epochs=1) as ld:
                 seen += [int(i) for b in ld for i in np.asarray(b["id"])]
         assert sorted(seen) == list(range(N_ROWS))
+        # `helm test`'s pod: health on the control port, the Flight data plane on the first data port
+        script = r.one("Pod")["spec"]["containers"][0]["command"][-1]
+        fullname = r.server["metadata"]["name"]
+        script = script.replace(f'host = "{fullname}"', 'host = "127.0.0.1"')
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
+        assert "data plane answered" in done.stdout, done.stdout
         # counted once each write completes, which may be just after the client has the rows
         rows = lambda: server.metrics(metrics_port)["shardstream_rows_sent_total"]  # noqa: E731
         wait_for(lambda: rows() >= N_ROWS, "/metrics to count the epoch's rows", 30)

@@ -131,6 +131,23 @@ CPU quota (server/workers.py usable_cpus) - else "" (flag left out: the server c
 {{- end }}
 
 {{/*
+Data ports the pod serves: the worker count (each worker's Flight data plane binds server.dataPort +
+its slot: pyarrow's Flight server cannot share a port), else 1 when the count is left to the server
+(no CPU limit): then only dataPort is declared, and networkPolicy.enabled is refused (validate).
+*/}}
+{{- define "shardstream.dataPortCount" -}}
+{{- include "shardstream.workers" . | default "1" }}
+{{- end }}
+
+{{/*
+Name of worker i's data port (container and Service ports): "data", "data-1", "data-2", ...
+(a port name has at most 15 characters).
+*/}}
+{{- define "shardstream.dataPortName" -}}
+{{- if eq (int .) 0 }}data{{ else }}{{ printf "data-%d" (int .) }}{{ end }}
+{{- end }}
+
+{{/*
 resources.limits.memory in MiB ("" without a memory limit); Mi and Gi are accepted.
 */}}
 {{- define "shardstream.memoryLimitMib" -}}
@@ -212,5 +229,18 @@ Checks across values that the schema cannot express; each fails with the value t
 {{- end }}
 {{- if eq (int .Values.server.port) (int .Values.server.metricsPort) }}
 {{- fail (printf "server.port and server.metricsPort are both %v: give each its own port" .Values.server.port) }}
+{{- end }}
+{{- $first := int .Values.server.dataPort }}
+{{- $last := add $first (include "shardstream.dataPortCount" . | int) -1 }}
+{{- range $name, $port := dict "server.port" .Values.server.port "server.metricsPort" .Values.server.metricsPort }}
+{{- if and (ge (int $port) $first) (le (int $port) $last) }}
+{{- fail (printf "%s (%v) is inside the data ports %v..%v (server.dataPort + one per worker): move one of them" $name $port $first $last) }}
+{{- end }}
+{{- end }}
+{{- if gt $last 65535 }}
+{{- fail (printf "the data ports run past 65535 (server.dataPort %v + %v workers): lower server.dataPort" $first (include "shardstream.dataPortCount" .)) }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not (include "shardstream.workers" .)) }}
+{{- fail "networkPolicy.enabled needs a known worker count (server.workers, or resources.limits.cpu): worker i serves server.dataPort + i, and the policy opens each of those ports" }}
 {{- end }}
 {{- end }}
