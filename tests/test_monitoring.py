@@ -140,6 +140,53 @@ def test_queries_name_only_metrics_the_code_exports() -> None:
     assert missing == set() and {"shardstream_build_info", "grpc_server_handled_total"} <= exported
 
 
+# The services of the RPC metrics: the control plane's, and the data plane's (Read streams are Arrow
+# Flight DoGet calls, grpc_type="server_stream").
+CONTROL_PLANE, DATA_PLANE = "shardstream.v1.ShardStream", "arrow.flight.protocol.FlightService"
+
+
+def expressions() -> list[tuple[str, str]]:
+    """(where, PromQL) of every rule and every dashboard target."""
+    rules = yaml.safe_load((PROM / "rules.yaml").read_text())
+    out = [(r.get("record") or r["alert"], str(r["expr"])) for g in rules["groups"] for r in g["rules"]]
+    for path in sorted(GRAFANA.glob("*.json")):
+        d = json.loads(path.read_text())
+        out += [(f"{path.name} / {p['title']}", tg["expr"]) for p in d["panels"] for tg in p.get("targets", [])]
+    return out
+
+
+def matches(op: str, value: str, label: str) -> bool:
+    """Whether a PromQL label matcher (`=`, `!=`, `=~`, `!~`) accepts `label`."""
+    hit = label == value if op in ("=", "!=") else re.fullmatch(value, label) is not None
+    return hit if op in ("=", "=~") else not hit
+
+
+def test_every_rpc_selector_covers_the_flight_data_plane() -> None:
+    """A grpc_server_* selector that picks shardstream's service also picks the data plane's DoGet
+    (its Read streams): only a selector limited to unary calls (the control-plane latency panel)
+    may name the control plane alone. The removed grpcio Read is named nowhere."""
+    checked = 0
+    for where, expr in expressions():
+        assert 'grpc_method="Read"' not in expr, (where, expr)
+        for selector in re.findall(r"grpc_server_\w+\{([^}]*)\}", expr):
+            found = re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', selector)
+            services = [(op, v) for k, op, v in found if k == "grpc_service"]
+            if not services:
+                continue
+            checked += 1
+            assert all(matches(op, v, CONTROL_PLANE) for op, v in services), (where, selector)
+            unary = ("grpc_type", "=", "unary") in found
+            assert unary or all(matches(op, v, DATA_PLANE) for op, v in services), (where, selector)
+    assert checked >= 3  # the error ratio (two selectors) and the dashboards' RPC panels
+
+
+def test_the_error_ratio_counts_data_plane_errors() -> None:
+    """The unit tests feed the error ratio DoGet series (not the removed Read's)."""
+    text = (PROM / "rules.test.yaml").read_text()
+    assert f'grpc_service="{DATA_PLANE}", grpc_method="DoGet"' in text
+    assert 'grpc_method="Read"' not in text
+
+
 def test_ci_installs_prometheus_and_promtool() -> None:
     script = (REPO / ".ci" / "run").read_text()
     assert "promtool" in script and "prometheus" in script

@@ -26,6 +26,10 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 SERVERS = 'job=~"$job", pod=~"$pod"'
 DATASETS = f'{SERVERS}, dataset=~"$dataset"'
 RANKS = 'job_name=~"$job_name", rank=~"$rank"'
+# The RPC metrics' services: the control plane (GetDataset, ListDatasets) and the data plane, whose
+# Read streams are Arrow Flight DoGet calls (grpc_method="DoGet", grpc_type="server_stream").
+CONTROL_PLANE = 'grpc_service="shardstream.v1.ShardStream"'
+BOTH_PLANES = 'grpc_service=~"shardstream.v1.ShardStream|arrow.flight.protocol.FlightService"'
 WIDTH, HEIGHT = 12, 8
 
 
@@ -150,7 +154,7 @@ def dashboard(
 
 def fleet() -> dict[str, Any]:
     rate = "[$__rate_interval]"
-    grpc = f'{SERVERS}, grpc_service="shardstream.v1.ShardStream"'
+    control, rpcs = f"{SERVERS}, {CONTROL_PLANE}", f"{SERVERS}, {BOTH_PLANES}"
     # fmt: off
     panels = [
         row("Load"),
@@ -175,7 +179,7 @@ def fleet() -> dict[str, Any]:
               ("shardstream:batch_build_seconds:p99_rate5m{" + SERVERS + "}", "p99 {{pod}}"), unit="s",
               description="Time to read, take and encode one Read message; a rising p99 = storage or CPU saturation."),
         panel("Control-plane RPC time p99",
-              (f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{grpc}, grpc_type="unary"}}{rate})))',
+              (f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{control}, grpc_type="unary"}}{rate})))',
                "{{grpc_method}}"), unit="s"),
         row("Cache and storage"),
         panel("Cache hit ratio", ("shardstream:cache_hit:ratio_rate5m{" + SERVERS + "}", "{{pod}}"), unit="percentunit",
@@ -197,8 +201,9 @@ def fleet() -> dict[str, Any]:
               unit="s", description="Seconds per second spent in each server-side transform (about cores busy)."),
         row("Errors and admission"),
         panel("RPC errors/s by code",
-              (f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{grpc}, grpc_code!="OK"}}{rate}))',
-               "{{grpc_method}} {{grpc_code}}"), unit="ops"),
+              (f'sum by (grpc_method, grpc_code) (rate(grpc_server_handled_total{{{rpcs}, grpc_code!="OK"}}{rate}))',
+               "{{grpc_method}} {{grpc_code}}"), unit="ops",
+              description="Control plane (GetDataset, ListDatasets) and data plane (DoGet: the Read streams) by status."),
         panel("Stream errors/s by dataset",
               (f"sum by (dataset, code) (rate(shardstream_stream_errors_total{{{DATASETS}}}{rate}))", "{{dataset}} {{code}}"),
               unit="ops"),
