@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue #17 on a lent many-core machine (the `run` tool's device: 16 cores, no network, no registry),
 # in one call: the scaling curve of `serve --workers W` for W = 1, 2, 4, 8, then, if time remains,
-# the Flight vs grpcio data-plane A/B. Documented in loadtest/README.md ("Scaling with cores").
+# the data-plane A/B (shardstream's Flight data plane vs Flight DoGet from memory). Documented in
+# loadtest/README.md ("Scaling with cores").
 #
 #   bash loadtest/device_run.sh                     # on the device: OUT=$OUT is set there
 #   OUT=/tmp/dev PY=/tmp/devsim/bin/python3 SMALL=1 bash loadtest/device_run.sh   # a dry run here
@@ -41,7 +42,7 @@ if [ "${SMALL:-0}" = 1 ]; then
     FLIGHT_ARGS=${FLIGHT_ARGS:---mib 32 --epochs 1 --pairs 1}
 else
     SCALING_ARGS=${SCALING_ARGS:---workers 1 2 4 8 --images 8192 --unique-images 480 --streams 32 --pairs 3 --client-procs 4}
-    FLIGHT_ARGS=${FLIGHT_ARGS:---pairs 5 --loader}
+    FLIGHT_ARGS=${FLIGHT_ARGS:---pairs 5}
 fi
 SCALING_TIMEOUT=${SCALING_TIMEOUT:-260}
 FLIGHT_TIMEOUT=${FLIGHT_TIMEOUT:-110}

@@ -1,4 +1,5 @@
-"""Processes of a load test: servers' /metrics, rank processes, and a CPU/RSS sampler for all of them."""
+"""Processes of a load test: servers' /metrics, their data ports, plain Flight reads of a Read stream,
+rank processes, and a CPU/RSS sampler for all of them."""
 
 from __future__ import annotations
 
@@ -13,13 +14,25 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
+import pyarrow.flight as flight
 
 from shardstream.server.fleet import LocalServer
+from shardstream.v1 import shardstream_pb2 as pb
 
 from .rank import peak_rss_mib, reset_peak_rss
 
-__all__ = ["SERVER_METRICS", "RankProcess", "Sampler", "scrape", "tree_cpu_s"]
+__all__ = [
+    "SERVER_METRICS",
+    "DoGetClients",
+    "RankProcess",
+    "Sampler",
+    "data_ports",
+    "doget_bytes",
+    "scrape",
+    "tree_cpu_s",
+]
 
 # Counters scraped from every server before and after the measured window.
 SERVER_METRICS = (
@@ -50,6 +63,84 @@ def scrape(server: LocalServer, names: tuple[str, ...] = SERVER_METRICS) -> dict
         if len(parts) >= 2 and name in out:
             out[name] += float(parts[-1])
     return out
+
+
+GET_DATASET = "/shardstream.v1.ShardStream/GetDataset"
+
+
+def data_ports(server: LocalServer, dataset: str, timeout_s: float = 30.0) -> list[int]:
+    """The Flight data ports of a server's workers (one per worker process), sorted.
+
+    A single process names its own in the ready file. A supervisor started on free ports does not:
+    each worker's port is what that worker answers to GetDataset (DatasetInfo.data_port), and a new
+    connection reaches the worker the kernel's SO_REUSEPORT hash picks, so GetDatasets on fresh
+    channels are asked until every worker has answered (or `timeout_s`: the ports seen so far)."""
+    want = max(1, len(server.worker_pids))
+    if want == 1 and server.data_port:
+        return [server.data_port]
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    req = pb.GetDatasetRequest(dataset=dataset)
+    while len(seen) < want and time.monotonic() < deadline:
+        with grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            get = ch.unary_unary(
+                GET_DATASET,
+                request_serializer=pb.GetDatasetRequest.SerializeToString,
+                response_deserializer=pb.DatasetInfo.FromString,
+            )
+            port = get(req, timeout=10).data_port
+        if not port:
+            raise RuntimeError(f"{server.target} names no data port in its GetDataset answer")
+        seen.add(port)
+    if not seen:
+        raise TimeoutError(f"no data port from {server.target} in {timeout_s:g} s")
+    return sorted(seen)
+
+
+def doget_bytes(client: flight.FlightClient, request: pb.ReadRequest) -> int:
+    """One Read stream as a plain Arrow Flight DoGet (the ticket is the serialized ReadRequest):
+    bytes received, the record batches' buffers plus their app_metadata (each message's ReadHeader).
+    Nothing is decoded beyond what Flight's reader does."""
+    reader = client.do_get(flight.Ticket(request.SerializeToString()))
+    n = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return n
+        if chunk.data is not None:
+            n += chunk.data.nbytes
+        if chunk.app_metadata is not None:
+            n += chunk.app_metadata.size
+
+
+class DoGetClients:
+    """Plain Flight clients to a server's data ports (`data_ports`), one per port, opened on first
+    use and kept; one thread's (a FlightClient is not shared between threads here). `read(i, req)`
+    sends request i to port i mod len(ports): a rank's calls spread evenly over the workers."""
+
+    def __init__(self, ports: list[int], host: str = "127.0.0.1") -> None:
+        self.ports = ports
+        self.host = host
+        self._clients: dict[int, flight.FlightClient] = {}
+
+    def read(self, i: int, request: pb.ReadRequest) -> int:
+        port = self.ports[i % len(self.ports)]
+        client = self._clients.get(port)
+        if client is None:
+            client = self._clients[port] = flight.connect(f"grpc://{self.host}:{port}")
+        return doget_bytes(client, request)
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+
+    def __enter__(self) -> DoGetClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _tree(pid: int) -> list[psutil.Process]:

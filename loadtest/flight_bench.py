@@ -1,32 +1,43 @@
-"""Data plane A/B: today's grpcio Read stream against a prototype of the same stream on Arrow Flight.
+"""Data plane A/B: shardstream's data plane (Arrow Flight DoGet) against Flight DoGet from memory.
 
-    python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 4] [--batch-mib 2]
-                                    [--shuffle none|block|full] [--loader] [--json PATH]
+    python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
+                                    [--no-loader] [--json PATH]
 
-One dataset as in `loadtest.bench` (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row,
-ingested with the defaults, row groups of two batches) and two servers over the same root, each in
-its own process with the same row-group cache (1 GiB: the dataset stays in it after the warm-up) and
-the same allocator settings (shardstream/allocator.py: both call `allocator.tune()`):
+Issue #17's comparison, now that shardstream's Read streams are Arrow Flight DoGets
+(server/flight_service.py): does one stream of a real `shardstream serve` move bytes as fast, and
+for as little server CPU, as a bare Flight server that has the batches in memory? One dataset as in
+`loadtest.bench` (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row, ingested with row
+groups of two batches), and two servers over it, each in its own process:
 
-    grpcio   `shardstream serve` (the product: grpc.aio servicer, hand-framed Arrow IPC)
-             -> `Connection.read` (client/channel.py) -> `decode_message` (client/decode.py)
-    flight   loadtest/flight_plane.py: DoGet with the ReadRequest as ticket, batches from the same
-             ReadPlanner and MessageBuilder, the ReadHeader as each batch's app_metadata
-             -> `pyarrow.flight.FlightClient.do_get` -> the same `decode_message`
-    loader   (--loader) `Loader(output="arrow")` on the grpcio server: what a trainer runs
+    flight (the baseline)
+             loadtest/flight_server.py --from-memory: a `pyarrow.flight.FlightServerBase` that reads
+             the shards once at start in batches of the same rows (~--batch-mib MiB) and answers
+             every DoGet with that table (`RecordBatchStream`: one Flight message per batch)
+    shardstream
+             `shardstream serve` (one process, `--cache-mib 1024`: the dataset stays in its row-group
+             cache after the warm-up), its data plane on the port GetDataset names
 
-Both clients send the same ReadRequest (one rank, world size 1, batches of --batch-mib MiB, seed 0)
-and hand every decoded step to nobody (counted, not touched). The Flight client's `decode_message`
-gets the batch Flight already read instead of an IPC payload to parse (`read_ipc` is swapped in that
-client's process only); everything else it does — checks, provenance, the per-step split and cursor
-items — is the Loader's. Each path's client runs in its own process, kept for all its passes
-(bench.py's `ClientProcess`). A pass is --epochs whole epochs, one stream each (2 GiB with the
-defaults). One warm-up pass per path, then --pairs rounds alternating the order (A B, B A, ...).
+Same allocator settings everywhere: shardstream's server and Loader apply them to themselves
+(shardstream/allocator.py); the Flight server and the two plain Flight clients get them as
+MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ in their environment. The paths, each with a client
+process of its own kept for all its passes (bench.py's `ClientProcess`):
 
-Per pass: MB/s of payload (rows x 1,032 B), time to the first step, p50/p99 of the wait for each
-later step (time from one step handed over to the next: receive + decode; the client does nothing
-else), client and server CPU seconds (psutil, user + system) per GB of payload. Ratios flight/grpcio
-per round, median (min-max). Figures only: it exits 0 unless something crashed. MB = 10^6 bytes.
+    flight   `FlightClient.do_get` of the baseline, its batches counted
+    doget    a plain `FlightClient.do_get` on shardstream's data port, ticket = the serialized
+             ReadRequest the Loader sends for the same epoch (one rank of world size 1, no shuffle,
+             batches of the same rows): no shardstream code in the client; it counts the batches'
+             bytes and their app_metadata (each message's ReadHeader) and decodes nothing more
+    loader   (unless --no-loader) `Loader(output="arrow")` on the same server: what a trainer runs
+             (the DoGet, plus the Loader's checks, per-step split, cursor and prefetch thread)
+
+A pass is --epochs whole epochs, one DoGet (one stream) per epoch. One warm-up pass per path, then
+--pairs rounds alternating the order (A B C, C B A, ...). Per pass: MB/s of payload (rows x
+1,032 B), time to the first batch (connection set-up included), p50/p99 of the wait for each later
+batch, client and server CPU seconds (psutil, user + system, the server's child processes
+included) per GB of payload, peak RSS of both (VmHWM, reset before the pass). Ratios doget/flight
+and loader/flight per round, median (min-max), against issue #17's targets: per stream >= 1.0x
+Flight's MB/s, server CPU/GB <= 1.2x Flight's. Figures only: it exits 0 unless something crashed.
+MB = 10^6 bytes.
 """
 
 from __future__ import annotations
@@ -47,108 +58,68 @@ from typing import Any
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.flight as flight
 
-from loadtest.bench import DATASET, ROW_BYTES, ClientProcess, FlightProcess, Layout, build_dataset
+from loadtest.bench import (
+    DATASET,
+    MALLOC_ENV,
+    ROW_BYTES,
+    ClientProcess,
+    FlightProcess,
+    Layout,
+    _peak_rss_mib,
+    _reset_peak_rss,
+    build_dataset,
+)
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
-from loadtest.flight_plane import flight_messages
-from shardstream import allocator
+from loadtest.fleet import tree_cpu_s
 from shardstream.client import Loader
-from shardstream.client import decode as client_decode
 from shardstream.client.channel import Connection
-from shardstream.client.spec import ReadSpec
-from shardstream.client.target import Target
-from shardstream.plan import ShuffleSpec, StepLayout
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
-PATHS = ("grpcio", "flight")
+BASELINE = "flight"
+DOGET = "doget"
 LOADER = "loader"
 CACHE_MIB = 1024
-
-
-class FlightPlaneProcess(FlightProcess):
-    """loadtest/flight_plane.py over the registry root, in its own process group."""
-
-    def __init__(self, workdir: Path, root: Path, cache_mib: int = CACHE_MIB) -> None:
-        super().__init__(workdir, [], 0, name="flight-plane")
-        self.root = root
-        self.cache_mib = cache_mib
-
-    def command(self, shards_file: Path, ready: Path) -> list[str]:
-        del shards_file
-        return [
-            sys.executable,
-            "-m",
-            "loadtest.flight_plane",
-            "--root",
-            str(self.root),
-            "--ready-file",
-            str(ready),
-            "--cache-mib",
-            str(self.cache_mib),
-        ]
+TARGET_MB_PER_S = 1.0  # issue #17: per stream >= 1.0x Flight DoGet from memory
+TARGET_SERVER_CPU = 1.2  # ... and server CPU/GB <= 1.2x Flight's
 
 
 # --- in each path's client process ------------------------------------------------------------
-class _Read:
-    """decode_message's payload on the Flight path: the batch Flight's client already read."""
-
-    def __init__(self, batch: pa.RecordBatch) -> None:
-        self.batch = batch
-        self.size = batch.nbytes  # what decode_message counts as received bytes
-
-
-def _hand_flight_batches_to_decode() -> None:
-    """In the Flight client's process: decode_message's `read_ipc` takes a `_Read` as read."""
-    if getattr(client_decode, "_flight_bench", False):
-        return
-    ipc = client_decode.read_ipc
-    client_decode.read_ipc = lambda p: p.batch if isinstance(p, _Read) else ipc(p)  # type: ignore[assignment]
-    client_decode._flight_bench = True  # type: ignore[attr-defined]
-
-
-def _spec(info: pb.DatasetInfo, batch_rows: int, shuffle: str, endpoint: str) -> ReadSpec:
-    target = Target(
-        f"{info.name}@{info.version}",
-        info.fingerprint,
-        info.num_rows,
-        [f.name for f in info.fields],
-        [info],
-        None,
-    )
-    return ReadSpec(
-        target=target,
-        endpoints=(endpoint,),
+def read_request(ref: str, fingerprint: str, batch_rows: int, epoch: int) -> pb.ReadRequest:
+    """The ReadRequest the Loader sends for one whole epoch of rank 0 of 1, no shuffle
+    (client/spec.py `ReadSpec.request`)."""
+    return pb.ReadRequest(
+        dataset=ref,
+        fingerprint=fingerprint,
+        seed=0,
+        epoch=epoch,
+        shuffle=pb.Shuffle(mode="none"),
         rank=0,
         world_size=1,
         batch_size=batch_rows,
-        seed=0,
-        shuffle=ShuffleSpec.parse(shuffle),
-        drop_last=False,
-        columns=(),
-        max_message_bytes=0,
-        transforms=(),
-        on_error="fail",
-        output="arrow",
-        provenance=False,
-        pin_memory=False,
-        prefetch=1,
-        streams=1,
-        epochs=1,
+        split_steps=True,
     )
 
 
-def _items(
-    spec: ReadSpec, epoch: int, layout: StepLayout, messages: Iterator[tuple[pb.ReadHeader, Any]]
-) -> Iterator[Any]:
-    """The Loader's decode of one epoch's stream (steps 0, 1, 2, ..., checked)."""
-    first = 0
-    for header, payload in messages:
-        yield from client_decode.decode_message(spec, epoch, layout, first, 1, header, payload)
-        if header.steps:
-            first = header.steps[-1].step + 1
+def _chunks(port: int, tickets: list[bytes]) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """A plain Flight client's DoGets, one per ticket on one connection: (batch, bytes received)."""
+    client = flight.connect(f"grpc://127.0.0.1:{port}")
+    try:
+        for ticket in tickets:
+            reader = client.do_get(flight.Ticket(ticket))
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                meta = chunk.app_metadata
+                yield chunk.data, chunk.data.nbytes + (meta.size if meta is not None else 0)
+    finally:
+        client.close()
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -157,89 +128,63 @@ def _cpu_s(proc: psutil.Process) -> float:
 
 
 def stream_pass(
-    path: str,
-    where: str | int,
-    info_bytes: bytes,
-    batch_rows: int,
-    shuffle: str,
-    epochs: int,
-    server_pid: int,
+    path: str, where: str | int, dataset: tuple[str, str], batch_rows: int, epochs: int, server_pid: int
 ) -> dict[str, Any]:
     """`epochs` whole epochs, one stream each, of `path`, timed; run in that path's client process."""
-    allocator.tune()  # both clients run with the settings the Loader applies (Connection does too)
-    info = pb.DatasetInfo.FromString(info_bytes)
-    spec = _spec(info, batch_rows, shuffle, str(where))
-    layout = spec.layout(0)
-    me, server = psutil.Process(), psutil.Process(server_pid)
-    conn: Connection | None = None
+    ref, fingerprint = dataset
+    me = psutil.Process()
+    peaks = _reset_peak_rss(me.pid) and _reset_peak_rss(server_pid)
     loader: Loader | None = None
-    steps: Iterator[Any]
-    if path == "grpcio":
-        conn = Connection(str(where))
-        steps = (
-            item
-            for e in range(epochs)
-            for item in _items(spec, e, layout, conn.read(spec.request(e, 0, 0, 1)))
-        )
-    elif path == "flight":
-        _hand_flight_batches_to_decode()
-        steps = (
-            item
-            for e in range(epochs)
-            for item in _items(
-                spec,
-                e,
-                layout,
-                ((h, _Read(b)) for h, b in flight_messages(int(where), spec.request(e, 0, 0, 1))),
-            )
-        )
+    steps: Iterator[tuple[pa.RecordBatch, int]]
+    if path == BASELINE:
+        steps = _chunks(int(where), [b"all"] * epochs)
+    elif path == DOGET:
+        tickets = [read_request(ref, fingerprint, batch_rows, e).SerializeToString() for e in range(epochs)]
+        steps = _chunks(int(where), tickets)
     else:
         loader = Loader(
             [str(where)],
             DATASET,
             batch_size=batch_rows,
-            shuffle=shuffle,
+            shuffle=False,
             output="arrow",
             world_size=1,
             rank=0,
             epochs=epochs,
         )
-        steps = iter(loader)
+        steps = ((b, b.nbytes) for b in loader)
     waits: list[float] = []
-    rows = n = 0
+    rows = n = received = 0
     first = float("nan")
-    s0, c0 = _cpu_s(server), _cpu_s(me)
+    s0, c0 = tree_cpu_s(server_pid), _cpu_s(me)
     t0 = last = time.perf_counter()
     try:
-        for item in steps:
+        for batch, nbytes in steps:
             now = time.perf_counter()
-            batch = item if path == LOADER else item.batch
-            if batch is None:
-                continue
             if n == 0:
                 first = now - t0
             else:
                 waits.append(now - last)
             n += 1
             rows += batch.num_rows
+            received += nbytes
             last = now
     finally:
-        if conn is not None:
-            conn.close()
         if loader is not None:
             loader.close()
     wall = time.perf_counter() - t0
-    client_cpu, server_cpu = _cpu_s(me) - c0, _cpu_s(server) - s0
+    client_cpu, server_cpu = _cpu_s(me) - c0, tree_cpu_s(server_pid) - s0
     gb = rows * ROW_BYTES / 1e9
     w = np.array(waits) * 1e3
     return {
         "path": path,
-        "steps": n,
+        "batches": n,
         "rows": rows,
         "payload_bytes": rows * ROW_BYTES,
+        "received_bytes": received,  # batches' buffers (+ app_metadata on the plain DoGet paths)
         "wall_s": wall,
         "mb_per_s": rows * ROW_BYTES / wall / 1e6,
-        "first_step_ms": first * 1e3,
+        "first_batch_ms": first * 1e3,
         "wait_p50_ms": float(np.percentile(w, 50)) if len(w) else float("nan"),
         "wait_p99_ms": float(np.percentile(w, 99)) if len(w) else float("nan"),
         "wait_max_ms": float(w.max()) if len(w) else float("nan"),
@@ -247,11 +192,21 @@ def stream_pass(
         "server_cpu_s": server_cpu,
         "client_cpu_s_per_gb": client_cpu / gb,
         "server_cpu_s_per_gb": server_cpu / gb,
+        "client_peak_rss_mib": _peak_rss_mib(me.pid) if peaks else None,
+        "server_peak_rss_mib": _peak_rss_mib(server_pid) if peaks else None,
     }
 
 
 # --- the run ----------------------------------------------------------------------------------
-METRICS = ("mb_per_s", "wait_p50_ms", "wait_p99_ms", "client_cpu_s_per_gb", "server_cpu_s_per_gb")
+METRICS = (
+    "mb_per_s",
+    "first_batch_ms",
+    "wait_p50_ms",
+    "wait_p99_ms",
+    "client_cpu_s_per_gb",
+    "server_cpu_s_per_gb",
+)
+RATIOS = ("mb_per_s", "wait_p99_ms", "client_cpu_s_per_gb", "server_cpu_s_per_gb")
 
 
 def summarize(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dict[str, Any]:
@@ -259,53 +214,72 @@ def summarize(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dict[str,
     by_path = {name: [p for p in measured if p["path"] == name] for name in paths}
     out: dict[str, Any] = {
         "paths": {
-            name: {m: spread([p[m] for p in ps]) for m in (*METRICS, "first_step_ms")}
+            name: {
+                **{m: spread([p[m] for p in ps]) for m in METRICS},
+                "batches": ps[0]["batches"],
+                "client_peak_rss_mib": max((p["client_peak_rss_mib"] or 0.0) for p in ps) or None,
+                "server_peak_rss_mib": max((p["server_peak_rss_mib"] or 0.0) for p in ps) or None,
+            }
             for name, ps in by_path.items()
         },
         "ratios": {},
+        "targets": {},
     }
-    for other in paths[1:]:
-        pairs = list(zip(by_path[other], by_path["grpcio"], strict=True))
-        out["ratios"][f"{other}/grpcio"] = {m: spread([a[m] / b[m] for a, b in pairs]) for m in METRICS}
-    out["same_steps_and_rows"] = len({(p["steps"], p["rows"]) for p in passes}) == 1
+    for other in paths:
+        if other == BASELINE:
+            continue
+        pairs = list(zip(by_path[other], by_path[BASELINE], strict=True))
+        r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
+        out["ratios"][f"{other}/{BASELINE}"] = r
+        out["targets"][other] = {
+            f"mb_per_s >= {TARGET_MB_PER_S}x": r["mb_per_s"]["median"] >= TARGET_MB_PER_S,
+            f"server_cpu_s_per_gb <= {TARGET_SERVER_CPU}x": r["server_cpu_s_per_gb"]["median"]
+            <= TARGET_SERVER_CPU,
+        }
+    out["same_rows_on_every_path"] = len({p["rows"] for p in passes}) == 1
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = Layout.plan(args.mib, args.batch_mib)
-    paths = (*PATHS, LOADER) if args.loader else PATHS
+    paths = (BASELINE, DOGET) if getattr(args, "no_loader", False) else (BASELINE, DOGET, LOADER)
     passes: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardstream-flight-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         log(
             f"building {layout.num_rows * ROW_BYTES / (1 << 20):.0f} MiB ({layout.num_rows} rows) in {workdir}"
         )
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            root, _ = pool.submit(build_dataset, workdir, layout).result()
-        grpc_server = stack.enter_context(LocalServer(root, extra_args=("--cache-mib", str(CACHE_MIB))))
-        flight_server = stack.enter_context(FlightPlaneProcess(workdir, root))
-        assert grpc_server.proc is not None and flight_server.proc is not None
-        conn = Connection(grpc_server.target)
-        info = conn.get_dataset(DATASET, 10.0).SerializeToString()
-        conn.close()
+            root, shards = pool.submit(build_dataset, workdir, layout).result()
+        server = stack.enter_context(LocalServer(root, extra_args=("--cache-mib", str(CACHE_MIB))))
+        baseline = stack.enter_context(
+            FlightProcess(workdir, shards, layout.batch_rows, from_memory=True, env=MALLOC_ENV, name=BASELINE)
+        )
+        assert baseline.proc is not None
+        conn = Connection(server.target)
+        try:
+            info = conn.get_dataset(DATASET, 10.0)
+        finally:
+            conn.close()
+        dataset = (f"{info.name}@{info.version}", info.fingerprint)
         where: dict[str, tuple[str | int, int]] = {
-            "grpcio": (grpc_server.target, grpc_server.pid),
-            "flight": (flight_server.port, flight_server.proc.pid),
-            LOADER: (grpc_server.target, grpc_server.pid),
+            BASELINE: (baseline.port, baseline.proc.pid),
+            DOGET: (info.data_port or server.data_port, server.pid),
+            LOADER: (server.target, server.pid),
         }
         clients = {}
         for name in paths:
-            clients[name] = ClientProcess()
+            clients[name] = ClientProcess(None if name == LOADER else MALLOC_ENV)
             stack.callback(clients[name].close)
+        setup_s = time.perf_counter() - t_start
         for round_ in range(args.pairs + 1):
-            order = paths if round_ % 2 else paths[::-1]  # A B, B A, ...: neither always goes first
+            order = paths if round_ % 2 == 0 else paths[::-1]  # A B C, C B A, ...: none always first
             for name in order:
                 target, pid = where[name]
                 p = (
                     clients[name]
-                    .pool.submit(
-                        stream_pass, name, target, info, layout.batch_rows, args.shuffle, args.epochs, pid
-                    )
+                    .pool.submit(stream_pass, name, target, dataset, layout.batch_rows, args.epochs, pid)
                     .result()
                 )
                 p["round"] = round_
@@ -313,7 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(
                     f"  {'warm-up' if round_ == 0 else f'round {round_}'} {name:<7} {p['mb_per_s']:6.0f} MB/s  "
                     f"p99 wait {p['wait_p99_ms']:6.2f} ms  server {p['server_cpu_s_per_gb']:.2f} / client "
-                    f"{p['client_cpu_s_per_gb']:.2f} CPU-s/GB"
+                    f"{p['client_cpu_s_per_gb']:.2f} CPU-s/GB  {p['batches']} batches"
                 )
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.flight_bench", *sys.argv[1:]]),
@@ -322,14 +296,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "pairs": args.pairs,
             "batch_mib": args.batch_mib,
             "batch_rows": layout.batch_rows,
+            "batch_bytes": layout.batch_rows * ROW_BYTES,
             "rows": layout.num_rows,
-            "shuffle": args.shuffle,
+            "shards": len(shards),
             "epochs_per_pass": args.epochs,
+            "gb_per_pass": layout.num_rows * ROW_BYTES * args.epochs / 1e9,
             "row_bytes": ROW_BYTES,
             "server_cache_mib": CACHE_MIB,
+            "malloc_env": MALLOC_ENV,
+            "baseline": "loadtest/flight_server.py --from-memory (RecordBatchStream of the table)",
+            "page_cache": "warm (written just before the passes)",
+            "setup_s": setup_s,
             "load_average": os.getloadavg(),
         },
-        "versions": versions("shardstream", "grpcio", "protobuf", "uvloop"),
+        "versions": versions("shardstream", "grpcio", "protobuf"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "passes": passes,
         "summary": summarize(passes, paths),
@@ -343,26 +323,36 @@ def _fmt(s: dict[str, float], digits: int = 0) -> str:
 def print_report(result: dict[str, Any]) -> None:
     cfg, summary = result["config"], result["summary"]
     print(
-        f"\ndata plane A/B: {cfg['rows']} rows x {cfg['row_bytes']} B, batches of {cfg['batch_rows']} rows, "
-        f"shuffle {cfg['shuffle']}, {cfg['pairs']} rounds after a warm-up; pyarrow "
-        f"{result['versions']['pyarrow']}, grpcio {result['versions']['grpcio']}, {result['machine']['cpus']} CPUs"
+        f"\ndata plane A/B: {cfg['rows']} rows x {cfg['row_bytes']} B, batches of {cfg['batch_rows']} rows "
+        f"({cfg['batch_bytes'] / (1 << 20):.2f} MiB), {cfg['epochs_per_pass']} epochs "
+        f"({cfg['gb_per_pass']:.2f} GB) per pass, {cfg['pairs']} rounds after a warm-up; pyarrow "
+        f"{result['versions']['pyarrow']}, {result['machine']['cpus']} CPUs"
     )
-    head = f"{'path':<8} {'MB/s':>18} {'wait p50 ms':>12} {'wait p99 ms':>18} {'server CPU-s/GB':>18} {'client CPU-s/GB':>18}"
+    head = (
+        f"{'path':<8} {'MB/s':>18} {'1st batch ms':>13} {'wait p50 ms':>12} {'wait p99 ms':>18} "
+        f"{'server CPU-s/GB':>18} {'client CPU-s/GB':>18} {'batches':>8}"
+    )
     print(head)
     print("-" * len(head))
     for name, s in summary["paths"].items():
         print(
-            f"{name:<8} {_fmt(s['mb_per_s']):>18} {s['wait_p50_ms']['median']:>12.2f} {_fmt(s['wait_p99_ms'], 2):>18} "
-            f"{_fmt(s['server_cpu_s_per_gb'], 2):>18} {_fmt(s['client_cpu_s_per_gb'], 2):>18}"
+            f"{name:<8} {_fmt(s['mb_per_s']):>18} {s['first_batch_ms']['median']:>13.1f} "
+            f"{s['wait_p50_ms']['median']:>12.2f} {_fmt(s['wait_p99_ms'], 2):>18} "
+            f"{_fmt(s['server_cpu_s_per_gb'], 2):>18} {_fmt(s['client_cpu_s_per_gb'], 2):>18} {s['batches']:>8}"
         )
     print()
     for key, r in summary["ratios"].items():
         print(
-            f"{key:<14} MB/s {_fmt(r['mb_per_s'], 2)}  p99 wait {_fmt(r['wait_p99_ms'], 2)}  "
-            f"server CPU/GB {_fmt(r['server_cpu_s_per_gb'], 2)}  client CPU/GB {_fmt(r['client_cpu_s_per_gb'], 2)}"
+            f"{key:<14} MB/s {_fmt(r['mb_per_s'], 2)}  server CPU/GB {_fmt(r['server_cpu_s_per_gb'], 2)}  "
+            f"client CPU/GB {_fmt(r['client_cpu_s_per_gb'], 2)}  p99 wait {_fmt(r['wait_p99_ms'], 2)}"
         )
-    if not summary["same_steps_and_rows"]:
-        print("WARNING: the paths did not deliver the same steps and rows; see the JSON", file=sys.stderr)
+    for name, t in summary["targets"].items():
+        print(
+            f"issue #17 targets, {name}: "
+            + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in t.items())
+        )
+    if not summary["same_rows_on_every_path"]:
+        print("WARNING: the paths did not deliver the same rows; see the JSON", file=sys.stderr)
 
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -374,13 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = bench_parser("loadtest.flight_bench", __doc__)
     ap.add_argument("--mib", type=int, default=512, help="dataset payload size (default 512)")
     ap.add_argument("--pairs", type=int, default=3, help="measured rounds after the warm-up (default 3)")
+    ap.add_argument("--epochs", type=int, default=2, help="whole epochs per pass, a stream each (default 2)")
     ap.add_argument("--batch-mib", type=float, default=2.0, help="batch size in MiB of payload (default 2)")
     ap.add_argument(
-        "--epochs", type=int, default=4, help="whole epochs per pass, one stream each (default 4)"
-    )
-    ap.add_argument("--shuffle", choices=("none", "block", "full"), default="none", help="(default none)")
-    ap.add_argument(
-        "--loader", action="store_true", help="also measure Loader(output='arrow') on the grpcio server"
+        "--no-loader", action="store_true", help="leave out the Loader path (the two plain DoGets only)"
     )
     return bench_main(
         ap, argv, run, json_default=results_path("flight_bench"), report=print_report, check=_check

@@ -8,14 +8,17 @@ The load: --images JPEGs of 500x375 (loadtest.transform_bench's generator) in ro
 served with `image.decode` to 224x224 (resize + center crop, Pillow) and no disk tier, so every
 pass decodes every image: the servers' CPU is the bottleneck. A pass is one block-shuffled epoch
 read by --streams concurrent ranks (world size = --streams, batches of 8 images), each rank's epoch
-as Read calls of --chunk-steps steps, each on a new connection, so the kernel's SO_REUSEPORT hash
-spreads them over the workers; the client counts raw message bytes and decodes nothing. The ranks
+as Read streams of --chunk-steps steps: plain Arrow Flight DoGets (the ticket is the serialized
+ReadRequest) on the workers' data ports, call i of rank r on worker (r + i) mod W, so the calls
+spread evenly over the workers (each worker serves a data port of its own; the benchmark learns
+them from GetDataset: `loadtest.fleet.data_ports`). The client counts the bytes of the record
+batches and their app_metadata and decodes nothing. The ranks
 are threads of this process, or (--client-procs P > 1) of P client processes (spawned once, ranks
 dealt round-robin), so that on a many-core machine one Python client is not what limits W = 8.
 --unique-images N makes N distinct JPEGs and repeats them up to --images (the decode costs the same;
 making 10,000 distinct ones takes minutes). A single worker is not a single core: each stream's next
-message is built in asyncio's default thread pool and Pillow releases the GIL while it decodes, so
-one process keeps several cores busy. --pin measures scaling with cores instead: server W runs on W
+message is built in the data plane's thread pool (server/flight_service.py) and Pillow releases the
+GIL while it decodes, so one process keeps several cores busy. --pin measures scaling with cores instead: server W runs on W
 CPUs (every thread of its processes; one per physical core first, then hyperthread siblings), the
 client processes on the others (or on all, when none are left). One
 `shardstream serve --workers W --transform-threads 1` per W, started once and warmed up with one
@@ -41,13 +44,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
-from loadtest.fleet import tree_cpu_s
+from loadtest.fleet import DoGetClients, data_ports, tree_cpu_s
 from loadtest.transform_bench import make_jpegs
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -59,37 +61,35 @@ __all__ = ["WORKERS", "main", "measure_scaling"]
 WORKERS = (1, 2, 4, 8)
 ROW_GROUP_ROWS = 16
 BATCH = 8
-READ = "/shardstream.v1.ShardStream/Read"
 DECODE = to_wire([{"op": "image.decode", "column": "image", "size": [224, 224]}])
 
 
 def epoch_pass(
-    target: str, images: int, streams: int, chunk_steps: int, seed: int, ranks: list[int] | None = None
+    ports: list[int], images: int, streams: int, chunk_steps: int, seed: int, ranks: list[int] | None = None
 ) -> int:
-    """One epoch by `streams` concurrent ranks (or only `ranks` of them), each in Reads of
-    `chunk_steps` on new connections; bytes."""
+    """One epoch by `streams` concurrent ranks (or only `ranks` of them), each in DoGets of
+    `chunk_steps` steps spread over the workers' data `ports`; bytes received."""
     steps = -(-images // (streams * BATCH))
     received = [0] * streams
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
-            for first in range(0, steps, chunk_steps):
-                req = pb.ReadRequest(
-                    dataset="images",
-                    seed=seed,
-                    shuffle=pb.Shuffle(mode="block"),
-                    rank=r,
-                    world_size=streams,
-                    batch_size=BATCH,
-                    first_step=first,
-                    num_steps=chunk_steps,
-                    columns=["image"],
-                    transforms=DECODE,
-                )
-                with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-                    call = ch.unary_stream(READ)
-                    received[r] += sum(len(m) for m in call(req.SerializeToString(), timeout=600))
+            with DoGetClients(ports) as clients:
+                for i, first in enumerate(range(0, steps, chunk_steps)):
+                    req = pb.ReadRequest(
+                        dataset="images",
+                        seed=seed,
+                        shuffle=pb.Shuffle(mode="block"),
+                        rank=r,
+                        world_size=streams,
+                        batch_size=BATCH,
+                        first_step=first,
+                        num_steps=chunk_steps,
+                        columns=["image"],
+                        transforms=DECODE,
+                    )
+                    received[r] += clients.read(r + i, req)
         except BaseException as exc:  # noqa: BLE001 — re-raised below
             errors.append(exc)
 
@@ -132,7 +132,9 @@ def pin_tree(pid: int, cpus: list[int]) -> None:
         pin(proc.pid, cpus)
 
 
-def client_part(job: tuple[list[int] | None, str, int, int, int, int, list[int]]) -> tuple[int, float]:
+def client_part(
+    job: tuple[list[int] | None, list[int], int, int, int, int, list[int]],
+) -> tuple[int, float]:
     """A client process's share of a pass (--client-procs): its ranks' bytes and its CPU seconds."""
     if job[0]:
         pin(os.getpid(), job[0])
@@ -143,6 +145,7 @@ def client_part(job: tuple[list[int] | None, str, int, int, int, int, list[int]]
 
 def one_pass(
     server: LocalServer,
+    ports: list[int],
     args: argparse.Namespace,
     seed: int,
     pool: Any = None,
@@ -157,12 +160,12 @@ def one_pass(
             pin(me.pid, cpus["client"])
     c0, s0, t0 = sum(me.cpu_times()[:2]), tree_cpu_s(server.pid), time.perf_counter()
     if pool is None:
-        nbytes, child_cpu = epoch_pass(server.target, args.images, args.streams, args.chunk_steps, seed), 0.0
+        nbytes, child_cpu = epoch_pass(ports, args.images, args.streams, args.chunk_steps, seed), 0.0
     else:
         jobs = [
             (
                 client_cpus,
-                server.target,
+                ports,
                 args.images,
                 args.streams,
                 args.chunk_steps,
@@ -205,6 +208,7 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ingest(src, "images", root, IngestOptions(row_group_rows=ROW_GROUP_ROWS, progress=False))
     runs: dict[int, list[dict[str, float]]] = {w: [] for w in workers}
     servers: dict[int, LocalServer] = {}
+    ports: dict[int, list[int]] = {}
     pool = multiprocessing.get_context("spawn").Pool(procs) if procs > 1 else None
     cpus_in_order = cpu_order()
     pins = {
@@ -217,12 +221,19 @@ def measure_scaling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         for w in workers:
             servers[w] = LocalServer(root, workers=w, extra_args=("--transform-threads", "1")).start()
-            warm = one_pass(servers[w], args, seed=999, pool=pool, procs=procs, cpus=pins.get(w))
+            ports[w] = data_ports(servers[w], "images")
+            if len(ports[w]) < w:
+                log(
+                    f"  workers={w}: only {len(ports[w])} of the workers' data ports answered; reading from those"
+                )
+            warm = one_pass(servers[w], ports[w], args, seed=999, pool=pool, procs=procs, cpus=pins.get(w))
             log(f"  warm-up  workers={w}: {warm['images_per_s']:6.0f} images/s")
         for round_ in range(args.pairs):
             order = workers if round_ % 2 == 0 else workers[::-1]
             for w in order:
-                r = one_pass(servers[w], args, seed=round_, pool=pool, procs=procs, cpus=pins.get(w))
+                r = one_pass(
+                    servers[w], ports[w], args, seed=round_, pool=pool, procs=procs, cpus=pins.get(w)
+                )
                 runs[w].append(r)
                 log(
                     f"  round {round_ + 1} workers={w}: {r['images_per_s']:6.0f} images/s, server "
@@ -288,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.scaling", *sys.argv[1:]]),
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         "versions": versions("grpcio", "pillow", "uvloop"),
+        "data_plane": "Arrow Flight DoGet on each worker's data port (ticket: ReadRequest)",
         "load_average": list(psutil.getloadavg()),
         **res,
     }
@@ -302,7 +314,7 @@ def add_options(ap: argparse.ArgumentParser, images: int = 480, pairs: int = 3) 
     )
     ap.add_argument("--images", type=int, default=images, help=f"JPEGs per pass (default {images})")
     ap.add_argument("--streams", type=int, default=16, help="concurrent ranks per pass (default 16)")
-    ap.add_argument("--chunk-steps", type=int, default=1, help="steps per Read call (default 1)")
+    ap.add_argument("--chunk-steps", type=int, default=1, help="steps per DoGet (default 1)")
     ap.add_argument(
         "--pairs", type=int, default=pairs, help=f"measured rounds after the warm-up (default {pairs})"
     )

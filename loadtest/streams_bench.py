@@ -1,4 +1,4 @@
-"""Where the data plane's time goes: the Loader vs its bare gRPC stream, and streams striped by step.
+"""Where the data plane's time goes: the Loader vs its bare Flight stream, and streams striped by step.
 
     python -m loadtest.streams_bench [--mib 256] [--batch-mib 2] [--rounds 3] [--json PATH]
 
@@ -6,8 +6,9 @@ One dataset as in `loadtest.bench` (`id` + 256 float32, 1,032 B/row), two `shard
 processes over it, and these ways of reading one rank's whole epoch (shuffle none) in this process:
 
     loader          Loader(output="arrow") from server A: what `loadtest.bench` measures
-    raw             the bare Read stream from server A (decode only): the Loader minus its thread,
-                    queue, conversion and bookkeeping
+    raw             the bare Read stream from server A: `Connection.read` (client/channel.py), a
+                    Flight DoGet of the ReadRequest on the server's data port, its record batches
+                    counted: the Loader minus its thread, queue, checks and bookkeeping
     K streams, S servers
                     K concurrent Read streams (one thread each) taking every K-th step
                     (first_step=j, step_stride=K), stream j on server j mod S: striping a rank over
@@ -66,8 +67,8 @@ def striped_pass(targets: list[str], batch_rows: int, streams: int) -> int:
                 step_stride=streams,
             )
             try:
-                for _, payload in conns[j % len(conns)].read(req):
-                    totals[j] += payload.size
+                for _, batch in conns[j % len(conns)].read(req):
+                    totals[j] += batch.nbytes
             except BaseException as exc:  # handed to the caller below
                 errors.append(exc)
 

@@ -1,11 +1,13 @@
-"""`make bench`: the benchmarks of issue #7 in one run, each as a ratio against a baseline of the same run.
+"""`make bench`: the benchmarks of issues #7 and #17 in one run, each as a ratio against a baseline of the same run.
 
     python -m loadtest.suite [--quick] [--only NAME ...] [--json loadtest/results/suite.json]
 
-1. dataplane    shardstream vs Arrow Flight DoGet serving the same batches from memory
-                (`loadtest.bench --flight-from-memory --flight-tuned --striped 2`): MB/s ratio per
-                round, A B A B; Flight as it ships and with shardstream's malloc settings; one
-                stream on one server, and 2 streams striped over 2 servers.
+1. dataplane    shardstream's data plane (Arrow Flight DoGet of a `shardstream serve`, read by a plain
+                FlightClient with the ReadRequest as ticket and by the Loader) vs Arrow Flight DoGet
+                serving the same 2 MiB batches from memory, same allocator settings
+                (`loadtest.flight_bench`): per-stream MB/s, server and client CPU/GB and p99 batch
+                wait as ratios per round, alternating; issue #17's targets (>= 1.0x MB/s, server
+                CPU/GB <= 1.2x).
 2. servers      2 server processes vs 1 on a server-bound load (full shuffle of 264 B rows,
                 batches of 4,096 rows, 2 ranks, no step time): total samples/s, alternating.
 3. cache        8 ranks on 2 servers, one block-shuffled epoch, row-group cache 1 GiB vs 1 MiB
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import bench, peers, scaling
+from loadtest import flight_bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from shardstream.server.fleet import LocalServer
@@ -53,6 +55,7 @@ MIB = 1 << 20
 class Sizes:
     dataplane_mib: int
     dataplane_pairs: int
+    dataplane_epochs: int
     servers_rows: int
     servers_pairs: int
     servers_duration_s: float
@@ -64,8 +67,8 @@ class Sizes:
     scaling_pairs: int
 
 
-FULL = Sizes(512, 3, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
-QUICK = Sizes(128, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2)
+FULL = Sizes(512, 3, 2, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
+QUICK = Sizes(128, 2, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2)
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
@@ -101,22 +104,17 @@ def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
     args = argparse.Namespace(
         mib=sz.dataplane_mib,
         pairs=sz.dataplane_pairs,
+        epochs=sz.dataplane_epochs,
         batch_mib=2,
-        flight_from_memory=True,
-        flight_tuned=True,
-        striped=2,
+        no_loader=False,
     )
-    res = bench.run(args)
-    ratios = res["summary"]["ratios"]
-    paths = res["summary"]["paths"]
+    res = flight_bench.run(args)
+    summary = res["summary"]
     return {
-        "ratio": ratios["shardstream/flight"]["mb_per_s"],
-        "ratio_flight_tuned": ratios["shardstream/flight_tuned"]["mb_per_s"],
-        "ratio_striped": ratios[f"{bench.STRIPED}/flight"]["mb_per_s"],
-        "ratio_striped_flight_tuned": ratios[f"{bench.STRIPED}/flight_tuned"]["mb_per_s"],
-        "cpu_s_per_gb_ratio": ratios["shardstream/flight"]["cpu_s_per_gb"],
-        "mb_per_s": {k: v["mb_per_s"] for k, v in paths.items()},
-        "same_batches": res["summary"]["same_batches_on_every_path"],
+        "ratios": summary["ratios"],  # doget/flight, loader/flight: mb_per_s, server/client CPU/GB, p99 wait
+        "targets": summary["targets"],
+        "paths": summary["paths"],
+        "same_rows": summary["same_rows_on_every_path"],
         "config": res["config"],
         "passes": res["passes"],
     }
@@ -292,24 +290,22 @@ def print_report(res: dict[str, Any]) -> None:
     print("-" * 110)
     if "dataplane" in s:
         d = s["dataplane"]
-        mbs = {k: v["median"] for k, v in d["mb_per_s"].items()}
-        for key, label, mine, theirs in (
-            ("ratio", "data plane / Flight DoGet from memory (MB/s)", "shardstream", "flight"),
-            (
-                "ratio_flight_tuned",
-                "  / Flight with shardstream's malloc settings",
-                "shardstream",
-                "flight_tuned",
-            ),
-            ("ratio_striped", "  2 streams on 2 servers / Flight", bench.STRIPED, "flight"),
-            (
-                "ratio_striped_flight_tuned",
-                "  2 streams on 2 servers / Flight, malloc settings",
-                bench.STRIPED,
-                "flight_tuned",
-            ),
+        mbs = {k: v["mb_per_s"]["median"] for k, v in d["paths"].items()}
+        cpu = {k: v["server_cpu_s_per_gb"]["median"] for k, v in d["paths"].items()}
+        for path, label in (
+            (flight_bench.DOGET, "data plane, plain DoGet / Flight DoGet from memory"),
+            (flight_bench.LOADER, "data plane, Loader / Flight DoGet from memory"),
         ):
-            print(f"{label:<58} {_fmt(d[key]):>24}  {mbs[mine]:.0f} vs {mbs[theirs]:.0f} MB/s")
+            r = d["ratios"][f"{path}/{flight_bench.BASELINE}"]
+            print(
+                f"{label + ' (MB/s)':<58} {_fmt(r['mb_per_s']):>24}  {mbs[path]:.0f} vs "
+                f"{mbs[flight_bench.BASELINE]:.0f} MB/s per stream (target >= 1.0)"
+            )
+            print(
+                f"{'  server CPU s/GB':<58} {_fmt(r['server_cpu_s_per_gb']):>24}  {cpu[path]:.2f} vs "
+                f"{cpu[flight_bench.BASELINE]:.2f} (target <= 1.2); client CPU/GB "
+                f"{_fmt(r['client_cpu_s_per_gb'])}, p99 wait {_fmt(r['wait_p99_ms'])}"
+            )
     if "servers" in s:
         d = s["servers"]
         print(

@@ -6,10 +6,11 @@ Part 1, workers: one dataset of small rows (`id` int64 + `vec` fixed_size_list<f
 row groups of ~4 MiB) is served by two servers at once, `--workers 1` (A) and `--workers 2` (B); only
 the one being measured has load. A pass reads one block-shuffled epoch (window 16 row groups, batch
 --batch-rows per rank) with --streams concurrent ranks (world size = --streams), each rank's epoch
-as a sequence of Read calls of --chunk-steps steps, each on a new connection (the kernel hashes a
-connection to a worker; many connections spread the load). The client counts raw message bytes and
-decodes nothing, so the server's work (gather rows across the window's row groups, encode Arrow IPC)
-dominates. After one warm-up pass each (it fills the caches: the data fits them, so passes are
+as a sequence of Read streams of --chunk-steps steps: plain Arrow Flight DoGets (ticket = the
+serialized ReadRequest) on the workers' data ports, call i of rank r on worker (r + i) mod W (each
+worker serves a port of its own, learnt from GetDataset: `loadtest.fleet.data_ports`). The client
+counts the bytes of the record batches and their app_metadata and decodes nothing, so the server's
+work (gather rows across the window's row groups, hand them to Flight's writer) dominates. After one warm-up pass each (it fills the caches: the data fits them, so passes are
 CPU-bound, not I/O-bound), A and B alternate for --pairs pairs; the figure is the median (min-max)
 of B/A throughput per pair. CPU seconds of the client and of each server's processes (psutil).
 
@@ -40,12 +41,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import grpc
 import psutil
 import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, versions, write_vectors
-from loadtest.fleet import tree_cpu_s
+from loadtest.fleet import DoGetClients, data_ports, tree_cpu_s
 from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
@@ -55,7 +55,6 @@ __all__ = ["main"]
 
 DIM = 16
 ROW_BYTES = 8 + 4 * DIM
-READ = "/shardstream.v1.ShardStream/Read"
 
 
 def build(workdir: Path, rows: int, name: str, row_group_mib: int) -> tuple[Path, int]:
@@ -81,15 +80,9 @@ def scrape(server: LocalServer) -> dict[str, float]:
     return out
 
 
-def stream(target: str, req: pb.ReadRequest) -> int:
-    """One Read on its own connection; bytes received."""
-    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-        call = ch.unary_stream(READ)
-        return sum(len(m) for m in call(req.SerializeToString(), timeout=600))
-
-
-def epoch_pass(target: str, name: str, args: argparse.Namespace, seed: int) -> int:
-    """--streams ranks of one epoch, concurrently, each in Reads of --chunk-steps; bytes received."""
+def epoch_pass(ports: list[int], name: str, args: argparse.Namespace, seed: int) -> int:
+    """--streams ranks of one epoch, concurrently, each in DoGets of --chunk-steps spread over the
+    workers' data `ports`; bytes received."""
     world = args.streams
     steps = -(-args.rows // (world * args.batch_rows))
     received = [0] * world
@@ -97,18 +90,19 @@ def epoch_pass(target: str, name: str, args: argparse.Namespace, seed: int) -> i
 
     def rank(r: int) -> None:
         try:
-            for first in range(0, steps, args.chunk_steps):
-                req = pb.ReadRequest(
-                    dataset=name,
-                    seed=seed,
-                    shuffle=pb.Shuffle(mode="block", window=16),
-                    rank=r,
-                    world_size=world,
-                    batch_size=args.batch_rows,
-                    first_step=first,
-                    num_steps=args.chunk_steps,
-                )
-                received[r] += stream(target, req)
+            with DoGetClients(ports) as clients:
+                for i, first in enumerate(range(0, steps, args.chunk_steps)):
+                    req = pb.ReadRequest(
+                        dataset=name,
+                        seed=seed,
+                        shuffle=pb.Shuffle(mode="block", window=16),
+                        rank=r,
+                        world_size=world,
+                        batch_size=args.batch_rows,
+                        first_step=first,
+                        num_steps=args.chunk_steps,
+                    )
+                    received[r] += clients.read(r + i, req)
         except BaseException as exc:  # noqa: BLE001 — re-raised below
             errors.append(exc)
 
@@ -147,14 +141,16 @@ def part_workers(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     b = LocalServer(root, workers=2)
     with a, b:
         servers = {"A (--workers 1)": a, "B (--workers 2)": b}
+        ports = {label: data_ports(s, name) for label, s in servers.items()}
+        out["data_ports"] = {label: len(p) for label, p in ports.items()}
         for label, s in servers.items():
-            w = timed(s, lambda s=s: epoch_pass(s.target, name, args, seed=0))
+            w = timed(s, lambda s=s, label=label: epoch_pass(ports[label], name, args, seed=0))
             log(f"warm-up {label}: {w['mb_per_s']:.0f} MB/s")
         ratios = []
         for i in range(args.pairs):
             pair = {}
             for label, s in servers.items():
-                r = timed(s, lambda s=s: epoch_pass(s.target, name, args, seed=0))
+                r = timed(s, lambda label=label: epoch_pass(ports[label], name, args, seed=0))
                 pair[label] = r
                 out["passes"].append({"pair": i, "server": label, **r})
                 log(
@@ -182,7 +178,7 @@ def part_read_ahead(
     for i in range(args.pairs):
         for label, ahead in (("C (--read-ahead 0)", "0"), ("D (--read-ahead 1)", "1")):
             with LocalServer(root, metrics=True, env=env, extra_args=(*small, "--read-ahead", ahead)) as s:
-                r = timed(s, lambda s=s, i=i: epoch_pass(s.target, name, req_args, seed=100 + i))
+                r = timed(s, lambda s=s, i=i: epoch_pass([s.data_port], name, req_args, seed=100 + i))
                 after = scrape(s)
 
                 def metric(key: str, after: dict[str, float] = after) -> float:
@@ -293,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the workers dataset (72 B each)")
     ap.add_argument("--streams", type=int, default=4, help="concurrent ranks in a workers pass")
     ap.add_argument("--batch-rows", type=int, default=4096, help="rows per rank per step")
-    ap.add_argument("--chunk-steps", type=int, default=8, help="steps per Read call (one connection each)")
+    ap.add_argument(
+        "--chunk-steps", type=int, default=8, help="steps per DoGet (calls spread over the workers)"
+    )
     ap.add_argument("--pairs", type=int, default=3, help="A B pairs after the warm-ups")
     ap.add_argument("--ra-rows", type=int, default=1_200_000, help="rows of the read-ahead dataset")
     ap.add_argument(
