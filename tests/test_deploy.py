@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from packaging.specifiers import SpecifierSet
 
 from shardstream.cli import build_parser
 
-from .support.chart import CHART, DOCKERFILE, dockerfile_entrypoint, load_values, render
+from .support.chart import CHART, DOCKERFILE, dockerfile_entrypoint, flag, load_values, render
 from .support.data import N_ROWS, write_dataset
 from .support.servers import unused_port
 
@@ -113,11 +114,14 @@ def test_the_image_matches_the_package_and_the_chart() -> None:
     uid = int(re.search(r"ARG UID=(\d+)", text)[1])  # type: ignore[index]
     pod = render().server["spec"]["template"]["spec"]["securityContext"]
     assert pod["runAsUser"] == pod["runAsGroup"] == uid, "the chart runs the image's user"
-    exposed = {int(p) for p in re.search(r"EXPOSE (.+)", text)[1].split()}  # type: ignore[index]
+    exposed = {int(p) for p in re.search(r"^EXPOSE (.+)", text, flags=re.M)[1].split()}  # type: ignore[index]
     defaults = load_values(CHART / "values.yaml")["server"]
-    assert exposed == {defaults["port"], defaults["metricsPort"]}
+    # control plane, the first Flight data-plane port (worker i: + i), metrics: the chart's defaults
+    assert exposed == {defaults["port"], defaults["dataPort"], defaults["metricsPort"]}
     cmd = json.loads(re.search(r"^CMD (.+)$", text, flags=re.M)[1])  # type: ignore[index]
     assert serve_error(cmd) is None
+    assert int(flag(cmd, "--port")) == defaults["port"] and int(flag(cmd, "--data-port")) == defaults["dataPort"]
+    assert int(flag(cmd, "--metrics-port")) == defaults["metricsPort"]
 
 
 def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
@@ -147,9 +151,36 @@ def test_the_compose_fleet_runs_commands_the_cli_accepts() -> None:
         if svc["command"][0] == "serve":
             grace.append((float(svc["command"][svc["command"].index("--grace") + 1]), svc["stop_grace_period"]))
     assert all(int(period.rstrip("s")) > g + 10 for g, period in grace), "stop_grace_period outlasts the drain"
-    host_ports = [p.rsplit(":", 2)[-2] for svc in services.values() for p in svc.get("ports", [])]
+    host_ports = [n for svc in services.values() for p in svc.get("ports", []) for n in published(p)]
     assert len(host_ports) == len(set(host_ports)), host_ports
     assert all(p.startswith("127.0.0.1:") for svc in services.values() for p in svc.get("ports", []))
+
+
+def published(mapping: str) -> dict[int, int]:
+    """A compose port mapping ("127.0.0.1:7071-7072:7071-7072") as {host port: container port}."""
+    _, host, container = mapping.rsplit(":", 2)
+
+    def ports(spec: str) -> list[int]:
+        first, _, last = spec.partition("-")
+        return list(range(int(first), int(last or first) + 1))
+
+    assert len(ports(host)) == len(ports(container)), mapping
+    return dict(zip(ports(host), ports(container)))
+
+
+def test_the_compose_servers_publish_both_planes_under_their_own_numbers() -> None:
+    """A client dials the data port GetDataset names (--data-port + the worker's slot) on the host
+    it asked: every worker's data port is published, under the same number as in the container, and
+    so is the control port a Loader is given."""
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    for name in ("server-a", "server-b"):
+        cmd = services[name]["command"]
+        ports = {h: c for p in services[name]["ports"] for h, c in published(p).items()}
+        control, data = int(flag(cmd, "--port")), int(flag(cmd, "--data-port"))
+        workers = int(flag(cmd, "--workers"))
+        for port in (control, *range(data, data + workers)):
+            assert ports.get(port) == port, (name, port, ports)
+        assert int(flag(cmd, "--metrics-port")) in ports.values()
 
 
 # --- SLURM ------------------------------------------------------------------------------------------
@@ -192,6 +223,7 @@ def test_the_sbatch_example_serves_and_trains_on_one_node(tmp_path: Path) -> Non
     root = tmp_path / "registry"
     write_dataset(root, "toy", N_ROWS)
     record = tmp_path / "record"
+    data_port = unused_port_range(3)
     env = {
         **os.environ,
         "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
@@ -206,8 +238,9 @@ def test_the_sbatch_example_serves_and_trains_on_one_node(tmp_path: Path) -> Non
         "SHARDSTREAM_ROOT": str(root),
         "SHARDSTREAM_RUN_DIR": str(tmp_path / "run"),
         "SHARDSTREAM_HOST": "127.0.0.1",
-        "SHARDSTREAM_PORT": str(unused_port()),
-        "SHARDSTREAM_METRICS_PORT": str(unused_port()),
+        "SHARDSTREAM_PORT": str(unused_port_outside(data_port, 3)),
+        "SHARDSTREAM_DATA_PORT": str(data_port),  # the server's 3 workers: data_port .. data_port + 2
+        "SHARDSTREAM_METRICS_PORT": str(unused_port_outside(data_port, 3)),
         "SHARDSTREAM_CACHE_MIB": "64",
         "CUDA_VISIBLE_DEVICES": "",
     }
@@ -232,4 +265,40 @@ def test_the_sbatch_example_serves_and_trains_on_one_node(tmp_path: Path) -> Non
     assert len(list(record.glob("rank-*.jsonl"))) == 2
     assert covered == list(range(N_ROWS)), "every position of the epoch exactly once"
     (ready,) = (tmp_path / "run").glob("ready-*.json")
+    assert json.loads(ready.read_text())["data_port"] == data_port, "serve-node.sh passes SHARDSTREAM_DATA_PORT"
     assert not psutil.pid_exists(json.loads(ready.read_text())["pid"]), "the server outlived its job"
+
+
+def test_serve_node_defaults_the_data_port_to_the_control_port_plus_one() -> None:
+    """serve-node.sh's data port, as the server's own default: SHARDSTREAM_PORT + 1."""
+    text = (SLURM / "serve-node.sh").read_text()
+    assert 'data_port=${SHARDSTREAM_DATA_PORT:-$((port + 1))}' in text and '--data-port "$data_port"' in text
+    assert "SHARDSTREAM_DATA_PORT" in (REPO / "deploy" / "RUNBOOK.md").read_text()
+
+
+def unused_port_range(n: int) -> int:
+    """The first of `n` consecutive loopback ports nothing listens on right now."""
+    for _ in range(200):
+        first = unused_port()
+        if first + n > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports found")
+
+
+def unused_port_outside(first: int, n: int) -> int:
+    """A free port that is not one of first..first+n-1."""
+    while (port := unused_port()) in range(first, first + n):
+        pass
+    return port
