@@ -164,8 +164,7 @@ def published(mapping: str) -> dict[int, int]:
         first, _, last = spec.partition("-")
         return list(range(int(first), int(last or first) + 1))
 
-    assert len(ports(host)) == len(ports(container)), mapping
-    return dict(zip(ports(host), ports(container)))
+    return dict(zip(ports(host), ports(container), strict=True))
 
 
 def test_the_compose_servers_publish_both_planes_under_their_own_numbers() -> None:

@@ -7,7 +7,8 @@ deploy/prometheus/prometheus.yml (targets and intervals replaced) with deploy/pr
 Every panel expression of deploy/grafana/*.json and every recording rule must return data through
 Prometheus' HTTP API (the test names those that do not, and prints the panels it checked); every
 dashboard variable must have values. Then one server is killed and the fleet's panels say so. The
-chart's ServiceMonitor scrapes the same port and path these servers serve.
+chart's ServiceMonitor scrapes the same port and path these servers serve. The Read streams are the
+data plane's Arrow Flight DoGets: the rules' service matcher is checked to count them.
 
 Beside it, what one server's metrics port serves: process metrics per worker and no `*_created`
 series, build info, and /healthz and /readyz through a drain.
@@ -218,6 +219,15 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
                 f"127.0.0.1:{a.metrics_port}",
                 f"127.0.0.1:{b.metrics_port}",
             }
+            # The Read streams are the data plane's DoGets, and the rules' service matcher counts them:
+            # the bad request's InvalidArgument on a, and every stream started (the trainer's too).
+            services = rpc_services_of_the_rules()
+            doget = f'job="shardstream", grpc_service=~"{services}", grpc_method="DoGet", grpc_type="server_stream"'
+            bad = f'grpc_server_handled_total{{{doget}, pod="127.0.0.1:{a.metrics_port}", grpc_code="InvalidArgument"}}'
+            assert total(base, bad) >= 1
+            streams = total(base, "shardstream_streams_total")  # the bad request never became a stream
+            assert streams > 0 and total(base, f"grpc_server_started_total{{{doget}}}") >= streams + 1
+            assert query(base, 'grpc_server_started_total{grpc_method="Read"}') == [], "the grpcio Read is gone"
 
             # A server dies: the fleet's panels say so, the trainer moves to the other server.
             dead = f"127.0.0.1:{a.metrics_port}"
@@ -263,13 +273,23 @@ def total(base: str, promql: str) -> float:
 
 
 def bad_request(server: LocalServer) -> None:
+    """One Read stream (a Flight DoGet on the server's data plane) that ends INVALID_ARGUMENT."""
     conn = Connection(server.target)
     try:
         with pytest.raises(grpc.RpcError) as err:
-            list(conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0), timeout_s=10))
+            list(conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         conn.close()
+
+
+def rpc_services_of_the_rules() -> str:
+    """The grpc_service matcher of the error-ratio rule (rules.yaml): what the alerts count."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())
+    (expr,) = [str(r["expr"]) for g in rules["groups"] for r in g["rules"] if r.get("record") == "shardstream:grpc_server_errors:ratio_rate5m"]
+    matchers = set(re.findall(r'grpc_service=~"([^"]+)"', expr))
+    assert len(matchers) == 1, matchers
+    return matchers.pop()
 
 
 # --- one server's metrics port -----------------------------------------------------------------------
@@ -301,7 +321,14 @@ def test_a_two_worker_server_shows_both_workers_processes_and_no_created_series(
             "pyarrow",
             "grpc",
         }
-        assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Read"' in text  # grpc-ecosystem names
+        # grpc-ecosystem names: the data plane's Read streams are Flight DoGets, the control plane's
+        # calls keep their service; both exported at 0 before any call
+        assert (
+            'grpc_server_handled_total{grpc_code="OK",grpc_method="DoGet",'
+            'grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"}' in text
+        )
+        assert 'grpc_method="GetDataset",grpc_service="shardstream.v1.ShardStream",grpc_type="unary"' in text
+        assert 'grpc_method="Read"' not in text
         single = fleet.start(metrics=True, workers=1)
         status, text = get(f"http://127.0.0.1:{single.metrics_port}/metrics")
         assert "_created" not in text and re.search(r"^process_cpu_seconds_total \d", text, flags=re.M)
@@ -323,7 +350,7 @@ def test_healthz_and_readyz_follow_the_server_through_a_drain(tmp_path: Path) ->
             base = f"http://127.0.0.1:{server.metrics_port}"
             assert get(base + "/healthz") == (200, "ok\n") and get(base + "/readyz") == (200, "ready\n")
             conn = Connection(server.target)
-            call = conn.read(pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=1), timeout_s=120)
+            call = conn.read(pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=1))
             next(iter(call))  # a stream in flight, never read further: the drain waits for it
             server.terminate()
             wait_for(lambda url=base + "/readyz": get(url)[0] == 503, "/readyz to say draining")
