@@ -1,29 +1,29 @@
 """gRPC channels to shardstream servers: options, retries and the stub calls, in one place.
 
 A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurity`
-(credentials.py); the token rides on every call as metadata. A server with an Arrow Flight data
-plane names its port in its GetDataset answers: that connection's Read streams are then Flight
-DoGets on the same host (flight_call.py), with the same credentials, token and keepalive.
+(credentials.py); the token rides on every call as metadata. The server names the port of its
+data plane in its GetDataset answers: Read streams are Arrow Flight DoGets on the same host
+(flight_call.py), with the same credentials, token and keepalive (and the grant it gave a caller
+it knew by a client certificate).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pyarrow.flight as flight
 
 from shardstream import allocator
-from shardstream.errors import InvalidArgumentError, from_grpc_error
-from shardstream.framing import decode_read_response
+from shardstream.errors import FlightStatus, InvalidArgumentError, from_grpc_error
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .credentials import ChannelSecurity
-from .flight_call import FlightCall, HeaderCapture
+from .flight_call import FlightCall
 
 __all__ = ["Connection", "normalize_endpoints"]
 
@@ -83,9 +83,9 @@ GRANT_MARGIN_S = 60.0  # a grant is asked for again this long before it runs out
 
 
 def _host_of(target: str) -> str:
-    """The host of `host:port` or `dns:///host:port` (brackets of an IPv6 address removed)."""
+    """The host of `host:port` or `dns:///host:port` (an IPv6 address keeps its brackets)."""
     e = target.split("/", 3)[-1] if target.startswith("dns://") else target.removeprefix("dns:")
-    return e.rpartition(":")[0].strip("[]")
+    return e.rpartition(":")[0]
 
 
 def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -116,7 +116,7 @@ def normalize_endpoints(endpoints: str | list[str] | tuple[str, ...]) -> list[st
 
 
 class Connection:
-    """One channel to one server, with the three calls the client makes."""
+    """One channel to one server (the control plane) and its data plane: the three calls the client makes."""
 
     def __init__(self, target: str, security: ChannelSecurity | None = None) -> None:
         allocator.tune()  # received messages are multi-MiB bytes: keep their pages in the heap
@@ -124,12 +124,16 @@ class Connection:
         security = security or ChannelSecurity()
         self._security = security
         self._metadata = security.metadata or None  # the bearer token, on every call
-        # The Flight data plane, once a GetDataset answer named its port (None: not asked yet)
-        self._host = _host_of(target)
+        # The Flight data plane, once a GetDataset answer named its port (None: not asked yet). A
+        # dns:/// target's streams go to one address of the name at a time (the next one after a
+        # failure): the one whose GetDataset named the port, and its grant, is the one dialled.
+        self._host, self._port = _host_of(target), int(target.rpartition(":")[2])
+        self._dns = target.startswith("dns:")
+        self._data_host = self._host
+        self._picks = 0
         self._data_port: int | None = None
         self._flight: Any = None
         self._flight_lock = threading.Lock()
-        self._flight_headers = HeaderCapture()
         self._flight_call_headers = [(k.encode(), v.encode()) for k, v in security.metadata]
         self._grant = b""  # the server's word for a certificate's principal (GetDataset's data_grant)
         self._grant_until = 0.0
@@ -144,19 +148,16 @@ class Connection:
             request_serializer=pb.ListDatasetsRequest.SerializeToString,
             response_deserializer=pb.ListDatasetsResponse.FromString,
         )
-        # Read messages are hand-framed: the Arrow payload is a view of the received bytes.
-        self._read = self._channel.unary_stream(
-            f"/{_SERVICE}/Read",
-            request_serializer=pb.ReadRequest.SerializeToString,
-            response_deserializer=decode_read_response,
-        )
 
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo:
         try:
-            info = self._get(pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata)
+            info = self._get(
+                pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
-        self._remember(info)
+        if not self._dns:  # a dns:/// name's answer may be any address's: streams ask their own
+            self._remember(info, self._host)
         return info
 
     def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
@@ -165,36 +166,79 @@ class Connection:
         except grpc.RpcError as exc:
             raise from_grpc_error(exc, target=self.target) from exc
 
-    def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> Iterator:  # type: ignore[type-arg]
-        """The raw call: an iterator of (header, payload or rows) that can be cancelled — a Flight
-        DoGet on the server's data plane when it has one (GetDataset says so), else a grpcio Read."""
+    def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> FlightCall:
+        """A Read stream: a Flight DoGet on the server's data plane (its port from GetDataset), an
+        iterator of (header, rows) that can be cancelled; `timeout_s`: a deadline for the whole
+        stream (None: none; the Loader's streams have none, its idle watchdog ends a silent one)."""
         data_port = self._data_port
         stale_grant = self._grant and time.monotonic() > self._grant_until - GRANT_MARGIN_S
         if data_port is None or stale_grant:  # not asked yet (or its grant runs out): GetDataset
             # (a failure is the grpc.RpcError a Read would raise: the session retries it as one)
             name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
-            info = self._get(
-                pb.GetDatasetRequest(dataset=name), timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata
+            data_port = self._discover(pb.GetDatasetRequest(dataset=name)).data_port
+        if not data_port:  # a server from before the Flight data plane
+            raise FlightStatus(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the server at {self.target} names no data port: it predates this client (upgrade the fleet)",
             )
-            self._remember(info)
-            data_port = info.data_port
-        if not data_port:
-            return self._read(request, timeout=timeout_s, metadata=self._metadata)
         with self._flight_lock:
             if self._flight is None:
                 self._flight = self._security.flight_client(
-                    self._host, data_port, FLIGHT_OPTIONS, [self._flight_headers]
+                    self._data_host,
+                    data_port,
+                    FLIGHT_OPTIONS,
+                    server_name=self._host if self._dns else None,
                 )
             client = self._flight
             headers = self._flight_call_headers
             if self._grant:
                 headers = [*headers, (GRANT_HEADER, self._grant)]
-        options = flight.FlightCallOptions(headers=headers)
-        return FlightCall(client, self._flight_headers, request, options, self.forget_data_port)
+        options = flight.FlightCallOptions(headers=headers, timeout=timeout_s)
+        return FlightCall(client, request, options, self.forget_data_port)
 
-    def _remember(self, info: pb.DatasetInfo) -> None:
-        """The data plane a GetDataset answer names: its port, and the caller's grant there."""
+    def _discover(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
+        """GetDataset from the server the next stream will dial (a failure is the grpc.RpcError a
+        Read would raise: the session retries it as one)."""
+        if not self._dns:
+            info = self._get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
+            self._remember(info, self._host)
+            return info
+        address = self._next_address()
+        options = list(CHANNEL_OPTIONS)
+        if self._security.tls and not self._security.server_name:  # the certificate names the name
+            options.append(("grpc.ssl_target_name_override", self._host))
+        channel = self._security.channel(f"{address}:{self._port}", options)
+        try:
+            get = channel.unary_unary(
+                f"/{_SERVICE}/GetDataset",
+                request_serializer=pb.GetDatasetRequest.SerializeToString,
+                response_deserializer=pb.DatasetInfo.FromString,
+            )
+            info = get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
+        finally:
+            channel.close()
+        self._remember(info, address)
+        return info
+
+    def _next_address(self) -> str:
+        """The next address of a dns:/// target's name, in turn (resolved anew each time)."""
+        try:
+            infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise FlightStatus(
+                grpc.StatusCode.UNAVAILABLE, f"cannot resolve {self._host}: {exc.strerror}"
+            ) from exc
+        addresses = list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in infos))
+        address = addresses[self._picks % len(addresses)]
+        self._picks += 1
+        return f"[{address}]" if ":" in address else address
+
+    def _remember(self, info: pb.DatasetInfo, host: str) -> None:
+        """The data plane a GetDataset answer names: its host and port, and the caller's grant there."""
         with self._flight_lock:
+            if (host, info.data_port) != (self._data_host, self._data_port):
+                self._flight = None  # another server: a client of its own (the old one is let go)
+            self._data_host = host
             self._data_port = info.data_port
             self._grant = info.data_grant
             self._grant_until = time.monotonic() + info.data_grant_ttl_s
@@ -207,8 +251,6 @@ class Connection:
             self._grant = b""
 
     def close(self) -> None:
-        with self._flight_lock:
-            if self._flight is not None:
-                self._flight.close()
-                self._flight = None
+        with self._flight_lock:  # let go, not closed: a stream still reading on it keeps it (flight_call.py)
+            self._flight = None
         self._channel.close()

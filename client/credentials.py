@@ -121,21 +121,25 @@ class ChannelSecurity:
             options = [*options, ("grpc.ssl_target_name_override", self.server_name)]
         return grpc.secure_channel(target, self.credentials, options=options)
 
-    def flight_client(self, host: str, port: int, options: list[tuple[str, Any]], middleware: list[Any]) -> Any:
-        """A Flight client of the data plane at host:port with these credentials."""
+    def flight_client(
+        self,
+        host: str,
+        port: int,
+        options: list[tuple[str, Any]],
+        server_name: str | None = None,
+    ) -> Any:
+        """A Flight client of the data plane at host:port with these credentials (`server_name`:
+        the name its certificate must have, when `host` is an address of it)."""
         import pyarrow.flight as flight
 
         if self.credentials is None:
-            return flight.connect(
-                flight.Location.for_grpc_tcp(host, port), generic_options=options, middleware=middleware
-            )
+            return flight.connect(flight.Location.for_grpc_tcp(host, port), generic_options=options)
         ca, cert, key = self.pem
-        kwargs: dict[str, Any] = {"tls_root_certs": ca, "override_hostname": self.server_name}
+        kwargs: dict[str, Any] = {"tls_root_certs": ca, "override_hostname": self.server_name or server_name}
         if cert is not None:
             kwargs.update(cert_chain=cert, private_key=key)
         return flight.connect(
             flight.Location.for_grpc_tls(host, port),
             generic_options=options,
-            middleware=middleware,
             **{k: v for k, v in kwargs.items() if v is not None},
         )

@@ -1,8 +1,9 @@
 """One Read stream over a server's Arrow Flight data plane, shaped as the grpcio call the session uses.
 
 The session (session.py) iterates a call for (ReadHeader, rows) pairs, cancels it (stop, the idle
-watchdog, failover) and asks it for its initial metadata (the server's stream id); a failed call
-raises a `grpc.RpcError`. `FlightCall` is that over a Flight DoGet: the ticket is the serialized
+watchdog, failover) and asks it for its initial metadata (the server's stream id: here from the
+first message's header, or from the error that ended the stream); a failed call raises a
+`grpc.RpcError`. `FlightCall` is that over a Flight DoGet: the ticket is the serialized
 ReadRequest, each record batch is one message's rows and its app_metadata the message's header,
 and a Flight error becomes `errors.FlightStatus` (the exact status code and retry hint a shardstream
 server put in its extra_info).
@@ -16,39 +17,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from shardstream.errors import FlightStatus
-from shardstream.framing import STREAM_ID_METADATA
+from shardstream.ipc import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["FlightCall", "HeaderCapture"]
-
-
-class _Headers(flight.ClientMiddleware):  # type: ignore[misc]
-    def __init__(self, into: dict[str, Any]) -> None:
-        self._into = into
-
-    def received_headers(self, headers: dict[str, list[Any]]) -> None:
-        self._into.update(headers)
-
-
-class HeaderCapture(flight.ClientMiddlewareFactory):  # type: ignore[misc]
-    """Hands the response headers of a DoGet to the FlightCall that made it in this thread."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def start_call(self, info: flight.CallInfo) -> _Headers | None:
-        into = getattr(self._local, "into", None)
-        return _Headers(into) if into is not None else None
-
-    def capture(self, into: dict[str, Any] | None) -> None:
-        self._local.into = into
+__all__ = ["FlightCall"]
 
 
 class FlightCall:
@@ -57,30 +35,29 @@ class FlightCall:
     def __init__(
         self,
         client: flight.FlightClient,
-        headers: HeaderCapture,
         request: pb.ReadRequest,
         options: flight.FlightCallOptions,
         on_unreachable: Callable[[], None] | None = None,
     ) -> None:
         self._on_unreachable = on_unreachable  # the data port refused the call: ask for it again
+        # The reader uses its client's C++ channel: the client must outlive it (a Connection that
+        # moves to another server, or closes, lets go of its client; this call keeps it).
+        self._client = client
         self._lock = threading.Lock()
         self._opened = threading.Event()
         self._reader: flight.FlightStreamReader | None = None
         self._error: BaseException | None = None
         self._cancelled = False
         self._done = False
-        self._headers: dict[str, Any] = {}
+        self._stream_id = ""  # the server's, from the first message's header
         ticket = flight.Ticket(request.SerializeToString())
 
         def open_stream() -> None:
-            headers.capture(self._headers)
             try:
                 reader = client.do_get(ticket, options)
             except BaseException as exc:  # noqa: BLE001 — handed to the iterating thread
                 self._error = exc
                 reader = None
-            finally:
-                headers.capture(None)
             with self._lock:
                 self._reader = reader
                 late = self._cancelled
@@ -101,6 +78,7 @@ class FlightCall:
         if self._error is not None:
             self._done = True
             status = FlightStatus.of(self._error)
+            self._stream_id = status.stream_id or self._stream_id
             if status.code() == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
                 self._on_unreachable()
             raise status from self._error
@@ -114,11 +92,16 @@ class FlightCall:
             self._done = True
             if self._cancelled:
                 raise FlightStatus(grpc.StatusCode.CANCELLED, "the stream was cancelled") from exc
-            raise FlightStatus.of(exc) from exc
+            status = FlightStatus.of(exc)
+            self._stream_id = status.stream_id or self._stream_id
+            raise status from exc
         meta = chunk.app_metadata
         if meta is None:
             raise FlightStatus(grpc.StatusCode.DATA_LOSS, "a Flight message without its ReadHeader")
-        return pb.ReadHeader.FromString(meta.to_pybytes()), chunk.data
+        header = pb.ReadHeader.FromString(meta.to_pybytes())
+        if header.stream_id:
+            self._stream_id = header.stream_id
+        return header, chunk.data
 
     def cancel(self) -> None:
         with self._lock:
@@ -132,8 +115,5 @@ class FlightCall:
         return self._done or self._opened.is_set()  # headers are in once DoGet returned
 
     def initial_metadata(self) -> list[tuple[str, str]]:
-        values = self._headers.get(STREAM_ID_METADATA) or []
-        if not values:
-            return []
-        value = values[0]
-        return [(STREAM_ID_METADATA, value.decode() if isinstance(value, bytes) else str(value))]
+        """The server's stream id as gRPC initial metadata would carry it (the session logs it)."""
+        return [(STREAM_ID_METADATA, self._stream_id)] if self._stream_id else []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
-from shardstream.framing import read_ipc
+from shardstream.ipc import plain_batch, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["StepParts", "as_batch"]
@@ -25,7 +25,7 @@ Message = tuple[pb.ReadHeader, "pa.Buffer | pa.RecordBatch"]
 
 def as_batch(payload: pa.Buffer | pa.RecordBatch) -> pa.RecordBatch:
     """A message's rows as a record batch (Flight hands them decoded; a Read message's are IPC)."""
-    return payload if isinstance(payload, pa.RecordBatch) else read_ipc(payload)
+    return plain_batch(payload) if isinstance(payload, pa.RecordBatch) else read_ipc(payload)
 
 
 class StepParts:

@@ -38,7 +38,7 @@ from shardstream.errors import (
     from_grpc_error,
     retry_pushback_s,
 )
-from shardstream.framing import STREAM_ID_METADATA
+from shardstream.ipc import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics

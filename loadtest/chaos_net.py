@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import threading
 from collections import Counter
 
@@ -27,6 +28,19 @@ __all__ = ["Blackhole", "ProxyThread", "S3Faults"]
 
 CHUNK_BYTES = 65536
 STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def data_port_behind(proxy: ProxyThread, data_port: int) -> tuple[str, ...]:
+    """`serve` arguments for a data plane on `data_port` that clients reach through `proxy` (started
+    with `data_port` upstream): GetDataset names the proxy's port, so Read streams cross it."""
+    return ("--data-port", str(data_port), "--advertised-data-port", str(proxy.port))
 
 
 class ProxyThread:

@@ -14,10 +14,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from shardstream.client import Loader
+from shardstream.server.fleet import LocalServer
 from shardstream.server.roots import open_registry
 
 from .chaos_ctx import Ctx, Row, row, start_all
-from .chaos_net import Blackhole, S3Faults
+from .chaos_net import Blackhole, S3Faults, data_port_behind, free_port
 from .fleet import scrape
 
 __all__ = ["blackhole", "corrupt_disk_cache", "corrupt_shard", "s3_faults"]
@@ -82,16 +83,19 @@ def s3_faults(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
 
 
 def blackhole(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
-    """Rank 0 reads through a TCP proxy in front of one server; half-way through the first of two epochs
+    """Rank 0 reads through a TCP proxy in front of one server's data plane (its GetDataset names the
+    proxy's port); half-way through the first of two epochs
     the proxy goes silent (accepts, sends nothing): what the server had sent may still arrive from
     buffers, the second epoch's stream cannot. Keepalive or the idle watchdog must move it on."""
     s = ctx.sizes
     stable = ctx.fleet
-    proxy = stack.enter_context(Blackhole(stable[0].port))
+    data_port = free_port()
+    proxy = stack.enter_context(Blackhole(data_port))
+    behind = stack.enter_context(LocalServer(ctx.root, extra_args=data_port_behind(proxy, data_port)))
     job = ctx.job(
         "blackhole",
         ctx.trainer(
-            [proxy.target, stable[1].target],
+            [behind.target, stable[1].target],
             ctx.vectors,
             world_size=2,
             epochs=2,

@@ -100,6 +100,8 @@ class Ticket:
 
     def hold(self, nbytes: int) -> None:
         with self._admission._lock:  # a Flight stream builds in one thread and sends from another
+            if not self._open:  # a build that finished after its stream ended holds nothing
+                return
             self.held += nbytes
             self._admission._add_bytes(nbytes)
 

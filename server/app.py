@@ -8,9 +8,10 @@ from the moment health says SERVING until the drain begins.
 With `workers > 1`, `run` becomes a supervisor (workers.py) of that many processes, each running
 `serve` on the same port (SO_REUSEPORT among themselves only); `workers == 1` is one process, as here.
 
-With `data_plane == "flight"` each process also serves the Arrow Flight data plane
-(flight_service.py) on `data_port` (its workers share it too); GetDataset tells clients that port.
-A drain stops it with the grpcio server: it takes no new streams, and in-flight ones get the grace.
+Each process serves the control plane (GetDataset, ListDatasets, grpc.health) on `port` and the
+data plane — Read streams as Arrow Flight DoGet (data_plane.py, flight_service.py) — on `data_port`
+(a supervisor's worker i on data_port + i); GetDataset tells clients the data port. A drain stops
+both: no new streams, and in-flight ones get the grace.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         raise InvalidArgumentError(f"cannot listen on {address}: {exc} (is the port in use?)") from exc
     if port == 0:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
-    service.port = port  # the streams' connections arrive here (reaper.py finds them by it)
-    data_plane = DataPlane.start(cfg, service) if cfg.data_plane == "flight" else None
+    service.port = port
+    data_plane = DataPlane.start(cfg, service)
     metrics_port = None
     status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:
@@ -144,13 +145,13 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     status.started = True
     log.info(
-        "serving %s on %s:%d (%s; metrics on %s%s)",
+        "serving %s on %s:%d, Read streams on %d (%s; metrics on %s)",
         registry.root,
         cfg.host,
         port,
+        data_plane.port,
         security.describe(cfg),
         metrics_port or "-",
-        f"; Flight data plane on {service.data_port}" if data_plane else "",
     )
     if cfg.ready_file:
         pid = os.getpid()
@@ -158,7 +159,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
             cfg.ready_file,
             {
                 "port": port,
-                "data_port": service.data_port or None,
+                "data_port": data_plane.port,
                 "metrics_port": metrics_port,
                 "pid": pid,
                 "workers": [pid],
@@ -170,13 +171,11 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         log.info("draining: health NOT_SERVING, %.1f s grace for in-flight streams", cfg.grace_s)
         await health_servicer.enter_graceful_shutdown()
     finally:
-        if data_plane is None:
-            await server.stop(cfg.grace_s)
-        else:  # both at once, each giving its streams the grace
-            flight_stop = asyncio.ensure_future(asyncio.to_thread(data_plane.stop, cfg.grace_s))
-            await server.stop(cfg.grace_s)
-            if not await flight_stop:
-                log.warning("Flight streams still in progress after the %.1f s grace: leaving them", cfg.grace_s)
+        # both at once: the control plane's calls and the data plane's streams get the grace
+        flight_stop = asyncio.ensure_future(asyncio.to_thread(data_plane.stop, cfg.grace_s))
+        await server.stop(cfg.grace_s)
+        if not await flight_stop:
+            log.warning("Read streams still in progress after the %.1f s grace: leaving them", cfg.grace_s)
     log.info("stopped")
 
 

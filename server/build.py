@@ -1,12 +1,13 @@
-"""Read plan + steps -> framed Read messages (blocking; the servicer runs each build in a worker thread).
+"""Read plan + steps -> Read messages (blocking; the data plane runs each build in a worker thread).
 
 A message covers one or more whole steps of one rank, or one part of a step larger than the
 server's cap on bytes per message (`plan.message_cap_bytes`, `serve --max-message-mib`). Building
 writes its header (per step: the rank's positions, the global range, the rows), selects the
 samples through the plan's order, takes their rows with provenance (`_shard`, `_row`; `_source` in
 a mixture), runs the request's transforms (which set each step's rows and the samples they
-skipped) and writes the Arrow IPC stream straight into the message (framing.py). The last message
-of an epoch says so and counts the samples `drop_last` left out.
+skipped); the data plane sends the rows as one Flight record batch, without a copy, and the header
+as its app_metadata (flight_service.py). The last message of an epoch says so and counts the
+samples `drop_last` left out.
 
 `MessageSteps` decides what each build covers: one step first, for a quick first batch, then as
 many steps as the last message says fit `max_message_bytes` (at most MAX_STEPS_PER_MESSAGE). A
@@ -18,7 +19,7 @@ and, within a step, into parts of its rows. Parts go only to a client that reass
 than the cap travels alone in a message over it.
 
 `MessageBuilder.stream(plan)` is a whole stream, in order, one message at a time and without gRPC
-or an event loop; `messages(plan)` the same as bytes.
+or an event loop; `messages(plan)` the same as a list.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import pyarrow as pa
 from prometheus_client import Counter, Histogram
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.framing import encode_batch, encode_read_response, ipc_bytes, ipc_size
+from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .read_plan import ReadPlan
@@ -42,7 +43,7 @@ from .selection import take_selection
 __all__ = ["MAX_STEPS_PER_MESSAGE", "Chunk", "Message", "MessageBuilder", "MessageSteps"]
 
 MAX_STEPS_PER_MESSAGE = 4096
-_FRAMING_BYTES = 48  # tags, lengths and alignment padding around header and payload, at most
+_FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
 
 BATCH_BUILD_SECONDS = Histogram(
     "shardstream_batch_build_seconds",
@@ -66,25 +67,26 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Message:
-    """One built Read message and what it carries: framed wire bytes (`data`, the grpcio Read) or,
-    unframed, its header and rows (`header`, `batch`: the Flight data plane sends them as they are)."""
+    """One built Read message: its header and its rows (the Flight data plane sends the rows as a
+    record batch and the header as its app_metadata) and what it carries."""
 
-    data: bytes | None
+    header: pb.ReadHeader
+    batch: pa.RecordBatch
     steps: int  # steps it completes: its whole steps, or 1 for the last part of a step
     rows: int
     parts: bool = False  # it carries a part of a step
-    header: pb.ReadHeader | None = None
-    batch: pa.RecordBatch | None = None
-    nbytes: int = 0  # on the wire (framed: len(data); unframed: header + IPC stream, counted)
+    nbytes: int = 0  # on the wire: header + IPC stream, counted (not written)
+
+    def wire(self) -> tuple[bytes, bytes]:
+        """(header, IPC stream) as bytes: what the message is on the wire, for comparing streams."""
+        return self.header.SerializeToString(), ipc_bytes(self.batch).to_pybytes()
 
 
 def _message(
-    header: pb.ReadHeader, batch: pa.RecordBatch, steps: int, rows: int, *, framed: bool, parts: bool = False
+    header: pb.ReadHeader, batch: pa.RecordBatch, steps: int, rows: int, *, parts: bool = False
 ) -> Message:
-    if framed:
-        data = encode_batch(header, batch)
-        return Message(data, steps, rows, parts, nbytes=len(data))
-    return Message(None, steps, rows, parts, header, batch, _size(header, batch))
+    batch = plain_batch(batch)  # no extension type leaves the server (extension_types.py)
+    return Message(header, batch, steps, rows, parts, _size(header, batch))
 
 
 class MessageSteps:
@@ -156,15 +158,14 @@ class MessageBuilder:
         )
 
     def stream(
-        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None, *, framed: bool = True
+        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None
     ) -> Iterator[Message]:
-        """Every message of the stream `plan` describes, in order, each built when asked for; framed
-        (wire bytes) or not (header and rows).
+        """Every message of the stream `plan` describes, in order, each built when asked for.
 
         `on_chunk(steps)` is called before each build, once `steps` has moved past it (read-ahead)."""
         if plan.nothing_left:
             header, empty = self.end_of_epoch_batch(plan)
-            yield _message(header, empty, 0, 0, framed=framed)
+            yield _message(header, empty, 0, 0)
             return
         steps = MessageSteps(plan)
         part = 0  # of the step being sent in parts
@@ -175,7 +176,7 @@ class MessageBuilder:
             t0 = time.perf_counter()
             header, batch = self.build_batch(plan, chunk)
             rows = batch.num_rows
-            encoded = self._encode(plan, chunk, header, batch, part, framed)
+            encoded = self._encode(plan, chunk, header, batch, part)
             del header, batch  # held by `encoded` only as long as it needs them
             nbytes = 0
             for message in encoded:
@@ -188,16 +189,9 @@ class MessageBuilder:
                 t0 = time.perf_counter()
             steps.record(chunk, rows, nbytes)
 
-    def messages(self, plan: ReadPlan) -> Iterator[bytes]:
-        """Every message of the stream `plan` describes, in order, as wire bytes."""
-        for message in self.stream(plan):
-            assert message.data is not None
-            yield message.data
-
-    def build(self, plan: ReadPlan, steps: range) -> tuple[bytes, int]:
-        """(the one message covering the whole `steps` of `plan`, its rows), whatever its size."""
-        header, batch = self.build_batch(plan, Chunk(steps))
-        return encode_batch(header, batch), batch.num_rows
+    def messages(self, plan: ReadPlan) -> list[Message]:
+        """Every message of the stream `plan` describes, in order (tests, tools)."""
+        return list(self.stream(plan))
 
     def build_batch(self, plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, pa.RecordBatch]:
         """The header and rows of `chunk` of `plan` (one StepInfo per step, whole or part)."""
@@ -227,13 +221,8 @@ class MessageBuilder:
             batch = self._transform(plan, header, batch, positions)
         return header, batch
 
-    def end_of_epoch(self, plan: ReadPlan) -> bytes:
-        """The one message of a stream with no step left: no rows, the epoch is over."""
-        header, empty = self.end_of_epoch_batch(plan)
-        return encode_read_response(header, ipc_bytes(empty))
-
     def end_of_epoch_batch(self, plan: ReadPlan) -> tuple[pb.ReadHeader, pa.RecordBatch]:
-        """end_of_epoch's header and (no) rows, unframed."""
+        """The one message of a stream with no step left (its header and no rows): the epoch is over."""
         header = pb.ReadHeader(epoch=plan.epoch, end_of_epoch=True, dropped=plan.layout.dropped)
         none = np.empty(0, np.int64)
         empty = take_selection(plan.readers, none, none, plan.columns, mixture=plan.mixture)
@@ -243,13 +232,18 @@ class MessageBuilder:
 
     # --- at most message_cap_bytes a message ----------------------------------------------------
     def _encode(
-        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, batch: pa.RecordBatch, part: int, framed: bool
+        self,
+        plan: ReadPlan,
+        chunk: Chunk,
+        header: pb.ReadHeader,
+        batch: pa.RecordBatch,
+        part: int,
     ) -> Iterator[Message]:
         """The messages of one built chunk, each encoded when asked for (the rows are let go before
         the last one is handed out: a stream waiting to send it holds the message only)."""
         cap = plan.message_cap_bytes
         if chunk.samples is None and _size(header, batch) <= cap:
-            message = _message(header, batch, len(header.steps), batch.num_rows, framed=framed)
+            message = _message(header, batch, len(header.steps), batch.num_rows)
             del batch
             yield message
             return
@@ -268,13 +262,18 @@ class MessageBuilder:
                 j += 1
             out, rows = group(i, j)
             if chunk.samples is None and (j - i > 1 or _size(out, rows) <= cap):
-                yield _message(out, rows, j - i, rows.num_rows, framed=framed)
+                yield _message(out, rows, j - i, rows.num_rows)
             else:
-                yield from self._parts(plan, chunk, out, rows, part, framed)
+                yield from self._parts(plan, chunk, out, rows, part)
             i = j
 
     def _parts(
-        self, plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader, rows: pa.RecordBatch, part: int, framed: bool
+        self,
+        plan: ReadPlan,
+        chunk: Chunk,
+        header: pb.ReadHeader,
+        rows: pa.RecordBatch,
+        part: int,
     ) -> Iterator[Message]:
         """One step's rows (all of them, or one chunk of its samples: `header` has its one StepInfo)
         as parts under the cap, numbered from `part`."""
@@ -300,7 +299,7 @@ class MessageBuilder:
             st.more_parts = not (last and chunk.last)
             if k:  # the part's skipped samples travel with its first piece
                 del st.skipped[:]
-            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, framed=framed, parts=True)
+            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, parts=True)
 
     def _transform(
         self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray

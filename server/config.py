@@ -83,10 +83,10 @@ class ServerConfig:
     tls_client_ca: str | None = None  # mTLS: clients need a certificate signed by this CA
     auth_file: str | None = None  # principals, their tokens (sha256) or subjects, and datasets
     reflection: bool = False  # gRPC server reflection (lists the services to anyone who connects)
-    # The data plane (flight_service.py): "grpc" serves Read on `port`; "flight" serves it as an
-    # Arrow Flight DoGet on `data_port` (0: a free one), which GetDataset tells clients.
-    data_plane: str = "grpc"
+    # The data plane (flight_service.py): Read streams as Arrow Flight DoGet on `data_port` (0: a free
+    # one), which GetDataset tells clients; a supervisor's worker i serves data_port + i.
     data_port: int = 0
+    advertised_data_port: int = 0  # the data port GetDataset names, when clients reach it by another
     grant_key: str = ""  # hex; signs data-plane grants (grants.py): made at start, a supervisor's shared
 
     def request_limits(self) -> RequestLimits:

@@ -59,7 +59,8 @@ class DataPlane:
         dp = cls(cfg, service)
         signature = file_signature(dp.files.paths()) if dp.files is not None else None
         dp.plane = dp._make(cfg.data_port)
-        dp.port = service.data_port = dp.plane.port
+        dp.port = dp.plane.port
+        service.data_port = cfg.advertised_data_port or dp.port  # what GetDataset names
         if dp.files is not None:
             threading.Thread(target=dp._watch, args=(signature,), name="data-plane-tls", daemon=True).start()
         return dp

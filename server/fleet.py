@@ -73,6 +73,7 @@ class LocalServer:
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.data_port = 0  # of its data plane (worker i of a supervisor: data_port + i)
         self.metrics_port: int | None = None
         self.pid = 0  # the server's main process (the supervisor when workers > 1)
         self.worker_pids: list[int] = []
@@ -104,6 +105,8 @@ class LocalServer:
             self.root,
             "--port",
             str(self.port),  # 0 the first time: the server picks a free port
+            "--data-port",
+            str(self.data_port),  # likewise (a restart keeps both)
             "--ready-file",
             str(ready),
             "--grace",
@@ -134,6 +137,7 @@ class LocalServer:
             time.sleep(0.02)
         info = self.info()
         self.port, self.metrics_port = info["port"], info["metrics_port"]
+        self.data_port = info.get("data_port") or 0
         wait_healthy(self.target, max(1.0, deadline - time.monotonic()), self.credentials)
         return self
 

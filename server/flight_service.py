@@ -1,30 +1,32 @@
-"""The Arrow Flight data plane: a Read stream as a Flight DoGet (`serve --data-plane flight`).
+"""The data plane: a Read stream is an Arrow Flight DoGet (data_plane.py serves it on --data-port).
 
 The ticket is the serialized `ReadRequest`; each record batch of the stream is one Read message's
 rows (provenance columns and transforms included) and carries that message's serialized
 `ReadHeader` (steps, positions, skipped samples, end of epoch) as its `app_metadata`. Flight's C++
-writes a batch's buffers into gRPC without a Python copy, which is why it is the faster plane
-(loadtest/README.md "Data plane": 1.12x the throughput per stream, 0.69x the server CPU per GB of
-the framed grpcio Read). The control plane (GetDataset, ListDatasets) and grpc.health stay on the
-grpcio port, which tells clients this port in `DatasetInfo.data_port`; a plain
-`pyarrow.flight.FlightClient` can read a rank's stream with nothing but a ReadRequest.
+writes a batch's buffers into gRPC without a Python copy: measured against the hand-framed grpcio
+Read it replaced, 1.12x the throughput per stream and 0.69x the server CPU per GB on 2 cores, 2.7x
+and 0.62x on 16 (loadtest/README.md, "Data plane"). The control plane (GetDataset, ListDatasets) and
+grpc.health stay on the gRPC port, which tells clients this port in `DatasetInfo.data_port`; a plain
+`pyarrow.flight.FlightClient` reads a rank's stream with nothing but a ReadRequest.
 
-Everything else is the grpcio Read's, shared through `ShardStreamService`: the planner (exactly-once
-positions, schedules, mixtures, transforms), the message builder (steps over the message cap in
-parts), admission (streams per server and per peer, the buffer budget: RESOURCE_EXHAUSTED with the
-retry hint), authentication by bearer token (the `authorization` header), the audit and stream log
-lines (the stream id rides in the response headers), the stream metrics, the redacted error texts
-and their status codes (errors.py `to_flight_error`: the exact code travels in the error's
-extra_info). The next message is built in a worker thread while Flight sends this one.
+What a stream needs is shared with the control plane through `ShardStreamService`: the planner
+(exactly-once positions, schedules, mixtures, transforms), the message builder (steps over the
+message cap in parts), admission (streams per server and per peer, the buffer budget:
+RESOURCE_EXHAUSTED with the retry hint), authentication (a bearer token in the `authorization`
+header, or a grant: below), the audit and stream log lines (the stream id rides in the response
+headers), the stream metrics, the redacted error texts and their status codes (errors.py
+`to_flight_error`: the exact code travels in the error's extra_info). The next message is built in
+a worker thread while Flight sends this one. RPC metrics: grpc_server_* with
+grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
 
-A client that stops reading is cut as on the grpcio port (reaper.py): Flight asks for a stream's
-next message once the last one is written, so a stream not asked for --write-timeout is reaped —
-its connection shut down, which ends the blocked write — and leaves its slot and memory.
+A client that stops reading is cut (reaper.py): Flight asks for a stream's next message once the
+last one is written, so a stream not asked for --write-timeout is reaped — its connection shut
+down, which ends the blocked write — and leaves its slot and memory.
 
 A caller the --auth file knows by its certificate's subject is known here by the grant the gRPC
 port gave it (grants.py: pyarrow's Flight server does not expose the client's certificate). What
 this plane cannot do from Python (its server takes no gRPC server options): server keepalive pings
-(a stream's reaping does their work for a client that holds a stream). Certificates are followed
+(the write timeout does their work for a client that holds a stream). Certificates are followed
 by data_plane.py, which replaces the plane on its port when they change.
 """
 
@@ -57,7 +59,7 @@ from .audit import StreamAudit
 from .auth import Principal
 from .build import Message, MessageSteps
 from .grants import GRANT_HEADER
-from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name
+from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name, preinitialize
 from .read_plan import ReadPlan
 from .reaper import STREAMS_REAPED, shutdown_connection
 from .service import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, ShardStreamService
@@ -68,6 +70,23 @@ __all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
 log = logging.getLogger(__name__)
 
 FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
+preinitialize(  # export 0 for the series known to exist
+    FLIGHT_SERVICE,
+    {"DoGet": "server_stream"},
+    (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.DATA_LOSS,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+    ),
+)
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 _MIDDLEWARE = "shardstream"
 
@@ -162,7 +181,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self._builds.shutdown(wait=False, cancel_futures=True)
 
     def _sweep(self) -> None:
-        timeout_s = self.service.reaper.timeout_s
+        timeout_s = self.service.write_timeout_s
         while not self._stopped.wait(min(1.0, timeout_s / 4)):
             now = time.monotonic()
             with self._lock:
@@ -224,15 +243,11 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             messages = _Messages(self, plan, admitted)
             first = messages.next()
         except BaseException as exc:
-            self._end(
-                admitted,
-                active,
-                audit,
-                stream,
-                exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL",
-            )
-            raise self._fail(call, exc, stream) from None
-        assert first is not None and first.batch is not None
+            error = self._fail(call, exc, stream)  # first: the stream's end line names the error
+            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
+            self._end(admitted, active, audit, stream, outcome)
+            raise error from None
+        assert first is not None
         schema = first.batch.schema
         return flight.GeneratorStream(
             schema, self._send(call, messages, first, schema, admitted, active, audit, stream)
@@ -262,7 +277,6 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             self._writing[key] = writing
         try:
             while message is not None:
-                assert message.batch is not None and message.header is not None
                 batch = message.batch
                 if batch.schema != schema:  # e.g. a message whose samples a transform all skipped
                     batch = _conform(batch, schema)
@@ -272,6 +286,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 rows_sent.inc(message.rows)
                 bytes_sent.inc(n)
                 stream.sent(message.steps, message.rows, n)
+                if message is first:  # the stream's id, for the client's log lines
+                    message.header.stream_id = stream.stream_id
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
                 writing.since = time.monotonic()
@@ -308,12 +324,13 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         code, details, _ = self.service.status_of("Read", exc, stream)
         call.code = code
         retry = exc.retry_after_s if isinstance(exc, ResourceExhaustedError) else None
-        return to_flight_error(code, details, retry)
+        return to_flight_error(code, details, retry, stream.stream_id)
 
 
 class _Messages:
-    """One stream's messages, each built in the plane's pool; `ahead()` starts the next build while
-    the server's streams hold less than their buffer budget (as the grpcio Read does)."""
+    """One stream's messages, each built in the plane's pool; `ahead()` starts building the next one
+    while Flight writes this one, unless the server's streams already hold their buffer budget (then
+    a slow client holds one message, not two)."""
 
     def __init__(self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket) -> None:
         svc = plane.service
@@ -325,7 +342,7 @@ class _Messages:
         def read_ahead(steps: MessageSteps) -> None:
             svc._read_ahead.schedule(plan, steps.ahead(svc._read_ahead.messages))
 
-        self._it = svc.builder.stream(plan, read_ahead, framed=False)
+        self._it = svc.builder.stream(plan, read_ahead)
         self._pending: Future[Message | None] | None = None
 
     def _build(self) -> Message | None:

@@ -1,38 +1,31 @@
 """Streams whose client stopped reading: cut after a write timeout, so they hold no server memory.
 
-A Read stream writes with backpressure: `context.write` waits while the client's HTTP/2 flow-control
-window is full, and the message waits in gRPC's buffers meanwhile. A client that reads nothing —
-frozen (SIGSTOP, a debugger), or alive but stuck — would hold the message, its stream's admission
-slot (admission.py) and the next message built ahead for as long as it lasts. gRPC offers a server
-no way to cancel one call, and a frozen process's kernel keeps acknowledging TCP, so nothing ends it.
+A Read stream writes with backpressure: Flight's writer waits while the client's HTTP/2
+flow-control window is full, and the message waits in gRPC's buffers meanwhile. A client that
+reads nothing — frozen (SIGSTOP, a debugger), or alive but stuck — would hold the message, its
+stream's admission slot (admission.py) and the next message built ahead for as long as it lasts.
+gRPC offers a server no way to cancel one call, and a frozen process's kernel keeps acknowledging
+TCP, so nothing ends it.
 
-`Reaper.write(context, data, peer, port)` awaits one write; one that has waited `timeout_s` (plus
-at most a quarter of it, or 1 s) is reaped: logged and its connection shut down — the socket whose remote address is the
-call's peer, found in /proc/net/tcp{,6} and among this process's descriptors (Linux; the descriptor
-is checked to be that socket before `shutdown`). gRPC then ends every call of that connection and
-frees their buffers; each of those streams is counted (`shardstream_streams_reaped_total`) as its
-write fails. The client, if it ever reads again, sees UNAVAILABLE and resumes at its first missing
-step (on any endpoint), as after any broken connection. A write that fails because the call ended
-under it (its client went away) raises StreamGone: there is no one left to send a status to.
-Where the socket is not found, the server's keepalive (app.py) still ends a frozen client's
-connection when its pings go unanswered, and the stream leaves its slot at once either way.
+The data plane (flight_service.py) times each write; one that has waited the write timeout (plus
+at most a quarter of it, or 1 s) is reaped: logged, counted (`shardstream_streams_reaped_total`)
+and its connection shut down by `shutdown_connection(peer, port)` — the socket whose remote address
+is the call's peer, found in /proc/net/tcp{,6} and among this process's descriptors (Linux; the
+descriptor is checked to be that socket before `shutdown`). gRPC then ends every call of that
+connection and frees their buffers. The client, if it ever reads again, sees UNAVAILABLE and
+resumes at its first missing step (on any endpoint), as after any broken connection.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
-import time
-from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote
 
-import grpc
 from prometheus_client import Counter
 
-__all__ = ["Reaper", "StreamGone", "StreamReaped", "shutdown_connection"]
+__all__ = ["STREAMS_REAPED", "shutdown_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -40,99 +33,6 @@ STREAMS_REAPED = Counter(
     "shardstream_streams_reaped_total",
     "Read streams cut because their client read nothing for the write timeout (--write-timeout-s)",
 )
-
-
-_REMEMBER_S = 60.0  # how long the streams of a shut-down connection are counted as reaped
-
-
-class StreamGone(Exception):
-    """The stream's call ended while one of its messages was being written."""
-
-
-class StreamReaped(StreamGone):
-    """The stream's client read nothing for the write timeout; its connection was shut down."""
-
-
-@dataclass
-class _Write:
-    since: float  # time.monotonic() when the write began
-    peer: str
-    local_port: int
-    task: asyncio.Task[Any]
-    reaped: bool = False
-
-
-class Reaper:
-    """The writes of one server process's streams, with their timeout.
-
-    The writes in progress are in a dict; one sweeper task (running while there are writes) looks
-    at them a few times per timeout and reaps the overdue ones: a write costs a dict entry, not a
-    timer of its own (asyncio.wait_for costs ~20 µs a message)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        if not timeout_s > 0:
-            raise ValueError(f"the write timeout must be > 0 seconds, got {timeout_s!r}")
-        self.timeout_s = timeout_s
-        self._writes: dict[int, _Write] = {}
-        self._next = 0
-        self._sweeper: asyncio.Task[None] | None = None
-        self._shut: dict[str, float] = {}  # peer -> when its connection was shut down
-
-    def _was_shut(self, peer: str) -> bool:
-        now = time.monotonic()
-        for old in [p for p, t in self._shut.items() if now - t > _REMEMBER_S]:
-            del self._shut[old]
-        return peer in self._shut
-
-    async def write(self, context: grpc.aio.ServicerContext, data: bytes, peer: str, local_port: int) -> None:
-        """Write one message of a stream from `peer`; StreamReaped once it waited for the timeout,
-        StreamGone when the call ends under the write."""
-        task = asyncio.current_task()
-        assert task is not None
-        key, self._next = self._next, self._next + 1
-        entry = self._writes[key] = _Write(time.monotonic(), peer, local_port, task)
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.ensure_future(self._sweep())
-        try:
-            await context.write(data)
-        except asyncio.CancelledError:
-            if entry.reaped:  # the sweeper's cancel, not the call's
-                if hasattr(task, "uncancel"):  # Python 3.11+
-                    task.uncancel()
-                raise StreamReaped(f"client {peer} read nothing for {self.timeout_s:g} s") from None
-            if self._was_shut(peer):
-                STREAMS_REAPED.inc()
-            raise
-        except Exception as exc:  # noqa: BLE001 — gRPC's errors of a finished call (ExecuteBatchError, UsageError)
-            if self._was_shut(peer):
-                STREAMS_REAPED.inc()
-                raise StreamReaped(f"client {peer}: its connection was shut down") from exc
-            raise StreamGone(f"client {peer} went away: {type(exc).__name__}") from exc
-        finally:
-            del self._writes[key]
-
-    async def _sweep(self) -> None:
-        period = min(1.0, self.timeout_s / 4)
-        while self._writes:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for entry in list(self._writes.values()):
-                if not entry.reaped and now - entry.since > self.timeout_s:
-                    self._reap(entry)
-
-    def _reap(self, entry: _Write) -> None:
-        STREAMS_REAPED.inc()
-        entry.reaped = True
-        closed = shutdown_connection(entry.peer, entry.local_port)
-        if closed:
-            self._shut[entry.peer] = time.monotonic()
-        log.warning(
-            "reaped a Read stream of %s: its client read nothing for %g s (%s)",
-            entry.peer or "an unknown peer",
-            self.timeout_s,
-            "connection shut down" if closed else "its connection was not found; keepalive will end it",
-        )
-        entry.task.cancel()
 
 
 def _parse_peer(peer: str) -> tuple[str, int] | None:

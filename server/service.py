@@ -1,29 +1,26 @@
-"""The ShardStream servicer: grpc.aio in and out, around the planner and the message builder.
+"""The ShardStream servicer: the control plane on grpc.aio, and what its data plane shares with it.
 
-Proto in -> `ReadPlanner.plan` (read_plan.py) -> `MessageBuilder.stream` (build.py) -> framed Arrow
-out. This module only adapts them to gRPC: it registers the handlers, admits each Read stream
-(admission.py: streams per server and per peer, bytes held) or refuses it with RESOURCE_EXHAUSTED
-and a retry hint, runs the blocking work (manifest reads, Parquet reads, takes, IPC encoding) in
-worker threads, builds the next message while the last one is sent (while the server's stream
-buffer budget allows), streams with backpressure (grpc.aio awaits each write) and cuts a stream
-whose client reads nothing for the write timeout (reaper.py), keeps the RPC metrics, and maps
-errors (a request that does not even parse is INVALID_ARGUMENT): every ShardstreamError leaves as its own gRPC status code
-(errors.py); anything else is logged and leaves as INTERNAL. What a client reads of an error names
-dataset versions and shards, never a server path or an exception's text (redact.py); the server's
-log keeps the rest.
+GetDataset and ListDatasets are proto in -> registry -> proto out. GetDataset's answer names the
+port of this process's data plane (flight_service.py: Read streams as Arrow Flight DoGet), and to a
+caller known by its client certificate it gives a grant for it (grants.py). The servicer also holds
+what every Read stream of the process shares: the planner (read_plan.py), the message builder
+(build.py), admission (admission.py: streams per server and per peer, bytes held), read-ahead,
+the stream metrics, the stream log and the one mapping of errors to statuses (`status_of`): every
+ShardstreamError leaves as its own gRPC status code (errors.py; a request that does not even parse
+is INVALID_ARGUMENT); anything else is logged and leaves as INTERNAL. What a client reads of an
+error names dataset versions and shards, never a server path or an exception's text (redact.py);
+the server's log keeps the rest.
 
 ListDatasets lists every dataset it can read and skips the bad entries (registry.py): each is logged
 once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
 
 Every call is authenticated first (auth.py: a bearer token or a client certificate's subject, when
 the server has `--auth`) and every dataset it names is checked against the caller's patterns;
-ListDatasets lists only the latest versions the caller may read. Each Read stream, and each call
-refused as UNAUTHENTICATED or PERMISSION_DENIED, leaves one line in the audit log (audit.py).
-
-Each Read stream gets an id, sent first in its initial metadata, and a `stream.start` and a
-`stream.end` line in the server's log under it (stream_log.py). Stream metrics carry the dataset's
-name as a bounded `dataset` label (dataset_label.py); RPC counts and times are the grpc-ecosystem
-metrics, kept by an interceptor for every service (grpc_metrics.py).
+ListDatasets lists only the latest versions the caller may read. Each call refused as
+UNAUTHENTICATED or PERMISSION_DENIED leaves one line in the audit log (audit.py), as each Read
+stream does. Stream metrics carry the dataset's name as a bounded `dataset` label
+(dataset_label.py); RPC counts and times are the grpc-ecosystem metrics, kept by an interceptor for
+every service of this port (grpc_metrics.py) and by the data plane for its DoGet.
 """
 
 from __future__ import annotations
@@ -49,10 +46,10 @@ from shardstream.manifest import Manifest
 from shardstream.registry import BadEntry, Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .admission import Admission, Ticket
-from .audit import StreamAudit, audit_call
+from .admission import Admission
+from .audit import audit_call
 from .auth import OPEN, Authenticator, Principal
-from .build import Message, MessageBuilder, MessageSteps
+from .build import MessageBuilder
 from .config import DEFAULT_WRITE_TIMEOUT_S
 from .dataset_label import dataset_label, dataset_name
 from .grants import GRANT_TTL_S, Grants
@@ -60,17 +57,16 @@ from .grpc_metrics import code_name, preinitialize
 from .read_plan import ReadPlan, ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from .reader import RowGroupCache
-from .reaper import Reaper, StreamGone, StreamReaped
 from .redact import client_message
 from .request_limits import RequestLimits
-from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
+from .stream_log import StreamLog, new_stream_id
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "shardstream.v1.ShardStream"
-METHODS = ("GetDataset", "ListDatasets", "Read")
+METHODS = ("GetDataset", "ListDatasets")
 
 STREAMS_ACTIVE = Gauge(
     "shardstream_streams_active", "Read streams in progress", ["dataset"], multiprocess_mode="livesum"
@@ -91,7 +87,7 @@ REGISTRY_BAD_ENTRIES = Gauge(
 _LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
 preinitialize(  # export 0 for the series known to exist
     SERVICE_NAME,
-    {"GetDataset": "unary", "ListDatasets": "unary", "Read": "server_stream"},
+    {"GetDataset": "unary", "ListDatasets": "unary"},
     (
         grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.NOT_FOUND,
@@ -143,16 +139,16 @@ class ShardStreamService:
         self.planner = ReadPlanner(registry, cache, limits)
         self.builder = MessageBuilder(transform_threads=transform_threads)
         self.admission = admission or Admission()
-        self.reaper = Reaper(write_timeout_s)
+        self.write_timeout_s = write_timeout_s  # a stream Flight writes no further for this long is reaped
         self.port = 0  # the port the server listens on, once bound (app.py)
-        self.data_port = 0  # its Flight data plane's port (flight_service.py); 0: Read is served here
+        self.data_port = 0  # its Flight data plane's port (data_plane.py), once bound
         self.grants: Grants | None = None  # with a data plane: what vouches for certificate callers
         self._read_ahead = ReadAhead(read_ahead, cache)
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
     # --- plumbing ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
-        """One generic handler: protobuf for the control plane, hand-framed bytes for Read."""
+        """One generic handler: the control plane (Read streams are the Flight data plane's)."""
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
             {
@@ -165,11 +161,6 @@ class ShardStreamService:
                     self._unary("ListDatasets", self.list_datasets),
                     request_deserializer=_lenient(pb.ListDatasetsRequest.FromString),
                     response_serializer=pb.ListDatasetsResponse.SerializeToString,
-                ),
-                "Read": grpc.unary_stream_rpc_method_handler(
-                    self.read,
-                    request_deserializer=_lenient(pb.ReadRequest.FromString),
-                    response_serializer=None,  # messages are already wire bytes (framing.py)
                 ),
             },
         )
@@ -264,49 +255,7 @@ class ShardStreamService:
                 f" ({bad.detail})" if bad.detail else "",
             )
 
-    # --- data plane ----------------------------------------------------------------------------
-    async def read(self, request: pb.ReadRequest | None, context: grpc.aio.ServicerContext) -> None:
-        peer = context.peer()
-        stream = self._stream_log(request, peer)
-        await context.send_initial_metadata(((STREAM_ID_KEY, stream.stream_id),))  # first: the client logs it
-        audit = StreamAudit(peer, request)
-        try:
-            principal = self._principal(context)
-            audit.principal = principal.name
-            ticket = self.admission.admit(peer)
-        except (ResourceExhaustedError, UnauthenticatedError) as exc:
-            audit.done(exc.grpc_code.name)
-            stream.refused(str(exc))
-            await self._abort("Read", context, exc, stream)
-            return
-        outcome = "GONE"  # a cancelled stream: its client went away
-        active = STREAMS_ACTIVE.labels(stream.label)  # from admission to its end; relabelled once planned
-        active.inc()
-        try:
-            if request is None:
-                raise InvalidArgumentError("the Read request does not parse")
-            # In a thread: planning reads manifests and may load a tokenizer or import a codec.
-            plan = await asyncio.to_thread(self.planner.plan, request, principal)
-            audit.planned([str(r.manifest.ref) for r in plan.readers])  # the versions it resolved to
-            active = self._started(stream, plan, active)
-            await self._send(plan, context, ticket, peer, audit, stream)
-            outcome = stream.outcome = "OK"
-        except asyncio.CancelledError:
-            stream.reason = "cancelled (the client cancelled, or the server stopped)"
-            raise
-        except StreamGone as exc:  # its client went away, or was cut: no status can reach it
-            reaped = isinstance(exc, StreamReaped)
-            stream.reason = "reaped: nothing read for --write-timeout" if reaped else "client left"
-            context.set_code(grpc.StatusCode.CANCELLED)  # as the RPC metrics count it
-        except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
-            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
-            await self._abort("Read", context, exc, stream)
-        finally:
-            ticket.close()
-            active.dec()
-            audit.done(outcome)
-            stream.end()
-
+    # --- what the data plane (flight_service.py) shares with this servicer ------------------------
     def _stream_log(self, request: pb.ReadRequest | None, peer: str, stream_id: str | None = None) -> StreamLog:
         stream = StreamLog(stream_id or new_stream_id(), peer)
         stream.asked(request)
@@ -328,60 +277,6 @@ class ShardStreamService:
             active.inc()
         stream.start(", ".join(r.manifest.ref for r in plan.readers), label)
         return active
-
-    async def _send(
-        self,
-        plan: ReadPlan,
-        context: grpc.aio.ServicerContext,
-        ticket: Ticket,
-        peer: str,
-        audit: StreamAudit,
-        stream: StreamLog,
-    ) -> None:
-        """Write the stream's messages, each built in a worker thread while the last one is written."""
-        label = stream.label
-        messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
-        rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
-
-        def read_ahead(steps: MessageSteps) -> None:
-            # Fetch the row groups of the next message(s) while this one is built (a guess: same size).
-            self._read_ahead.schedule(plan, steps.ahead(self._read_ahead.messages))
-
-        messages = self.builder.stream(plan, read_ahead)
-
-        async def build() -> Message | None:
-            message = await asyncio.to_thread(next, messages, None)
-            if message is not None:
-                ticket.hold(message.nbytes)  # from built until written
-            return message
-
-        def build_next() -> asyncio.Future[Message | None]:
-            return asyncio.ensure_future(build())
-
-        pending: asyncio.Future[Message | None] | None = build_next()
-        try:
-            while pending is not None:
-                message = await pending
-                if message is None:
-                    return
-                n = message.nbytes
-                # Build the next message while this one is written, unless the server's streams
-                # already hold their buffer budget: then only after it (a slow client holds one).
-                pending = build_next() if self.admission.has_room() else None
-                messages_sent.inc()  # counted as handed to gRPC (a client may go before its write ends)
-                batches_sent.inc(message.steps)
-                rows_sent.inc(message.rows)
-                bytes_sent.inc(n)
-                stream.sent(message.steps, message.rows, n)
-                ticket.hold(n)  # gRPC's copy, until the write completes
-                await self.reaper.write(context, message.data, peer, self.port)
-                audit.sent(n)
-                ticket.release(2 * n)
-                if pending is None:
-                    pending = build_next()
-        finally:
-            if pending is not None:  # the client went away mid-stream
-                pending.cancel()
 
 
 def dataset_info(m: Manifest, data_port: int = 0) -> pb.DatasetInfo:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardstream.framing import STREAM_ID_METADATA
+from shardstream.ipc import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .dataset_label import OTHER

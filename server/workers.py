@@ -207,7 +207,7 @@ class Supervisor:
         if cfg.cache_dir:
             SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned
         self.port, held = reserve_port(cfg.host, cfg.port)
-        if cfg.data_plane == "flight" and cfg.data_port:
+        if cfg.data_port:
             # Each worker's Flight data plane has a port of its own (pyarrow's Flight server binds
             # without SO_REUSEPORT): data_port + slot; GetDataset names the answering worker's.
             try:
@@ -258,6 +258,7 @@ class Supervisor:
             workers=1,
             port=self.port,
             data_port=self.data_port + slot if self.data_port else 0,
+            advertised_data_port=self.cfg.advertised_data_port + slot if self.cfg.advertised_data_port else 0,
             grant_key=self.grant_key,
             metrics_port=None,
             ready_file=str(ready),

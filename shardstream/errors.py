@@ -199,9 +199,14 @@ _FLIGHT_CLASS: dict[grpc.StatusCode, type[flight.FlightError]] = {
 _FLIGHT_CODE = {cls: code for code, cls in _FLIGHT_CLASS.items()}
 
 
-def to_flight_error(code: grpc.StatusCode, message: str, retry_after_s: float | None = None) -> flight.FlightError:
-    """The Flight error a Flight handler raises for a status `code` with a client-facing `message`."""
+def to_flight_error(
+    code: grpc.StatusCode, message: str, retry_after_s: float | None = None, stream_id: str = ""
+) -> flight.FlightError:
+    """The Flight error a Flight handler raises for a status `code` with a client-facing `message`
+    (and the server's id of the stream it ends, which its log lines name)."""
     info: dict[str, Any] = {"code": code.name, "message": message}
+    if stream_id:
+        info["stream_id"] = stream_id
     if retry_after_s is not None:
         info["retry_pushback_ms"] = round(retry_after_s * 1000)
     cls = _FLIGHT_CLASS.get(code, flight.FlightServerError)
@@ -212,9 +217,16 @@ class FlightStatus(grpc.RpcError):
     """A failed Flight call as a gRPC status: code(), details() and trailing_metadata() (the retry
     hint), read from the error's extra_info when a shardstream server sent it, else from its class."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        metadata: tuple[tuple[str, str], ...] = (),
+        stream_id: str = "",
+    ) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code, self._details, self._metadata = code, details, metadata
+        self.stream_id = stream_id  # the server's id of the stream the error ended, when it said
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -248,4 +260,5 @@ class FlightStatus(grpc.RpcError):
                 details = f"the data plane's stream broke: {details}"
         ms = info.get("retry_pushback_ms")
         metadata = ((RETRY_PUSHBACK_KEY, str(ms)),) if isinstance(ms, int) else ()
-        return cls(code, details, metadata)
+        stream_id = info.get("stream_id")
+        return cls(code, details, metadata, stream_id if isinstance(stream_id, str) else "")

@@ -21,8 +21,10 @@ from loadtest.chaos_net import Blackhole
 from loadtest.chaos_rank import packed_keys
 from shardstream.client import Loader
 from shardstream.client.stores import open_store
+from shardstream.server.fleet import LocalServer
 
 from .support.redis_server import RedisServer
+from .support.servers import data_port_behind, unused_port
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +170,17 @@ def test_packed_keys_read_each_documents_key_from_its_tokens() -> None:
 def test_keepalive_drops_a_silent_server_before_the_idle_watchdog(
     ctx: Ctx, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server behind a proxy that goes silent (accepts, sends nothing): with the idle watchdog out of
+    """A server whose data plane is behind a proxy that goes silent (accepts, sends nothing): with the idle watchdog out of
     the way (40 s), the client's keepalive ping, unanswered, must end the stream and move it to the
     other server — not the watchdog (grpcio 1.85 ignores keepalive_timeout_ms for the ping's answer
     and waits grpc.http2.ping_timeout_ms, 60 s by default: client/channel.py sets both)."""
     stable = ctx.fleet
+    data_port = unused_port()
     with (
-        Blackhole(stable[0].port) as proxy,
+        Blackhole(data_port) as proxy,
+        LocalServer(ctx.root, extra_args=data_port_behind(proxy, data_port)) as behind,
         Loader(
-            [proxy.target, stable[1].target],
+            [behind.target, stable[1].target],
             ctx.vectors,
             batch_size=256,
             epochs=2,

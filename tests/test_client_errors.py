@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pyarrow.flight as flight
 import pytest
 
-from shardstream.errors import DataLossError, NotFoundError
+from shardstream.errors import DataLossError, FlightStatus, NotFoundError
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
 from shardstream.server.redact import client_message
@@ -84,30 +85,33 @@ def read_request(**fields: object) -> pb.ReadRequest:
     return pb.ReadRequest(world_size=1, batch_size=16, num_steps=2, **fields)  # type: ignore[arg-type]
 
 
-def errors_of(target: str) -> Iterator[tuple[str, grpc.StatusCode, str, list[str]]]:
-    """(case, code, details, what it must name) of every case, through the server at `target`."""
-    with grpc.insecure_channel(target) as ch:
+def errors_of(server: LocalServer) -> Iterator[tuple[str, grpc.StatusCode, str, list[str]]]:
+    """(case, code, details, what it must name) of every case, through `server`: GetDataset on its
+    gRPC port, Read on its Flight data plane (the details a plain Flight client reads are checked too)."""
+    with grpc.insecure_channel(server.target) as ch:
         get = ch.unary_unary(
             "/shardstream.v1.ShardStream/GetDataset",
             request_serializer=pb.GetDatasetRequest.SerializeToString,
             response_deserializer=pb.DatasetInfo.FromString,
-        )
-        read = ch.unary_stream(
-            "/shardstream.v1.ShardStream/Read",
-            request_serializer=pb.ReadRequest.SerializeToString,
-            response_deserializer=None,
         )
         for case, dataset, code, named in GET_CASES:
             with pytest.raises(grpc.RpcError) as err:
                 get(pb.GetDatasetRequest(dataset=dataset), timeout=30)
             assert err.value.code() == code, (case, err.value.details())
             yield case, code, err.value.details(), named
+    client = flight.connect(f"grpc://127.0.0.1:{server.data_port}")
+    try:
         for case, fields, code, named in READ_CASES:
-            with pytest.raises(grpc.RpcError) as err:
-                for _ in read(read_request(**fields), timeout=30):
-                    pass
-            assert err.value.code() == code, (case, err.value.details())
-            yield case, code, err.value.details(), named
+            with pytest.raises(flight.FlightError) as ferr:
+                client.do_get(flight.Ticket(read_request(**fields).SerializeToString())).read_all()
+            status = FlightStatus.of(ferr.value)
+            assert status.code() == code, (case, status.details())
+            yield case, code, status.details(), named
+            server_text = str(ferr.value).split(". Detail: ")[0]  # the rest is pyarrow's own context
+            assert server_text.startswith(code.name), (case, server_text)
+            yield f"{case} (as Flight says it)", code, server_text, []
+    finally:
+        client.close()
 
 
 def assert_safe(details: str, case: str, forbidden: list[str]) -> None:
@@ -121,12 +125,12 @@ def test_no_client_facing_error_names_a_server_path_or_an_exception(tmp_path: Pa
     forbidden = [str(tmp_path), str(tmp_path.resolve()), "/tmp/", "pytest-of"]
     seen = 0
     with LocalServer(root) as server:
-        for case, _, details, named in errors_of(server.target):
+        for case, _, details, named in errors_of(server):
             assert_safe(details, case, forbidden)
             for text in named:
                 assert text in details, (case, details)
             seen += 1
-    assert seen == len(GET_CASES) + len(READ_CASES)
+    assert seen == len(GET_CASES) + 2 * len(READ_CASES)
 
 
 def test_on_s3_no_error_names_the_bucket_or_the_endpoint(
@@ -150,11 +154,6 @@ def test_on_s3_no_error_names_the_bucket_or_the_endpoint(
             request_serializer=pb.GetDatasetRequest.SerializeToString,
             response_deserializer=pb.DatasetInfo.FromString,
         )
-        read = ch.unary_stream(
-            "/shardstream.v1.ShardStream/Read",
-            request_serializer=pb.ReadRequest.SerializeToString,
-            response_deserializer=None,
-        )
         assert get(pb.GetDatasetRequest(dataset="web@1"), timeout=30).num_rows == 120
         for dataset, code, named in (
             ("web", grpc.StatusCode.DATA_LOSS, "web@2"),
@@ -164,12 +163,15 @@ def test_on_s3_no_error_names_the_bucket_or_the_endpoint(
                 get(pb.GetDatasetRequest(dataset=dataset), timeout=30)
             assert err.value.code() == code and named in err.value.details(), err.value.details()
             assert_safe(err.value.details(), dataset, forbidden)
-        with pytest.raises(grpc.RpcError) as err:
-            for _ in read(read_request(dataset="cut@1"), timeout=30):
-                pass
-        assert err.value.code() == grpc.StatusCode.DATA_LOSS, err.value.details()
-        assert "cut@1" in err.value.details() and "part-00000" in err.value.details()
-        assert_safe(err.value.details(), "missing object", forbidden)
+        client = flight.connect(f"grpc://127.0.0.1:{server.data_port}")
+        with pytest.raises(flight.FlightError) as ferr:
+            client.do_get(flight.Ticket(read_request(dataset="cut@1").SerializeToString())).read_all()
+        client.close()
+        status = FlightStatus.of(ferr.value)
+        assert status.code() == grpc.StatusCode.DATA_LOSS, status.details()
+        assert "cut@1" in status.details() and "part-00000" in status.details()
+        assert_safe(status.details(), "missing object", forbidden)
+        assert_safe(str(ferr.value).split(". Detail: ")[0], "missing object (as Flight says it)", forbidden)
 
 
 def test_client_message_cuts_the_root_and_hides_unexpected_errors(tmp_path: Path) -> None:

@@ -5,14 +5,12 @@ import pyarrow as pa
 import torch
 
 from shardstream.client.convert import splitter, to_numpy, to_torch
-from shardstream.framing import decode_read_response, encode_read_response, ipc_bytes, read_ipc
-from shardstream.v1 import shardstream_pb2 as pb
+from shardstream.ipc import ipc_bytes, read_ipc
 
 
 def received(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """`batch` as the client sees it: decoded from wire bytes."""
-    data = encode_read_response(pb.ReadHeader(), ipc_bytes(batch))
-    return read_ipc(decode_read_response(data)[1])
+    """`batch` as the client sees it: decoded from an Arrow IPC stream, as Flight's reader does."""
+    return read_ipc(ipc_bytes(batch))
 
 
 def sample() -> pa.RecordBatch:

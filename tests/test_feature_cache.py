@@ -20,10 +20,12 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 from prometheus_client import REGISTRY
 
 from shardstream.errors import DataLossError, InvalidArgumentError
+from shardstream.ipc import ipc_bytes
 from shardstream.manifest import DatasetRef
 from shardstream.registry import Registry
 from shardstream.server import feature_cache, spill
@@ -93,8 +95,9 @@ class Planned:
         self.planner = ReadPlanner(Registry(root), new_row_group_cache(1 << 30, spill))
         self.builder = MessageBuilder(transform_threads=2)
 
-    def messages(self, req: pb.ReadRequest) -> list[bytes]:
-        return list(self.builder.messages(self.planner.plan(req)))
+    def messages(self, req: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+        """The stream's messages as (header, IPC stream) bytes: byte-identical streams compare equal."""
+        return [m.wire() for m in self.builder.stream(self.planner.plan(req))]
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +183,7 @@ def test_a_failing_sample_fails_the_same_message_the_same_way(
         assert str(got.value) == str(want.value)
     # The messages before the failing one are the same too.
     plan_a, plan_b = plain.planner.plan(req), shared.planner.plan(req)
-    it_a, it_b = plain.builder.messages(plan_a), shared.builder.messages(plan_b)
+    it_a, it_b = plain.builder.stream(plan_a), shared.builder.stream(plan_b)
     while True:
         try:
             a = next(it_a)
@@ -188,7 +191,7 @@ def test_a_failing_sample_fails_the_same_message_the_same_way(
             with pytest.raises(DataLossError):
                 next(it_b)
             break
-        assert next(it_b) == a
+        assert next(it_b).wire() == a.wire()
 
 
 def test_a_damaged_file_is_computed_again_never_served(root: Path, plain: Planned, tmp_path: Path) -> None:
@@ -252,12 +255,23 @@ def test_other_parameters_are_other_files(root: Path, tmp_path: Path) -> None:
 
 
 # --- through real servers ---------------------------------------------------------------------
-def raw_messages(target: str, req: pb.ReadRequest) -> list[bytes]:
-    with grpc.insecure_channel(target) as channel:
-        read = channel.unary_stream(
-            "/shardstream.v1.ShardStream/Read", request_serializer=pb.ReadRequest.SerializeToString
+def raw_messages(server: LocalServer, req: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+    """A Read on `server`'s data plane (a worker's: its GetDataset names the port), as (header, IPC
+    stream) bytes per message."""
+    with grpc.insecure_channel(server.target) as channel:
+        get = channel.unary_unary(
+            "/shardstream.v1.ShardStream/GetDataset",
+            request_serializer=pb.GetDatasetRequest.SerializeToString,
+            response_deserializer=pb.DatasetInfo.FromString,
         )
-        return list(read(req, timeout=120))
+        name = req.dataset or req.mixture[0].dataset
+        port = get(pb.GetDatasetRequest(dataset=name), timeout=60).data_port
+    client = flight.connect(f"grpc://127.0.0.1:{port}")
+    try:
+        reader = client.do_get(flight.Ticket(req.SerializeToString()))
+        return [(without_stream_id(c.app_metadata), ipc_bytes(c.data).to_pybytes()) for c in reader]
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +300,7 @@ def test_three_jobs_on_two_workers_decode_each_row_group_once(
         for rank in range(2)
     ]
     for req in jobs:  # each call on a new channel: the kernel spreads them over the two workers
-        assert raw_messages(shared_server.target, req) == raw_messages(plain_server.target, req)
+        assert raw_messages(shared_server, req) == raw_messages(plain_server, req)
     groups = len(feature_files(cache))
     manifest = Registry(shared_server.root).resolve(DatasetRef.parse("images"))
     assert groups == sum(len(s.row_groups) for s in manifest.shards)  # every row group, once
@@ -304,7 +318,7 @@ def test_three_jobs_on_two_workers_decode_each_row_group_once(
         request({"images": 0.5, "images_b": 0.5}, DECODE, shuffle="full", seed=5, batch_size=8),
         request("text", TOKENIZE_PACK, shuffle="block", seed=6),
     ):
-        assert raw_messages(shared_server.target, req) == raw_messages(plain_server.target, req)
+        assert raw_messages(shared_server, req) == raw_messages(plain_server, req)
 
 
 def test_head_errors_travel_in_the_file(root: Path, tmp_path: Path) -> None:
@@ -315,3 +329,10 @@ def test_head_errors_travel_in_the_file(root: Path, tmp_path: Path) -> None:
         meta = pa.ipc.open_file(body).schema.metadata or {}
         recorded += json.loads(meta[b"shardstream.head_errors"])
     assert len(recorded) == 3 and all(j == 0 for _, j, _ in recorded)
+
+
+def without_stream_id(metadata: object) -> bytes:
+    """A message's header with the server's stream id cleared (it differs from stream to stream)."""
+    header = pb.ReadHeader.FromString(metadata.to_pybytes())  # type: ignore[attr-defined]
+    header.ClearField("stream_id")
+    return header.SerializeToString()

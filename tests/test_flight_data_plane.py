@@ -1,6 +1,5 @@
-"""The Arrow Flight data plane (`serve --data-plane flight`, server/flight_service.py) against real
-servers: the Loader's streams go over Flight and keep the exactly-once, failover and provenance
-contracts; a plain pyarrow FlightClient reads a rank's stream with nothing but a ReadRequest;
+"""The Arrow Flight data plane (server/flight_service.py, data_plane.py) against real servers: the
+Loader's streams keep the exactly-once, failover and provenance contracts; a plain pyarrow FlightClient reads a rank's stream with nothing but a ReadRequest;
 errors keep their status codes and retry hints; a silent Flight server is abandoned for another;
 tokens, certificate principals (by grant), admission, the write timeout and certificate rotation
 hold on the Flight port as on the gRPC one.
@@ -10,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +29,10 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki, write_atomic
 from .support.data import write_dataset
-from .support.servers import Servers, scrape, wait_for
+from .support.servers import Servers, scrape, unused_port, wait_for
 from .support.stalls import Streams, stalled_process, write_blobs
 
 N = 1500
-FLIGHT = ("--data-plane", "flight")
 TOKEN = "flight-token-0123456789"
 
 
@@ -53,7 +52,7 @@ def servers(root: Path) -> Iterator[Servers]:
 
 @pytest.fixture(scope="module")
 def pair(servers: Servers) -> list[LocalServer]:
-    return [servers.start(extra_args=FLIGHT, metrics=True) for _ in range(2)]
+    return [servers.start(metrics=True) for _ in range(2)]
 
 
 def read_ids(endpoints: list[str], **kw: object) -> list[int]:
@@ -62,7 +61,7 @@ def read_ids(endpoints: list[str], **kw: object) -> list[int]:
         return [int(i) for b in ld for i in b["id"]]
 
 
-def test_get_dataset_names_the_data_port_and_a_grpc_server_names_none(pair, servers) -> None:  # type: ignore[no-untyped-def]
+def test_get_dataset_names_the_data_port_of_the_worker_that_answered(pair, servers) -> None:  # type: ignore[no-untyped-def]
     info = pair[0].info()
     assert info["data_port"] and info["data_port"] != pair[0].port
     c = Connection(pair[0].target)
@@ -70,33 +69,39 @@ def test_get_dataset_names_the_data_port_and_a_grpc_server_names_none(pair, serv
         assert c.get_dataset("toy", 5).data_port == info["data_port"]
     finally:
         c.close()
-    plain = servers.start()
-    c = Connection(plain.target)
-    try:
-        assert c.get_dataset("toy", 5).data_port == 0
-    finally:
-        c.close()
+    base = unused_port()
+    workers = servers.start(workers=2, extra_args=("--data-port", str(base)))
+    seen = set()
+    for _ in range(40):  # new connections: the kernel spreads them over the two workers
+        c = Connection(workers.target)
+        try:
+            seen.add(c.get_dataset("toy", 5).data_port)
+        finally:
+            c.close()
+        if len(seen) == 2:
+            break
+    assert seen <= {base, base + 1} and seen, seen
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("seed", [0, 7])
-def test_every_sample_once_over_flight_and_the_same_order_as_over_grpc(pair, servers, world, seed) -> None:  # type: ignore[no-untyped-def]
-    plain = servers.start()
+def test_every_sample_once_and_the_same_stream_from_any_server(pair, servers, world, seed) -> None:  # type: ignore[no-untyped-def]
+    other = servers.start(workers=2)
     endpoints = [s.target for s in pair]
     got, want = [], []
     for rank in range(world):
         kw = dict(rank=rank, world_size=world, batch_size=16, seed=seed, shuffle="block")
         got += read_ids(endpoints, **kw)
-        want += read_ids([plain.target], **kw)
-    assert got == want  # the same stream, sample for sample, whichever plane carried it
+        want += read_ids([other.target], **kw)
+    assert got == want  # the same stream, sample for sample, whichever server sent it
     assert sorted(got) == list(range(N))
     m = scrape(pair[0])
     key = 'grpc_server_started_total{grpc_method="DoGet",grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"}'
-    assert m[key] >= 1  # the streams went over Flight
+    assert m[key] >= 1
 
 
 def test_a_server_killed_mid_epoch_fails_over_with_nothing_lost_or_repeated(servers, root) -> None:  # type: ignore[no-untyped-def]
-    a, b = servers.start(extra_args=FLIGHT), servers.start(extra_args=FLIGHT)
+    a, b = servers.start(), servers.start()
     ids: list[int] = []
     with Loader([a.target, b.target], "toy@1", output="numpy", epochs=1, batch_size=10, prefetch=1) as ld:
         for i, batch in enumerate(ld):
@@ -158,8 +163,8 @@ def test_the_status_and_retry_hint_round_trip() -> None:
 
 
 def test_a_full_server_is_resource_exhausted_with_its_hint_and_the_loader_goes_elsewhere(servers) -> None:  # type: ignore[no-untyped-def]
-    full = servers.start(extra_args=(*FLIGHT, "--max-streams", "1"))
-    other = servers.start(extra_args=FLIGHT)
+    full = servers.start(extra_args=("--max-streams", "1"))
+    other = servers.start()
     blobs = pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=4, max_message_bytes=256 << 10)
     with Streams(full.target) as streams:
         assert streams.flights  # over the Flight plane
@@ -177,7 +182,7 @@ def test_tokens_are_checked_on_the_data_plane(servers, tmp_path: Path) -> None: 
             {"principals": [{"name": "a", "token_sha256": token_sha256(TOKEN), "datasets": ["toy"]}]}
         )
     )
-    server = servers.start(extra_args=(*FLIGHT, "--auth", str(auth)))
+    server = servers.start(extra_args=("--auth", str(auth)))
     assert sorted(read_ids([server.target], token=TOKEN)) == list(range(N))
     request = pb.ReadRequest(dataset="toy@1", batch_size=4, world_size=1)
     client = flight.connect(f"grpc://127.0.0.1:{server.info()['data_port']}")
@@ -249,7 +254,7 @@ def test_the_data_planes_certificate_is_rotated_without_a_restart_and_open_strea
     write_atomic(cert, old.pem)
     write_atomic(key, old.key.read_bytes())
     server = servers.start(
-        extra_args=(*FLIGHT, "--tls-cert", str(cert), "--tls-key", str(key)),
+        extra_args=("--tls-cert", str(cert), "--tls-key", str(key)),
         credentials=grpc.ssl_channel_credentials(old_ca.pem),
     )
     port = server.info()["data_port"]
@@ -286,7 +291,7 @@ def test_the_data_planes_certificate_is_rotated_without_a_restart_and_open_strea
 
 def test_a_frozen_clients_flight_streams_are_reaped(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The write timeout on the Flight plane: the connection is shut down, slots and bytes come back."""
-    server = servers.start(metrics=True, extra_args=(*FLIGHT, "--write-timeout", "1"))
+    server = servers.start(metrics=True, extra_args=("--write-timeout", "1"))
     blobs = pb.ReadRequest(dataset="blobs@1", world_size=1, batch_size=4, max_message_bytes=256 << 10)
     client = stalled_process(server.target, blobs, 5, tmp_path)
     try:
@@ -321,7 +326,7 @@ def test_a_certificate_principal_reads_over_the_data_plane_with_its_grant(server
         str(ca.cert),
     )
     server = servers.start(
-        extra_args=(*FLIGHT, *tls_args, "--auth", str(auth)),
+        extra_args=(*tls_args, "--auth", str(auth)),
         credentials=grpc.ssl_channel_credentials(ca.pem, ci.key.read_bytes(), ci.pem),
     )
     as_ci = {"ca": str(ca.cert), "cert": str(ci.cert), "key": str(ci.key)}
@@ -374,6 +379,43 @@ def test_grants_are_signed_expire_and_follow_the_auth_file(tmp_path: Path) -> No
         other.principal(grant, auth, now=1000.0)
     with pytest.raises(UnauthenticatedError, match="not this server's"):
         grants.principal(b"garbage", auth, now=1000.0)
-    auth_file.write_text(yaml.safe_dump({"principals": [{"name": "other", "mtls_subject": "CN=other", "datasets": ["*"]}]}))
+    auth_file.write_text(
+        yaml.safe_dump({"principals": [{"name": "other", "mtls_subject": "CN=other", "datasets": ["*"]}]})
+    )
     with pytest.raises(UnauthenticatedError, match="no longer in --auth"):
         grants.principal(grant, auth, now=1000.0)
+
+
+def test_a_dns_name_streams_from_the_address_that_answered_and_fails_over_to_the_next(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dns:///name:port (a headless Service): each stream asks one address of the name for its data
+    port (and grant) and dials that address; after a failure, the next address."""
+    with LocalServer(root, metrics=True) as a:
+        port = a.port
+        with LocalServer(root, extra_args=("--host", "127.0.0.2", "--port", str(port))) as b:
+            real = socket.getaddrinfo
+
+            def two_addresses(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if host == "fleet.invalid":
+                    return [
+                        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                        for ip in ("127.0.0.1", "127.0.0.2")
+                    ]
+                return real(host, *args, **kwargs)
+
+            monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+            c = Connection(f"dns:///fleet.invalid:{port}")
+            request = pb.ReadRequest(dataset="toy@1", batch_size=100, world_size=1)
+            try:
+                for _ in range(3):  # a, b, a: each stream from the address that named its data port
+                    assert sum(batch.num_rows for _, batch in c.read(request)) == N
+                    c.forget_data_port()  # as after a broken stream
+                assert scrape(a)["shardstream_rows_sent_total"] == 2 * N  # the other stream was b's
+                b.kill()
+                with pytest.raises(grpc.RpcError):  # b's turn: gone
+                    list(c.read(request))
+                assert sum(batch.num_rows for _, batch in c.read(request)) == N  # the next address: a
+            finally:
+                c.close()
+            assert scrape(a)["shardstream_rows_sent_total"] == 3 * N

@@ -1,6 +1,6 @@
 """Untrusted input against a real server: random bytes and random well-typed requests (hypothesis).
 
-Read, GetDataset and ListDatasets are called on one `shardstream serve --auth` process over a small
+GetDataset and ListDatasets (gRPC) and Read (a Flight DoGet) are called on one `shardstream serve --auth` process over a small
 registry, as any client on the network could: raw bytes through a generic channel (identity
 serializers: whatever protobuf makes of them, or not), and requests built field by field from
 absurd to plausible values, with a known token, an unknown one, or none. Every answer must be a
@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow.flight as flight
 import pytest
 import yaml
 from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shardstream.errors import EXCERPT_CHARS
+from shardstream.errors import EXCERPT_CHARS, FlightStatus
 from shardstream.server.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -77,10 +79,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         assert "failed unexpectedly" not in text and "Traceback" not in text, text[-5000:]
 
 
+@dataclass
+class Wire:
+    """The fuzz server's two ports: the gRPC channel (control plane) and a Flight client (Read)."""
+
+    grpc: grpc.Channel
+    flight: flight.FlightClient
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return self.grpc.unary_unary(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
-def channel(server: Any) -> Iterator[grpc.Channel]:
+def channel(server: Any) -> Iterator[Wire]:
     with grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-        yield ch
+        client = flight.connect(f"grpc://127.0.0.1:{server.data_port}")
+        try:
+            yield Wire(ch, client)
+        finally:
+            client.close()
 
 
 def strings_of(message: Message) -> list[str]:
@@ -107,18 +124,28 @@ def echoes(details: str, text: str) -> bool:
 
 
 def call(
-    channel: grpc.Channel, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
+    channel: Wire, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...]
 ) -> tuple[grpc.StatusCode, str]:
-    """Send raw request bytes; (status code, details) — drains a Read stream of a few messages at most."""
-    try:
-        if method == "Read":
-            stream = channel.unary_stream(SERVICE + method)(payload, timeout=30, metadata=metadata)
-            for i, _ in enumerate(stream):
+    """Send raw request bytes; (status code, details) — drains a Read stream (a Flight DoGet with
+    the bytes as ticket) of a few messages at most. A Read's details are what the client reads back
+    and what a plain Flight client reads (the server's text), joined."""
+    if method == "Read":
+        headers = [(k.encode(), v.encode("utf-8", "replace")) for k, v in metadata]
+        options = flight.FlightCallOptions(timeout=30, headers=headers)
+        try:
+            reader = channel.flight.do_get(flight.Ticket(payload), options)
+            for i, _ in enumerate(reader):
                 if i >= 3:
-                    stream.cancel()
-                    return grpc.StatusCode.OK, ""
-        else:
-            channel.unary_unary(SERVICE + method)(payload, timeout=30, metadata=metadata)
+                    reader.cancel()
+                    break
+            return grpc.StatusCode.OK, ""
+        except flight.FlightError as exc:
+            status = FlightStatus.of(exc)
+            if status.code() == grpc.StatusCode.CANCELLED:
+                return grpc.StatusCode.OK, ""
+            return status.code(), f"{status.details()}\n{str(exc).split('. Detail: ')[0]}"
+    try:
+        channel.grpc.unary_unary(SERVICE + method)(payload, timeout=30, metadata=metadata)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED:
             return grpc.StatusCode.OK, ""
@@ -155,7 +182,7 @@ raws = st.binary(max_size=600) | st.builds(
 
 @fuzz(700)  # x 3 methods
 @given(raw=raws, token=tokens)
-def test_random_bytes_to_every_method(channel: grpc.Channel, raw: bytes, token: str) -> None:
+def test_random_bytes_to_every_method(channel: Wire, raw: bytes, token: str) -> None:
     for method in METHODS:
         code, details = call(channel, method, raw, auth(token))
         check(code, details, parsed_strings(method, raw))
@@ -247,14 +274,14 @@ def read_requests(draw: st.DrawFn) -> pb.ReadRequest:
 
 @fuzz(900)
 @given(req=read_requests(), token=tokens)
-def test_random_read_requests(channel: grpc.Channel, req: pb.ReadRequest, token: str) -> None:
+def test_random_read_requests(channel: Wire, req: pb.ReadRequest, token: str) -> None:
     code, details = call(channel, "Read", req.SerializeToString(), auth(token))
     check(code, details, strings_of(req))
 
 
 @fuzz(500)
 @given(dataset=names, token=tokens)
-def test_random_get_dataset_requests(channel: grpc.Channel, dataset: str, token: str) -> None:
+def test_random_get_dataset_requests(channel: Wire, dataset: str, token: str) -> None:
     code, details = call(
         channel, "GetDataset", pb.GetDatasetRequest(dataset=dataset).SerializeToString(), auth(token)
     )
@@ -265,7 +292,7 @@ def test_random_get_dataset_requests(channel: grpc.Channel, dataset: str, token:
         )
 
 
-def test_what_the_fuzzer_may_see(server: Any, channel: grpc.Channel) -> None:
+def test_what_the_fuzzer_may_see(server: Any, channel: Wire) -> None:
     """The fuzz server's principal reads toy* (and t?y@1), not `secret`, and ListDatasets says so."""
     lst = channel.unary_unary(
         SERVICE + "ListDatasets", response_deserializer=pb.ListDatasetsResponse.FromString

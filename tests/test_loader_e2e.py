@@ -7,11 +7,18 @@ import time
 
 import grpc
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 from shardstream.client import Loader
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
-from shardstream.framing import decode_read_response
+from shardstream.client.channel import Connection
+from shardstream.errors import (
+    FailedPreconditionError,
+    FlightStatus,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
@@ -230,14 +237,17 @@ def test_no_server_reachable_is_one_clear_error(tmp_path) -> None:  # type: igno
 
 
 def raw_read(target: str, **fields) -> list:  # type: ignore[no-untyped-def]
-    with grpc.insecure_channel(target) as ch:
-        call = ch.unary_stream(
-            "/shardstream.v1.ShardStream/Read",
-            request_serializer=pb.ReadRequest.SerializeToString,
-            response_deserializer=decode_read_response,
-        )
-        req = dict(dataset="toy@1", world_size=1, batch_size=4, shuffle=pb.Shuffle(mode="none")) | fields
-        return list(call(pb.ReadRequest(**req), timeout=30))
+    """A Read stream as a plain Flight client sees it: (ReadHeader, rows) per message."""
+    port = Connection(target).get_dataset("toy@1", 30).data_port
+    client = flight.connect(f"grpc://127.0.0.1:{port}")
+    req = dict(dataset="toy@1", world_size=1, batch_size=4, shuffle=pb.Shuffle(mode="none")) | fields
+    try:
+        reader = client.do_get(flight.Ticket(pb.ReadRequest(**req).SerializeToString()))
+        return [(pb.ReadHeader.FromString(c.app_metadata.to_pybytes()), c.data) for c in reader]
+    except flight.FlightError as exc:
+        raise FlightStatus.of(exc) from exc
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
-"""Plan and build without a server: ReadRequest -> ReadPlan -> framed messages, no gRPC, no event loop.
+"""Plan and build without a server: ReadRequest -> ReadPlan -> messages, no gRPC, no event loop.
 
-The servicer only adapts `ReadPlanner` and `MessageBuilder` to grpc.aio, so what a stream carries is
+The data plane only adapts `ReadPlanner` and `MessageBuilder` to Flight, so what a stream carries is
 decided here: every message is checked against the pure read plan (`StepLayout`, `DatasetOrder`)
 over seeds, world sizes, batch sizes and shuffle modes; a bad request fails at planning with the
 error that names it.
@@ -25,9 +25,9 @@ from shardstream.errors import (
     NotFoundError,
     ShardstreamError,
 )
-from shardstream.framing import ALIGNMENT, decode_read_response, read_ipc
+from shardstream.ipc import read_ipc
 from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
-from shardstream.server.build import MAX_STEPS_PER_MESSAGE, MessageBuilder
+from shardstream.server.build import MAX_STEPS_PER_MESSAGE, Message, MessageBuilder
 from shardstream.server.read_plan import ReadPlan, ReadPlanner
 from shardstream.server.reader import new_row_group_cache
 from shardstream.server.roots import open_registry
@@ -78,15 +78,15 @@ def request(
     return req
 
 
-def decode(data: bytes) -> tuple[pb.ReadHeader, pa.RecordBatch]:
-    header, payload = decode_read_response(data)
-    assert (len(data) - payload.size) % ALIGNMENT == 0  # the IPC stream starts aligned
-    return header, read_ipc(payload)
+def decode(message: Message) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+    """A message as a client receives it: its header, and its rows through an IPC round trip."""
+    header_bytes, ipc = message.wire()
+    return pb.ReadHeader.FromString(header_bytes), read_ipc(pa.py_buffer(ipc))
 
 
-def stream(planner: ReadPlanner, req: pb.ReadRequest, **builder: int) -> tuple[ReadPlan, list[bytes]]:
+def stream(planner: ReadPlanner, req: pb.ReadRequest, **builder: int) -> tuple[ReadPlan, list[Message]]:
     plan = planner.plan(req)
-    return plan, list(MessageBuilder(**builder).messages(plan))
+    return plan, MessageBuilder(**builder).messages(plan)
 
 
 def shard_starts(planner: ReadPlanner, dataset: str) -> np.ndarray:
@@ -197,7 +197,7 @@ def test_message_sizes_follow_the_last_message(planner: ReadPlanner, max_message
     left = sum(counts)
     for data, n, following in zip(messages, counts, counts[1:], strict=False):
         left -= n
-        want = max(1, min(MAX_STEPS_PER_MESSAGE, max_message_bytes * n // len(data)))
+        want = max(1, min(MAX_STEPS_PER_MESSAGE, max_message_bytes * n // data.nbytes))
         assert following == min(want, left)
     if max_message_bytes == 1:
         assert set(counts) == {1}

@@ -28,8 +28,8 @@ from shardstream.client.parts import StepParts, as_batch
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError
-from shardstream.framing import decode_read_response, ipc_bytes
-from shardstream.server.build import MessageBuilder
+from shardstream.ipc import ipc_bytes
+from shardstream.server.build import Message, MessageBuilder
 from shardstream.server.read_plan import ReadPlanner
 from shardstream.server.reader import new_row_group_cache
 from shardstream.server.request_limits import RequestLimits
@@ -39,7 +39,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 from .support import media
 from .support.data import write_dataset
 from .support.resume import as_json, check_resume, plain
-from .support.servers import Servers, scrape
+from .support.servers import Servers, data_port_behind, scrape, unused_port
 from .support.stalls import write_blobs
 from .support.tcp_cut import CutOnce
 
@@ -86,12 +86,12 @@ def request(dataset: str, transforms: list[dict[str, Any]] = (), **fields: Any) 
     return req
 
 
-def steps_of(messages: list[bytes]) -> list[tuple[pb.StepInfo, pa.RecordBatch]]:
+def steps_of(messages: list[Message]) -> list[tuple[pb.StepInfo, pa.RecordBatch]]:
     """(StepInfo, rows) per step, parts put back together as the client does."""
     parts = StepParts()
     out = []
     for data in messages:
-        whole = parts.add(*decode_read_response(data))
+        whole = parts.add(data.header, data.batch)
         if whole is None:
             continue
         header, payload = whole
@@ -127,8 +127,8 @@ def test_steps_over_the_cap_come_in_parts_that_make_the_uncapped_steps(
         whole = list(MessageBuilder().messages(p.plan(req)))
     for p in planner(root, CAP):
         split = list(MessageBuilder().messages(p.plan(req)))
-    assert all(len(d) <= CAP for d in split), max(map(len, split))
-    headers = [decode_read_response(d)[0] for d in split]
+    assert all(d.nbytes <= CAP for d in split), max(d.nbytes for d in split)
+    headers = [d.header for d in split]
     parts = [h.steps[0] for h in headers if any(st.part or st.more_parts for st in h.steps)]
     assert parts, "no step was split: make the steps larger"
     assert all(len(h.steps) == 1 for h in headers if h.steps[0].more_parts or h.steps[0].part)
@@ -144,7 +144,7 @@ def test_parts_are_numbered_in_order_and_only_the_last_completes_the_step(root: 
         messages = list(MessageBuilder().messages(p.plan(request("blobs", batch_size=40))))
     seen: dict[int, list[tuple[int, bool]]] = {}
     for data in messages:
-        (st,) = decode_read_response(data)[0].steps
+        (st,) = data.header.steps
         seen.setdefault(st.step, []).append((st.part, st.more_parts))
     for step, parts in seen.items():
         n = len(parts)
@@ -155,7 +155,7 @@ def test_parts_are_numbered_in_order_and_only_the_last_completes_the_step(root: 
 def test_a_client_without_split_steps_gets_whole_steps_or_a_clear_refusal(root: Path) -> None:
     for p in planner(root, CAP):
         small = list(MessageBuilder().messages(p.plan(request("blobs", batch_size=4, split_steps=False))))
-        assert all(not st.part and not st.more_parts for d in small for st in decode_read_response(d)[0].steps)
+        assert all(not st.part and not st.more_parts for d in small for st in d.header.steps)
         with pytest.raises(InvalidArgumentError, match=r"step 0 is \d+ bytes, over this server's cap of 65536"):
             list(MessageBuilder().messages(p.plan(request("blobs", batch_size=40, split_steps=False))))
 
@@ -316,10 +316,13 @@ def test_a_loader_with_split_steps_resumes_exactly(servers: Servers) -> None:
 
 
 def test_a_stream_cut_mid_step_resumes_at_that_step_every_sample_once(servers: Servers) -> None:
-    a, b = servers.started
+    _, b = servers.started
     rows_sent = scrape(b)["shardstream_rows_sent_total"]
-    with CutOnce(a.port, cut_after_bytes=(ROW_BYTES * BATCH) * 3 // 4) as proxy:  # in step 0's second part
-        with Loader([proxy.target, b.target], "blobs@1", batch_size=BATCH, prefetch=1, shuffle=False) as ld:
+    data_port = unused_port()
+    with CutOnce(data_port, cut_after_bytes=(ROW_BYTES * BATCH) * 3 // 4) as proxy:  # in step 0's second part
+        # a: its data plane behind the proxy, which GetDataset names as its data port
+        a = servers.start(extra_args=("--max-message-mib", "1", *data_port_behind(proxy, data_port)))
+        with Loader([a.target, b.target], "blobs@1", batch_size=BATCH, prefetch=1, shuffle=False) as ld:
             ids = [i for batch in ld for i in batch["id"].tolist()]
         assert proxy.cut.is_set()
     assert ids == list(range(ROWS))

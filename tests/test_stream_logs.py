@@ -16,7 +16,7 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.framing import STREAM_ID_METADATA
+from shardstream.ipc import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
@@ -80,12 +80,12 @@ def test_errors_carry_the_stream_id_in_text_and_json(root: Path, tmp_path: Path)
             server = fleet.start(log_path=log, extra_args=("--log-format", fmt))
             conn = Connection(server.target)
             try:
-                call = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0), timeout_s=10)
+                call = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0))
                 with pytest.raises(grpc.RpcError) as err:
                     list(call)
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 stream_id = dict(call.initial_metadata())[STREAM_ID_METADATA]
-                ok = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=100), timeout_s=10)
+                ok = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=100))
                 assert sum(1 for _ in ok) >= 1
                 ok_id = dict(ok.initial_metadata())[STREAM_ID_METADATA]
             finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from . import common
@@ -57,8 +56,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         tls_client_ca=args.tls_client_ca,
         auth_file=args.auth,
         reflection=args.reflection,
-        data_plane=args.data_plane,
-        data_port=args.data_port,
+        data_port=args.data_port if args.data_port is not None else (args.port + 1 if args.port else 0),
+        advertised_data_port=args.advertised_data_port,
     )
 
 
@@ -75,8 +74,9 @@ def add_commands(sub: Any) -> None:
         "serve",
         _cmd_serve,
         help="run a shard-reader server",
-        description="Serve the datasets under --root over gRPC (ShardStream, grpc.health.v1, and "
-        "reflection with --reflection) until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
+        description="Serve the datasets under --root: the control plane over gRPC on --port (ShardStream, "
+        "grpc.health.v1, and reflection with --reflection) and Read streams over Arrow Flight on --data-port, "
+        "until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
         "streams get --grace seconds to finish. With --workers N > 1, N worker processes share the "
         "port (SO_REUSEPORT among themselves; the port must be free) under a supervisor that restarts "
         "a worker that dies, drains them all on SIGTERM and serves their summed /metrics.",
@@ -89,7 +89,7 @@ def add_commands(sub: Any) -> None:
             "shardstream serve --root ./datasets --host 0.0.0.0 --tls-cert tls.crt --tls-key tls.key --auth auth.yaml",
             "shardstream serve --root ./datasets --host 0.0.0.0 --tls-cert tls.crt --tls-key tls.key "
             "--tls-client-ca ca.crt",
-            "shardstream serve --root ./datasets --data-plane flight --data-port 7071",
+            "shardstream serve --root ./datasets --port 7070 --data-port 7071",
         ),
     )
     common.root_options(sp)
@@ -146,19 +146,17 @@ def add_commands(sub: Any) -> None:
         help="write {port, data_port, metrics_port, pid, workers} as JSON here once every worker serves",
     )
     sp.add_argument(
-        "--data-plane",
-        choices=("grpc", "flight"),
-        default=os.environ.get("SHARDSTREAM_DATA_PLANE") or "grpc",
-        help="serve Read streams on the gRPC port (grpc, the default) or as Arrow Flight DoGet on "
-        "--data-port (flight: Flight's zero-copy writer, measured faster; GetDataset tells clients the port; "
-        "bearer tokens only, no principals by certificate subject; default: $SHARDSTREAM_DATA_PLANE or grpc)",
-    )
-    sp.add_argument(
         "--data-port",
         type=common.port,
+        help="the Arrow Flight data plane's port, where Read streams flow (default: --port + 1; with --port 0, "
+        "a free one); with --workers N, worker i serves data-port + i. Clients learn it from GetDataset",
+    )
+    sp.add_argument(
+        "--advertised-data-port",
+        type=common.port,
         default=0,
-        help="the Flight data plane's port with --data-plane flight; with --workers N, worker i serves "
-        "port + i (default 0: free ones; clients learn the port of the worker they asked from GetDataset)",
+        help="the data port GetDataset names, when clients reach --data-port by another (a NAT, a port "
+        "mapping, a proxy; worker i: this + i; default: --data-port)",
     )
     sp.add_argument(
         "--log-format",
@@ -245,22 +243,22 @@ def add_commands(sub: Any) -> None:
         type=_seconds,
         default=30.0,
         metavar="SECONDS",
-        help="ping each client this often (default 30)",
+        help="ping each client of the control port this often (default 30; the data plane's Flight server "
+        "sends no pings: --write-timeout cuts its frozen clients)",
     )
     limits.add_argument(
         "--keepalive-timeout",
         type=_seconds,
         default=10.0,
         metavar="SECONDS",
-        help="close a connection whose client answers no ping for this long: a frozen client's streams "
-        "end (default 10)",
+        help="close a control-port connection whose client answers no ping for this long (default 10)",
     )
     limits.add_argument(
         "--max-connection-idle",
         type=_seconds,
         default=600.0,
         metavar="SECONDS",
-        help="close a connection without calls for this long (default 600)",
+        help="close a control-port connection without calls for this long (default 600)",
     )
     sp.add_argument(
         "--transform-threads",

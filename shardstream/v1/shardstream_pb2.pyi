@@ -195,23 +195,15 @@ class SkippedSample(_message.Message):
     def __init__(self, position: _Optional[int] = ..., shard: _Optional[int] = ..., row: _Optional[int] = ..., source: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReadHeader(_message.Message):
-    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "padding")
+    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "stream_id")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     END_OF_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
-    PADDING_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     steps: _containers.RepeatedCompositeFieldContainer[StepInfo]
     end_of_epoch: bool
     dropped: int
-    padding: bytes
-    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., padding: _Optional[bytes] = ...) -> None: ...
-
-class ReadResponse(_message.Message):
-    __slots__ = ("header", "arrow_ipc")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
-    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
-    header: ReadHeader
-    arrow_ipc: bytes
-    def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    stream_id: str
+    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ...) -> None: ...

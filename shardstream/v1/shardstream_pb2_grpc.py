@@ -44,11 +44,6 @@ class ShardStreamStub:
                 request_serializer=shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsRequest.SerializeToString,
                 response_deserializer=shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsResponse.FromString,
                 _registered_method=True)
-        self.Read = channel.unary_stream(
-                '/shardstream.v1.ShardStream/Read',
-                request_serializer=shardstream_dot_v1_dot_shardstream__pb2.ReadRequest.SerializeToString,
-                response_deserializer=shardstream_dot_v1_dot_shardstream__pb2.ReadResponse.FromString,
-                _registered_method=True)
 
 
 class ShardStreamServicer:
@@ -68,25 +63,6 @@ class ShardStreamServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Read(self, request, context):
-        """Stream the batches of one rank for a range of global steps of one epoch.
-
-        Admission: a server runs at most --max-streams Read streams at once (--max-streams-per-peer per
-        client address) and refuses more with RESOURCE_EXHAUSTED. A stream whose client reads nothing
-        for --write-timeout-s seconds is cut (its connection is closed), so a frozen client holds no
-        server memory; the client resumes at its first missing step, as after any broken stream.
-
-        Framing: every message on the stream is a valid encoding of ReadResponse, so a generic gRPC
-        client (grpcurl, other languages) can decode it with these definitions. The shardstream
-        server writes it by hand so that the Arrow payload is never copied through a protobuf
-        field: field 1 (`header`) comes first, field 2 (`arrow_ipc`) last, and `header.padding` is
-        sized so the payload starts at a 16-byte-aligned offset of the message. The shardstream
-        client reads the header with protobuf and hands the payload to Arrow without a copy.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_ShardStreamServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,11 +75,6 @@ def add_ShardStreamServicer_to_server(servicer, server):
                     servicer.ListDatasets,
                     request_deserializer=shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsRequest.FromString,
                     response_serializer=shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsResponse.SerializeToString,
-            ),
-            'Read': grpc.unary_stream_rpc_method_handler(
-                    servicer.Read,
-                    request_deserializer=shardstream_dot_v1_dot_shardstream__pb2.ReadRequest.FromString,
-                    response_serializer=shardstream_dot_v1_dot_shardstream__pb2.ReadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -160,33 +131,6 @@ class ShardStream:
             '/shardstream.v1.ShardStream/ListDatasets',
             shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsRequest.SerializeToString,
             shardstream_dot_v1_dot_shardstream__pb2.ListDatasetsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Read(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/shardstream.v1.ShardStream/Read',
-            shardstream_dot_v1_dot_shardstream__pb2.ReadRequest.SerializeToString,
-            shardstream_dot_v1_dot_shardstream__pb2.ReadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadtest.chaos_net import data_port_behind
 from shardstream.server.fleet import LocalServer
 
-__all__ = ["Metrics", "Servers", "rpc_count", "scrape", "unused_port", "wait_for"]
+__all__ = ["Metrics", "Servers", "data_port_behind", "rpc_count", "scrape", "unused_port", "wait_for"]
 
 
 def unused_port() -> int:
@@ -73,22 +74,15 @@ def scrape(server: LocalServer) -> Metrics:
 
 def rpc_count(metrics: dict[str, float], method: str, code: str | None = None) -> float:
     """From `scrape`: grpc_server_started_total of a ShardStream method, or with `code` (as grpc-go
-    spells it: "NotFound", "DataLoss") grpc_server_handled_total; "Read" counts the Flight data
-    plane's DoGet too."""
-    kind = "server_stream" if method == "Read" else "unary"
-    services = [(method, "shardstream.v1.ShardStream")]
-    if method == "Read":  # and its Flight DoGet, on a server with the Flight data plane
-        services.append(("DoGet", "arrow.flight.protocol.FlightService"))
-    total = 0.0
-    for i, (name, service) in enumerate(services):
-        labels = f'grpc_method="{name}",grpc_service="{service}",grpc_type="{kind}"'
-        key = (
-            f"grpc_server_started_total{{{labels}}}"
-            if code is None
-            else f'grpc_server_handled_total{{grpc_code="{code}",{labels}}}'
-        )
-        total += metrics[key] if i == 0 else metrics.get(key, 0.0)  # DoGet's exist once called
-    return total
+    spells it: "NotFound", "DataLoss") grpc_server_handled_total; "Read" is the data plane's Flight
+    DoGet."""
+    if method == "Read":
+        labels = 'grpc_method="DoGet",grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"'
+    else:
+        labels = f'grpc_method="{method}",grpc_service="shardstream.v1.ShardStream",grpc_type="unary"'
+    if code is None:
+        return metrics[f"grpc_server_started_total{{{labels}}}"]
+    return metrics[f'grpc_server_handled_total{{grpc_code="{code}",{labels}}}']
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

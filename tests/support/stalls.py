@@ -1,5 +1,5 @@
-"""Clients that stop reading, for the admission tests: Read streams left unread, over raw gRPC
-channels or a plain Flight client (whichever data plane the server serves).
+"""Clients that stop reading, for the admission tests: Read streams left unread, over a plain Flight
+client of the server's data plane.
 
 `write_blobs` makes a dataset of incompressible rows (so messages are as large as asked), `Streams`
 opens Read streams from this process and reads only their first message (or their error),
@@ -30,9 +30,8 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .media import write_table
 
-__all__ = ["OPTIONS", "READ", "Streams", "server_rss", "stalled_process", "write_blobs"]
+__all__ = ["OPTIONS", "Streams", "server_rss", "stalled_process", "write_blobs"]
 
-READ = "/shardstream.v1.ShardStream/Read"
 REPO = Path(__file__).resolve().parents[2]
 # No BDP probing: the connection window stays at 64 KiB, so what a client leaves unread stays on
 # the server (grpc would otherwise grow the window and buffer megabytes in the client).
@@ -52,9 +51,9 @@ def write_blobs(root: Path, name: str, rows: int, row_bytes: int) -> Manifest:
 
 
 class Streams:
-    """Read streams opened on `connections` channels to `target`, read no further than their first
-    message; `close()` cancels them and closes the channels. Over the server's Flight data plane
-    when it has one (its ListDatasets answer names the port), else as grpcio Read calls."""
+    """Read streams opened on `connections` Flight clients of `target`'s data plane (its port from
+    the server's ListDatasets answer), read no further than their first message; `close()` cancels
+    them and closes the clients."""
 
     def __init__(self, target: str, connections: int = 1) -> None:
         self.channels = [grpc.insecure_channel(target, options=OPTIONS) for _ in range(connections)]
@@ -67,17 +66,12 @@ class Streams:
         )(pb.ListDatasetsRequest(), timeout=30)
         port = listing.datasets[0].data_port if listing.datasets else 0
         host = target.rpartition(":")[0]
-        self.flights = (
-            [flight.connect(f"grpc://{host}:{port}", generic_options=OPTIONS) for _ in range(connections)]
-            if port
-            else []
-        )
+        assert port, "the server names no data port"
+        self.flights = [flight.connect(f"grpc://{host}:{port}", generic_options=OPTIONS) for _ in range(connections)]
 
     def _call(self, i: int, data: bytes, timeout_s: float) -> Any:
-        if self.flights:
-            options = flight.FlightCallOptions(timeout=timeout_s)
-            return self.flights[i % len(self.flights)].do_get(flight.Ticket(data), options)
-        return self.channels[i % len(self.channels)].unary_stream(READ)(data, timeout=timeout_s)
+        options = flight.FlightCallOptions(timeout=timeout_s)
+        return self.flights[i % len(self.flights)].do_get(flight.Ticket(data), options)
 
     def open(self, request: pb.ReadRequest, n: int, timeout_s: float = 60) -> list[grpc.StatusCode]:
         """Open n streams of `request`; the outcome of each first message (OK or the error's code)."""
@@ -87,10 +81,8 @@ class Streams:
             try:
                 call = self._call(i, data, timeout_s)
                 self.calls.append(call)
-                call.read_chunk() if self.flights else next(call)
+                call.read_chunk()
                 out.append(grpc.StatusCode.OK)
-            except grpc.RpcError as exc:
-                out.append(exc.code())
             except flight.FlightError as exc:
                 out.append(FlightStatus.of(exc).code())
         self.codes += out
@@ -100,8 +92,6 @@ class Streams:
         """The error of one more stream (its code, details and trailing metadata)."""
         try:
             self.open_raw(request)
-        except grpc.RpcError as exc:
-            return exc
         except flight.FlightError as exc:
             return FlightStatus.of(exc)
         raise AssertionError("the stream was admitted")
@@ -111,25 +101,17 @@ class Streams:
         messages, its largest message's bytes)."""
         messages = largest = 0
         try:
-            call = self._call(0, data, timeout_s)
-            if self.flights:
-                for chunk in call:
-                    messages += 1
-                    largest = max(largest, chunk.data.nbytes + len(chunk.app_metadata or b""))
-            else:
-                for message in call:
-                    messages += 1
-                    largest = max(largest, len(message))
+            for chunk in self._call(0, data, timeout_s):
+                messages += 1
+                largest = max(largest, chunk.data.nbytes + len(chunk.app_metadata or b""))
             return grpc.StatusCode.OK, messages, largest
-        except grpc.RpcError as exc:
-            return exc.code(), messages, largest
         except flight.FlightError as exc:
             return FlightStatus.of(exc).code(), messages, largest
 
     def open_raw(self, request: pb.ReadRequest) -> None:
         call = self._call(0, request.SerializeToString(), 30)
         self.calls.append(call)
-        call.read_chunk() if self.flights else next(call)
+        call.read_chunk()
 
     def close(self) -> None:
         for call in self.calls:

@@ -1,0 +1,46 @@
+"""Arrow IPC helpers of the data plane, and the header that names a Read stream.
+
+A Read stream is an Arrow Flight DoGet (server/flight_service.py): each message is one record batch
+on Flight's wire — its buffers written into gRPC without a Python copy — with the message's
+serialized `ReadHeader` as the batch's app_metadata (protos/shardstream/v1/shardstream.proto). These
+helpers size a batch as an IPC stream without writing it (`ipc_size`, the server's message cap),
+write one (`ipc_bytes`, for tests and the disk caches) and read one back (`read_ipc`).
+
+No extension type other than Arrow's canonical ones crosses the data plane, either way
+(extension_types.py): the server sends, and the client and `read_ipc` keep, `plain_batch(batch)`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from shardstream.extension_types import plain_batch
+
+__all__ = ["STREAM_ID_METADATA", "ipc_bytes", "ipc_size", "plain_batch", "read_ipc"]
+
+# A response header of every Read stream: the server's id of the stream, which its log lines name
+# (server/stream_log.py) and the client's failover lines repeat (client/session.py).
+STREAM_ID_METADATA = "x-shardstream-stream-id"
+
+
+def ipc_bytes(batch: pa.RecordBatch) -> pa.Buffer:
+    """Schema + one record batch as an Arrow IPC stream."""
+    batch = plain_batch(batch)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def read_ipc(payload: pa.Buffer) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(payload)
+    return plain_batch(reader.read_next_batch())
+
+
+def ipc_size(batch: pa.RecordBatch) -> int:
+    """Bytes of `ipc_bytes(batch)`, counted without writing them (no copy of the data)."""
+    batch = plain_batch(batch)
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.size()
