@@ -83,10 +83,16 @@ class Message:
 
 
 def _message(
-    header: pb.ReadHeader, batch: pa.RecordBatch, steps: int, rows: int, *, parts: bool = False
+    header: pb.ReadHeader,
+    batch: pa.RecordBatch,
+    steps: int,
+    rows: int,
+    *,
+    parts: bool = False,
+    nbytes: int | None = None,
 ) -> Message:
     batch = plain_batch(batch)  # no extension type leaves the server (extension_types.py)
-    return Message(header, batch, steps, rows, parts, _size(header, batch))
+    return Message(header, batch, steps, rows, parts, _size(header, batch) if nbytes is None else nbytes)
 
 
 class MessageSteps:
@@ -242,8 +248,9 @@ class MessageBuilder:
         """The messages of one built chunk, each encoded when asked for (the rows are let go before
         the last one is handed out: a stream waiting to send it holds the message only)."""
         cap = plan.message_cap_bytes
-        if chunk.samples is None and _size(header, batch) <= cap:
-            message = _message(header, batch, len(header.steps), batch.num_rows)
+        size = _size(header, batch) if chunk.samples is None else cap + 1
+        if size <= cap:  # the common case: sized once
+            message = _message(header, batch, len(header.steps), batch.num_rows, nbytes=size)
             del batch
             yield message
             return
