@@ -89,6 +89,7 @@ preinitialize(  # export 0 for the series known to exist
 )
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 _MIDDLEWARE = "shardstream"
+_REMEMBER_SHUT_S = 60.0  # how long the streams of a connection the reaper shut down count as reaped
 
 
 class _Call(flight.ServerMiddleware):  # type: ignore[misc]
@@ -169,6 +170,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
         # reaps those it has been writing for longer than the write timeout.
         self._writing: dict[int, _Writing] = {}
+        self._shut: dict[str, float] = {}  # peer -> when the reaper shut its connection down
         self._keys = iter(range(1 << 62))
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -179,6 +181,14 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         super().shutdown()
         self._stopped.set()
         self._builds.shutdown(wait=False, cancel_futures=True)
+
+    def _was_shut(self, peer: str) -> bool:
+        """Whether the reaper shut `peer`'s connection down lately (its streams end as reaped too)."""
+        now = time.monotonic()
+        with self._lock:
+            for old in [p for p, t in self._shut.items() if now - t > _REMEMBER_SHUT_S]:
+                del self._shut[old]
+            return peer in self._shut
 
     def _sweep(self) -> None:
         timeout_s = self.service.write_timeout_s
@@ -196,6 +206,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 closed = shutdown_connection(w.peer, self.port)
                 if closed:
                     shut.add(w.peer)
+                    with self._lock:
+                        self._shut[w.peer] = time.monotonic()
                 log.warning(
                     "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
                     w.peer or "an unknown peer",
@@ -301,6 +313,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             stream.reason = ""
         except GeneratorExit:
             messages.cancel()
+            if not writing.reaped and self._was_shut(writing.peer):  # its connection's other streams
+                writing.reaped = True
+                STREAMS_REAPED.inc()
+                stream.reason = "reaped: its connection was shut down (another stream read nothing)"
             raise
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
