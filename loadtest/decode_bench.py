@@ -13,8 +13,10 @@
    empty `--cache-dir`: each run pays its decode once, cold (the server is first warmed up — imports,
    thread pools — on another small dataset, outside the measurement). Runs, alternating after a warm-up:
    A = 1 job and B = --jobs jobs with the feature cache; C = 1 job and D = --jobs jobs without a
-   disk tier (every job decodes every image). Server CPU = CPU seconds of the server process
-   during the run (psutil); ratios B/A and D/C per round, median (min-max).
+   disk tier (every job decodes every image); E = --jobs jobs one after another on one fresh
+   server and disk tier (a sweep whose jobs do not start at the same moment). Server CPU = CPU
+   seconds of the server process during the run (psutil); ratios B/A, D/C and E / E's first job per
+   round, median (min-max).
 2. **draft** — `"draft": true` (JPEG DCT scaling, not bit-identical) vs the default decode, one
    server with `--transform-threads 1`, one client, one unshuffled epoch per pass: images per server
    CPU-second, alternating A B after a warm-up each, for 500x375 JPEGs to 224x224 (the image is
@@ -143,12 +145,36 @@ def jobs_run(root: Path, work: Path, jobs: int, shared: bool, images: int) -> di
     return {"server_cpu_s": cpu, "wall_s": wall, "images": sum(counts), "feature_files": files}
 
 
+def staggered_run(root: Path, work: Path, jobs: int, images: int) -> dict[str, float]:
+    """`jobs` jobs one after another (a sweep whose jobs do not start at the same moment) on a fresh
+    server and disk tier: the server's CPU seconds for all of them, and for the first alone."""
+    with tempfile.TemporaryDirectory(dir=work, prefix="cache-") as cache:
+        args = ("--transform-threads", "2", "--cache-dir", cache)
+        with LocalServer(root, extra_args=args) as server:
+            read_epoch(server.target, "warm", 0, AUGMENT, "block")
+            each, t0 = [], time.perf_counter()
+            for k in range(jobs):
+                c0 = _cpu_s(server.pid)
+                if read_epoch(server.target, "images", k, AUGMENT, "block") != images:
+                    raise AssertionError(f"job {k} did not receive {images} images")
+                each.append(_cpu_s(server.pid) - c0)
+            wall = time.perf_counter() - t0
+    return {
+        "server_cpu_s": sum(each),
+        "first_job_cpu_s": each[0],
+        "wall_s": wall,
+        "images": jobs * images,
+        "feature_files": 0,
+    }
+
+
 def run_jobs(args: argparse.Namespace, root: Path, work: Path) -> dict[str, Any]:
     runs: dict[str, Callable[[], dict[str, float]]] = {
         "A_1_job_shared": lambda: jobs_run(root, work, 1, True, args.images),
         f"B_{args.jobs}_jobs_shared": lambda: jobs_run(root, work, args.jobs, True, args.images),
         "C_1_job_unshared": lambda: jobs_run(root, work, 1, False, args.images),
         f"D_{args.jobs}_jobs_unshared": lambda: jobs_run(root, work, args.jobs, False, args.images),
+        f"E_{args.jobs}_jobs_staggered": lambda: staggered_run(root, work, args.jobs, args.images),
     }
     out: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
     for round_ in range(args.pairs + 1):
@@ -160,8 +186,9 @@ def run_jobs(args: argparse.Namespace, root: Path, work: Path) -> dict[str, Any]
             )
             if round_:
                 out[name].append(r)
-    a, b, c, d = out.values()
+    a, b, c, d, e = out.values()
     return {
+        "staggered_ratio": spread([r["server_cpu_s"] / r["first_job_cpu_s"] for r in e]),
         "runs": out,
         "server_cpu_s": {k: spread([r["server_cpu_s"] for r in v]) for k, v in out.items()},
         "shared_ratio": spread([y["server_cpu_s"] / x["server_cpu_s"] for x, y in zip(a, b, strict=True)]),
@@ -236,6 +263,9 @@ def print_report(result: dict[str, Any]) -> None:
         for name, s in r["server_cpu_s"].items():
             print(f"  {name:<24} {_fmt(s)}")
         print(f"{n} jobs / 1 job, feature cache:    {_fmt(r['shared_ratio'])}  (target <= 1.3)")
+        print(
+            f"{n} jobs one after another / the first: {_fmt(r['staggered_ratio'])}  (same server, feature cache)"
+        )
         print(f"{n} jobs / 1 job, no feature cache: {_fmt(r['unshared_ratio'])}")
         print(f"{n} jobs with / 1 job without cache: {_fmt(r['shared_jobs_over_one_unshared_job'])}")
         print(f"1 job, feature cache / none:       {_fmt(r['one_job_shared_over_unshared'])}")
