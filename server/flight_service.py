@@ -59,7 +59,7 @@ from .audit import StreamAudit
 from .auth import Principal
 from .build import Message, MessageSteps
 from .grants import GRANT_HEADER
-from .grpc_metrics import HANDLED, HANDLING_SECONDS, STARTED, code_name, preinitialize
+from .grpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
 from .read_plan import ReadPlan
 from .reaper import STREAMS_REAPED, shutdown_connection
 from .service import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, ShardStreamService
@@ -70,23 +70,8 @@ __all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
 log = logging.getLogger(__name__)
 
 FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
-preinitialize(  # export 0 for the series known to exist
-    FLIGHT_SERVICE,
-    {"DoGet": "server_stream"},
-    (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.DATA_LOSS,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNKNOWN,
-    ),
-)
+# 0 for the known series; UNKNOWN too: a plain Flight error without a shardstream code
+preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 _MIDDLEWARE = "shardstream"
 _REMEMBER_SHUT_S = 60.0  # how long the streams of a connection the reaper shut down count as reaped

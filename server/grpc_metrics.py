@@ -25,7 +25,7 @@ import grpc
 from grpc import aio
 from prometheus_client import Counter, Histogram
 
-__all__ = ["RpcMetrics", "code_name", "preinitialize"]
+__all__ = ["KNOWN_CODES", "RpcMetrics", "code_name", "preinitialize"]
 
 STARTED = Counter(
     "grpc_server_started_total", "RPCs started on the server", ["grpc_type", "grpc_service", "grpc_method"]
@@ -51,7 +51,24 @@ def code_name(code: grpc.StatusCode) -> str:
     return _GO_NAMES.get(code) or "".join(w.capitalize() for w in code.name.split("_"))
 
 
-def preinitialize(service: str, methods: dict[str, str], codes: tuple[grpc.StatusCode, ...]) -> None:
+# The statuses shardstream's handlers end calls with: their series are exported at 0 from the start.
+KNOWN_CODES = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.CANCELLED,
+)
+
+
+def preinitialize(
+    service: str, methods: dict[str, str], codes: tuple[grpc.StatusCode, ...] = KNOWN_CODES
+) -> None:
     """Export 0 for the series known to exist: `methods` maps each method to its grpc_type."""
     for method, kind in methods.items():
         STARTED.labels(kind, service, method)

@@ -85,22 +85,7 @@ REGISTRY_BAD_ENTRIES = Gauge(
     multiprocess_mode="livemax",
 )
 _LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
-preinitialize(  # export 0 for the series known to exist
-    SERVICE_NAME,
-    {"GetDataset": "unary", "ListDatasets": "unary"},
-    (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.DATA_LOSS,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.CANCELLED,
-    ),
-)
+preinitialize(SERVICE_NAME, {"GetDataset": "unary", "ListDatasets": "unary"})  # 0 for the known series
 
 T = TypeVar("T")
 _MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer

@@ -20,12 +20,10 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from prometheus_client import REGISTRY
 
 from shardstream.errors import DataLossError, InvalidArgumentError
-from shardstream.ipc import ipc_bytes
 from shardstream.manifest import DatasetRef
 from shardstream.registry import Registry
 from shardstream.server import feature_cache, spill
@@ -39,6 +37,7 @@ from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
+from .support.doget import wire_messages
 from .support.servers import scrape, wait_for
 
 DECODE = [{"op": "image.decode", "size": [40, 48]}]
@@ -256,22 +255,9 @@ def test_other_parameters_are_other_files(root: Path, tmp_path: Path) -> None:
 
 # --- through real servers ---------------------------------------------------------------------
 def raw_messages(server: LocalServer, req: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
-    """A Read on `server`'s data plane (a worker's: its GetDataset names the port), as (header, IPC
-    stream) bytes per message."""
+    """A Read on `server`'s data plane (a worker's), as wire bytes."""
     with grpc.insecure_channel(server.target) as channel:
-        get = channel.unary_unary(
-            "/shardstream.v1.ShardStream/GetDataset",
-            request_serializer=pb.GetDatasetRequest.SerializeToString,
-            response_deserializer=pb.DatasetInfo.FromString,
-        )
-        name = req.dataset or req.mixture[0].dataset
-        port = get(pb.GetDatasetRequest(dataset=name), timeout=60).data_port
-    client = flight.connect(f"grpc://127.0.0.1:{port}")
-    try:
-        reader = client.do_get(flight.Ticket(req.SerializeToString()))
-        return [(without_stream_id(c.app_metadata), ipc_bytes(c.data).to_pybytes()) for c in reader]
-    finally:
-        client.close()
+        return wire_messages(channel, req)
 
 
 @pytest.fixture(scope="module")
@@ -329,10 +315,3 @@ def test_head_errors_travel_in_the_file(root: Path, tmp_path: Path) -> None:
         meta = pa.ipc.open_file(body).schema.metadata or {}
         recorded += json.loads(meta[b"shardstream.head_errors"])
     assert len(recorded) == 3 and all(j == 0 for _, j, _ in recorded)
-
-
-def without_stream_id(metadata: object) -> bytes:
-    """A message's header with the server's stream id cleared (it differs from stream to stream)."""
-    header = pb.ReadHeader.FromString(metadata.to_pybytes())  # type: ignore[attr-defined]
-    header.ClearField("stream_id")
-    return header.SerializeToString()

@@ -14,18 +14,17 @@ import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
-import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
 from shardstream.client import Loader
-from shardstream.ipc import ipc_bytes
 from shardstream.registry import Registry
 from shardstream.server.fleet import LocalServer
 from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
+from .support.doget import wire_messages
 from .support.servers import rpc_count, scrape, wait_for
 
 Factory = Callable[..., LocalServer]
@@ -99,21 +98,8 @@ def connections_on_every_worker(server: LocalServer) -> list[grpc.Channel]:
 
 
 def raw_read(ch: grpc.Channel, **kw: object) -> list[tuple[bytes, bytes]]:
-    """A Read on the data plane of the worker that holds connection `ch` (its GetDataset names its
-    port), as (header, IPC stream) bytes per message."""
-    req = pb.ReadRequest(world_size=1, **kw)  # type: ignore[arg-type]
-    get = ch.unary_unary(
-        "/shardstream.v1.ShardStream/GetDataset",
-        request_serializer=pb.GetDatasetRequest.SerializeToString,
-        response_deserializer=pb.DatasetInfo.FromString,
-    )
-    port = get(pb.GetDatasetRequest(dataset=req.dataset), timeout=60).data_port
-    client = flight.connect(f"grpc://127.0.0.1:{port}")
-    try:
-        reader = client.do_get(flight.Ticket(req.SerializeToString()))
-        return [(without_stream_id(c.app_metadata), ipc_bytes(c.data).to_pybytes()) for c in reader]
-    finally:
-        client.close()
+    """A Read on the data plane of the worker that holds connection `ch`, as wire bytes."""
+    return wire_messages(ch, pb.ReadRequest(world_size=1, **kw))  # type: ignore[arg-type]
 
 
 def test_streams_land_on_every_worker_and_metrics_are_summed(pair: tuple[LocalServer, LocalServer]) -> None:
@@ -453,10 +439,3 @@ def test_a_killed_supervisors_temporary_directory_is_removed_by_the_next_one() -
         assert not gone.exists() and kept.exists()
     finally:
         kept.rmdir()
-
-
-def without_stream_id(metadata: object) -> bytes:
-    """A message's header with the server's stream id cleared (it differs from stream to stream)."""
-    header = pb.ReadHeader.FromString(metadata.to_pybytes())  # type: ignore[attr-defined]
-    header.ClearField("stream_id")
-    return header.SerializeToString()
