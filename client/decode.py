@@ -22,7 +22,6 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .batch import PROVENANCE, BatchInfo, SkippedSample
 from .convert import splitter
-from .parts import as_batch
 from .spec import ReadSpec
 
 __all__ = ["Item", "decode_message", "empty_epoch"]
@@ -52,7 +51,7 @@ def decode_message(
     first_step: int,
     step_stride: int,
     header: pb.ReadHeader,
-    payload: pa.Buffer | pa.RecordBatch,
+    batch: pa.RecordBatch,
 ) -> Iterator[Item]:
     """The items of one message whose steps must be first_step, first_step + step_stride, ...
 
@@ -60,8 +59,7 @@ def decode_message(
     GIL for a whole message of small steps while the training loop waits for it."""
     if header.epoch != epoch:
         raise DataLossError(f"server sent epoch {header.epoch}, expected {epoch}")
-    spec.metrics.bytes.inc(payload.size if isinstance(payload, pa.Buffer) else payload.nbytes)
-    batch = as_batch(payload)
+    spec.metrics.bytes.inc(batch.nbytes)
     covered = sum(st.rows for st in header.steps)
     if covered != batch.num_rows:
         raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {covered}")

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from shardstream.errors import FlightStatus
-from shardstream.ipc import STREAM_ID_METADATA
+from shardstream.ipc import STREAM_ID_METADATA, plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["FlightCall"]
@@ -101,7 +101,7 @@ class FlightCall:
         header = pb.ReadHeader.FromString(meta.to_pybytes())
         if header.stream_id:
             self._stream_id = header.stream_id
-        return header, chunk.data
+        return header, plain_batch(chunk.data)  # no Python-defined extension type past here
 
     def cancel(self) -> None:
         with self._lock:

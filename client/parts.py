@@ -4,7 +4,7 @@ The server sends such a step as consecutive messages that each carry the same on
 `part` = 0, 1, 2, ... and `more_parts` on all but the last (protos/shardstream/v1, StepInfo).
 `StepParts.add` takes every message of a stream: a whole-step message comes back as it is; a part
 is kept until the step's last one, which comes back as one message — one StepInfo with the rows and
-skipped samples of all the parts, and one Arrow payload with their rows in order — so the decoder
+skipped samples of all the parts, and one record batch with their rows in order — so the decoder
 and the cursor only ever see whole steps. A stream that breaks mid-step is resumed at that step
 (its session's next step moves only with whole steps), so `reset()` drops the parts received.
 """
@@ -14,18 +14,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
-from shardstream.ipc import plain_batch, read_ipc
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["StepParts", "as_batch"]
+__all__ = ["StepParts"]
 
-# A received message: its header and its rows, as Arrow IPC (the grpcio Read) or decoded (Flight)
-Message = tuple[pb.ReadHeader, "pa.Buffer | pa.RecordBatch"]
-
-
-def as_batch(payload: pa.Buffer | pa.RecordBatch) -> pa.RecordBatch:
-    """A message's rows as a record batch (Flight hands them decoded; a Read message's are IPC)."""
-    return plain_batch(payload) if isinstance(payload, pa.RecordBatch) else read_ipc(payload)
+Message = tuple[pb.ReadHeader, pa.RecordBatch]  # a received message: its header and its rows
 
 
 class StepParts:
@@ -39,7 +32,7 @@ class StepParts:
         self._header = None
         self._batches = []
 
-    def add(self, header: pb.ReadHeader, payload: pa.Buffer | pa.RecordBatch) -> Message | None:
+    def add(self, header: pb.ReadHeader, payload: pa.RecordBatch) -> Message | None:
         """The message to hand on (a whole step's, or a step whose last part this is); None while
         parts of the step are still to come."""
         part = header.steps[0] if len(header.steps) == 1 else None
@@ -65,7 +58,7 @@ class StepParts:
                 )
             first.part = part.part
             first.skipped.extend(part.skipped)
-        self._batches.append(as_batch(payload))
+        self._batches.append(payload)
         whole = self._header.steps[0]
         whole.rows += part.rows
         if part.more_parts:

@@ -111,8 +111,8 @@ class Producer:
                 message = session.next_message()
                 if message is None:
                     return False
-                header, payload = message
-                for item in decode_message(spec, epoch, layout, first, stride, header, payload):
+                header, rows = message
+                for item in decode_message(spec, epoch, layout, first, stride, header, rows):
                     if not self._put(item):
                         return False
                 if header.end_of_epoch:

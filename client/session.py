@@ -49,7 +49,7 @@ __all__ = ["CallRegistry", "Message", "StreamSession"]
 
 log = logging.getLogger("shardstream.client")
 
-Message = tuple[pb.ReadHeader, pa.Buffer]
+Message = tuple[pb.ReadHeader, pa.RecordBatch]
 OpenCall = Callable[[str, pb.ReadRequest], Any]  # (endpoint, request) -> a cancellable call iterator
 
 
@@ -146,7 +146,7 @@ class StreamSession:
                     self._it = iter(self._call)
                 assert self._it is not None
                 with self._calls.waiting(self._call):
-                    header, payload = next(self._it)
+                    header, rows = next(self._it)
             except StopIteration:
                 pass  # the stream ended before the steps it owes
             except grpc.RpcError as exc:
@@ -163,14 +163,14 @@ class StreamSession:
                 if pushback is not None:
                     self._pushback[self.endpoint] = time.monotonic() + pushback
             else:
-                whole = self._parts.add(header, payload)
+                whole = self._parts.add(header, rows)
                 if whole is None:
                     continue  # more parts of this step follow
-                header, payload = whole
+                header, rows = whole
                 if header.steps:
                     self.next_step += len(header.steps) * self.step_stride
                     self.failures = 0  # progress resets the retry budget
-                return header, payload
+                return header, rows
             if not self.retry(error):
                 return None
         return None

@@ -80,9 +80,9 @@ def _fill(spec: ReadSpec, s: StreamSession, epoch: int, layout: Layout) -> Itera
         message = s.next_message()
         if message is None:
             return None
-        header, payload = message
+        header, rows = message
         if header.steps:
-            return decode_message(spec, epoch, layout, first, s.step_stride, header, payload)
+            return decode_message(spec, epoch, layout, first, s.step_stride, header, rows)
         # A message without steps (only an empty end of epoch): this stream owes more, so the
         # server ended it early; treat it like a broken stream.
         if not s.retry(None):

@@ -24,11 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.parts import StepParts, as_batch
+from shardstream.client.parts import StepParts
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError
-from shardstream.ipc import ipc_bytes
 from shardstream.server.build import Message, MessageBuilder
 from shardstream.server.read_plan import ReadPlanner
 from shardstream.server.reader import new_row_group_cache
@@ -95,7 +94,7 @@ def steps_of(messages: list[Message]) -> list[tuple[pb.StepInfo, pa.RecordBatch]
         if whole is None:
             continue
         header, payload = whole
-        batch = as_batch(payload)
+        batch = payload
         row = 0
         for st in header.steps:
             out.append((st, batch.slice(row, st.rows)))
@@ -163,7 +162,7 @@ def test_a_client_without_split_steps_gets_whole_steps_or_a_clear_refusal(root: 
 # --- the client's side ----------------------------------------------------------------------------
 def part(step: int, k: int, more: bool, rows: list[int], epoch: int = 0) -> tuple[pb.ReadHeader, pa.Buffer]:
     header = pb.ReadHeader(epoch=epoch, steps=[pb.StepInfo(step=step, rows=len(rows), part=k, more_parts=more)])
-    return header, ipc_bytes(pa.record_batch({"id": pa.array(rows, pa.int64())}))
+    return header, pa.record_batch({"id": pa.array(rows, pa.int64())})
 
 
 def test_step_parts_refuse_what_does_not_make_a_step() -> None:
@@ -176,7 +175,7 @@ def test_step_parts_refuse_what_does_not_make_a_step() -> None:
     parts.reset()
     parts.add(*part(0, 0, True, [1]))
     with pytest.raises(DataLossError, match="step 0 ended after part 0"):
-        parts.add(pb.ReadHeader(steps=[pb.StepInfo(step=1, rows=0)]), ipc_bytes(pa.record_batch({"id": pa.array([], pa.int64())})))
+        parts.add(pb.ReadHeader(steps=[pb.StepInfo(step=1, rows=0)]), pa.record_batch({"id": pa.array([], pa.int64())}))
 
 
 class _Error(grpc.RpcError):
@@ -255,7 +254,7 @@ def test_a_stream_broken_mid_step_resumes_at_that_step_and_hands_it_over_once() 
         assert message is not None
         header, payload = message
         (st,) = header.steps
-        got.append((st.step, st.rows, st.part, st.more_parts, as_batch(payload).column("id").to_pylist()))
+        got.append((st.step, st.rows, st.part, st.more_parts, payload.column("id").to_pylist()))
     assert got == [(0, 3, 0, False, [0, 1, 2]), (1, 3, 0, False, [3, 4, 5])]
     assert opened == [0, 1]  # reopened at step 1, the step it was in the middle of
     assert session.next_step == 2

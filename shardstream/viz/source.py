@@ -289,8 +289,8 @@ class DataSource:
             calls.stop()
         if message is None:
             raise UnavailableError(f"the stream of {query.describe()} ended without its step")
-        header, payload = message
-        items = [i for i in decode_message(spec, query.epoch, layout, 0, 1, header, payload) if i.info]
+        header, rows = message
+        items = [i for i in decode_message(spec, query.epoch, layout, 0, 1, header, rows) if i.info]
         if len(items) != 1:
             raise UnavailableError(f"expected one step for {query.describe()}, got {len(items)}")
         item = items[0]
