@@ -21,7 +21,6 @@ import io
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from loadtest.chaos_net import free_port
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 
 IMAGES = 64
@@ -52,12 +52,6 @@ def make_images(n: int) -> list[bytes]:
         img.save(buf, format="JPEG", quality=90)
         out.append(buf.getvalue())
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> bytes:

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from shardstream.cli import build_parser
 
 from .support.chart import CHART, DOCKERFILE, dockerfile_entrypoint, flag, load_values, render
 from .support.data import N_ROWS, write_dataset
-from .support.servers import unused_port
+from .support.servers import unused_port, unused_port_outside, unused_port_range
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -275,29 +274,3 @@ def test_serve_node_defaults_the_data_port_to_the_control_port_plus_one() -> Non
     assert "SHARDSTREAM_DATA_PORT" in (REPO / "deploy" / "RUNBOOK.md").read_text()
 
 
-def unused_port_range(n: int) -> int:
-    """The first of `n` consecutive loopback ports nothing listens on right now."""
-    for _ in range(200):
-        first = unused_port()
-        if first + n > 65535:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for p in range(first, first + n):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", p))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise AssertionError(f"no {n} consecutive free ports found")
-
-
-def unused_port_outside(first: int, n: int) -> int:
-    """A free port that is not one of first..first+n-1."""
-    while (port := unused_port()) in range(first, first + n):
-        pass
-    return port

@@ -17,7 +17,6 @@ import math
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +50,7 @@ from .support.chart import (
     validate_object,
 )
 from .support.data import N_ROWS, write_dataset
-from .support.servers import unused_port, wait_for
+from .support.servers import unused_port_outside, unused_port_range, wait_for
 
 CASES = {"default": None, **{p.name.removesuffix("-values.yaml"): p for p in VALUES_FILES}}
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -495,34 +494,6 @@ def test_the_charts_limits_default_to_the_servers_and_reach_its_flags() -> None:
 
 
 # --- run what the chart renders -------------------------------------------------------------------
-
-
-def unused_port_range(n: int) -> int:
-    """The first of `n` consecutive loopback ports nothing listens on right now."""
-    for _ in range(200):
-        first = unused_port()
-        if first + n > 65535:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for p in range(first, first + n):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", p))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise AssertionError(f"no {n} consecutive free ports found")
-
-
-def unused_port_outside(first: int, n: int) -> int:
-    """A free port that is not one of first..first+n-1."""
-    while (port := unused_port()) in range(first, first + n):
-        pass
-    return port
 
 
 @pytest.mark.parametrize("case", ["default", "minimal", "monitoring"])

@@ -9,17 +9,51 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtest.chaos_net import data_port_behind
+from loadtest.chaos_net import data_port_behind, free_port
 from shardstream.server.fleet import LocalServer
 
-__all__ = ["Metrics", "Servers", "data_port_behind", "rpc_count", "scrape", "unused_port", "wait_for"]
+__all__ = [
+    "Metrics",
+    "Servers",
+    "data_port_behind",
+    "rpc_count",
+    "scrape",
+    "unused_port",
+    "unused_port_outside",
+    "unused_port_range",
+    "wait_for",
+]
 
 
-def unused_port() -> int:
-    """A loopback port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+unused_port = free_port  # a loopback port nothing listens on right now (the OS picks it)
+
+
+def unused_port_range(n: int) -> int:
+    """The first of `n` consecutive loopback ports nothing listens on right now."""
+    for _ in range(200):
+        first = unused_port()
+        if first + n > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports found")
+
+
+def unused_port_outside(first: int, n: int) -> int:
+    """A free port that is not one of first..first+n-1."""
+    while (port := unused_port()) in range(first, first + n):
+        pass
+    return port
 
 
 class Servers:
@@ -77,7 +111,9 @@ def rpc_count(metrics: dict[str, float], method: str, code: str | None = None) -
     spells it: "NotFound", "DataLoss") grpc_server_handled_total; "Read" is the data plane's Flight
     DoGet."""
     if method == "Read":
-        labels = 'grpc_method="DoGet",grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"'
+        labels = (
+            'grpc_method="DoGet",grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"'
+        )
     else:
         labels = f'grpc_method="{method}",grpc_service="shardstream.v1.ShardStream",grpc_type="unary"'
     if code is None:
