@@ -151,7 +151,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             middleware={_MIDDLEWARE: _CallFactory()},
         )
         self.service = service
-        self._builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
+        # Every stream's message builds (one at a time per stream: _Messages)
+        self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
         # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
         # reaps those it has been writing for longer than the write timeout.
         self._writing: dict[int, _Writing] = {}
@@ -165,7 +166,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
     def shutdown(self) -> None:
         super().shutdown()
         self._stopped.set()
-        self._builds.shutdown(wait=False, cancel_futures=True)
+        self.builds.shutdown(wait=False, cancel_futures=True)
 
     def _was_shut(self, peer: str) -> bool:
         """Whether the reaper shut `peer`'s connection down lately (its streams end as reaped too)."""
@@ -217,7 +218,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             request: pb.ReadRequest | None = pb.ReadRequest.FromString(ticket.ticket)
         except Exception:  # noqa: BLE001 — protobuf's DecodeError, invalid UTF-8 in a string field
             request = None
-        stream = svc._stream_log(request, peer, call.stream_id)
+        stream = svc.stream_log(request, peer, call.stream_id)
         audit = StreamAudit(peer, request)
         try:
             principal = self._principal(call)
@@ -236,7 +237,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 )
             plan = svc.planner.plan(request, principal)
             audit.planned([str(r.manifest.ref) for r in plan.readers])
-            active = svc._started(stream, plan, active)
+            active = svc.stream_started(stream, plan, active)
             messages = _Messages(self, plan, admitted)
             first = messages.next()
         except BaseException as exc:
@@ -335,13 +336,13 @@ class _Messages:
 
     def __init__(self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket) -> None:
         svc = plane.service
-        self._pool = plane._builds
+        self._pool = plane.builds
         self._admission = svc.admission
         self._admitted = admitted
         self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
 
         def read_ahead(steps: MessageSteps) -> None:
-            svc._read_ahead.schedule(plan, steps.ahead(svc._read_ahead.messages))
+            svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
 
         self._it = svc.builder.stream(plan, read_ahead)
         self._pending: Future[Message | None] | None = None

@@ -128,7 +128,7 @@ class ShardStreamService:
         self.port = 0  # the port the server listens on, once bound (app.py)
         self.data_port = 0  # its Flight data plane's port (data_plane.py), once bound
         self.grants: Grants | None = None  # with a data plane: what vouches for certificate callers
-        self._read_ahead = ReadAhead(read_ahead, cache)
+        self.read_ahead = ReadAhead(read_ahead, cache)  # each stream's next row groups, fetched ahead
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
     # --- plumbing ------------------------------------------------------------------------------
@@ -241,7 +241,10 @@ class ShardStreamService:
             )
 
     # --- what the data plane (flight_service.py) shares with this servicer ------------------------
-    def _stream_log(self, request: pb.ReadRequest | None, peer: str, stream_id: str | None = None) -> StreamLog:
+    def stream_log(
+        self, request: pb.ReadRequest | None, peer: str, stream_id: str | None = None
+    ) -> StreamLog:
+        """A new stream's log lines (stream_log.py), labelled by the dataset it asks for."""
         stream = StreamLog(stream_id or new_stream_id(), peer)
         stream.asked(request)
         if request is not None:  # labelled by name only once admitted (dataset_label.py)
@@ -249,7 +252,7 @@ class ShardStreamService:
             stream.label = dataset_label(name, admit=False)
         return stream
 
-    def _started(self, stream: StreamLog, plan: ReadPlan, active: Any) -> Any:
+    def stream_started(self, stream: StreamLog, plan: ReadPlan, active: Any) -> Any:
         """A planned stream: its dataset label admitted, counted, logged; its active gauge's child."""
         names = [r.manifest.name for r in plan.readers]
         label = dataset_label(dataset_name(names[0], names if plan.mixture else None), admit=True)
