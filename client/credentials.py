@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import pyarrow.flight as flight
 
 from shardstream.errors import InvalidArgumentError
 
@@ -127,19 +128,20 @@ class ChannelSecurity:
         port: int,
         options: list[tuple[str, Any]],
         server_name: str | None = None,
-    ) -> Any:
+    ) -> flight.FlightClient:
         """A Flight client of the data plane at host:port with these credentials (`server_name`:
         the name its certificate must have, when `host` is an address of it)."""
-        import pyarrow.flight as flight
-
         if self.credentials is None:
             return flight.connect(flight.Location.for_grpc_tcp(host, port), generic_options=options)
         ca, cert, key = self.pem
-        kwargs: dict[str, Any] = {"tls_root_certs": ca, "override_hostname": self.server_name or server_name}
-        if cert is not None:
-            kwargs.update(cert_chain=cert, private_key=key)
+        tls = {
+            "tls_root_certs": ca,
+            "override_hostname": self.server_name or server_name,
+            "cert_chain": cert,
+            "private_key": key,
+        }
         return flight.connect(
             flight.Location.for_grpc_tls(host, port),
             generic_options=options,
-            **{k: v for k, v in kwargs.items() if v is not None},
+            **{k: v for k, v in tls.items() if v is not None},
         )
