@@ -83,7 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"simulated compute per batch (default {d.step_ms:g})",
     )
     ap.add_argument(
-        "--duration", type=float, default=d.duration_s, help=f"seconds (default {d.duration_s:g})"
+        "--duration",
+        type=float,
+        default=d.duration_s,
+        help=f"seconds (default {d.duration_s:g}; 0: no time limit, with --epochs)",
+    )
+    ap.add_argument(
+        "--batches",
+        type=int,
+        default=d.batches,
+        help="fixed work: every rank takes this many batches, however long it takes (--duration unused)",
     )
     ap.add_argument(
         "--batch-size",
@@ -137,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         ranks=args.ranks,
         step_ms=args.step_ms,
         duration_s=args.duration,
+        batches=args.batches,
         batch_size=args.batch_size,
         root=args.root,
         s3_endpoint=args.s3_endpoint,

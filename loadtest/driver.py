@@ -1,6 +1,6 @@
 """`python -m loadtest`: M shard-reader servers, N simulated training ranks, one measured window.
 
-    python -m loadtest [--servers 2] [--ranks 2] [--step-ms 10] [--duration 10] [--batch-size 256]
+    python -m loadtest [--servers 2] [--ranks 2] [--step-ms 10] [--duration 10 | --batches N] [--batch-size 256]
                        [--root PATH|s3://BUCKET/PREFIX] [--s3-endpoint URL] [--dataset NAME]
                        [--rows 200000] [--dim 64] [--shuffle block] [--epochs 0] [--prefetch 8] [--streams 1]
                        [--cache-mib 1024] [--json OUT] [--png OUT]
@@ -9,7 +9,10 @@ It builds a dataset (or reuses --dataset under --root: `id` int64 + `vec` fixed_
 [--dim], random values), starts M `shardstream serve` processes over the root (each with Prometheus
 /metrics) and N rank processes (loadtest/rank.py): rank r of world N is a `Loader` over all M
 endpoints that sleeps --step-ms per batch to simulate compute. Every rank starts at the same moment
-(ready files, then one go file) and runs for --duration seconds or until its --epochs are done.
+(ready files, then one go file) and runs for --duration seconds or until its --epochs are done. With
+--batches N the work is fixed instead: every rank takes N batches (fewer only when its --epochs end
+first), however long that takes — what a test on a busy machine can rely on; --duration 0 likewise
+lifts the time limit of an --epochs run.
 
 Reported per rank and in total: samples/s, MB/s (10^6 B/s of delivered Arrow payload), p50/p99 batch
 wait (time the loop spent in `next()`, the first batch apart), data-stall fraction (wait / loop
@@ -48,6 +51,9 @@ __all__ = ["LoadConfig", "run_load"]
 
 READY_TIMEOUT_S = 180.0  # 8 ranks importing pyarrow/grpc on 2 busy cores take a while
 EXIT_MARGIN_S = 120.0
+# A run without a time limit (--batches, or --duration 0 with --epochs) is given this long before it
+# counts as hung: a guard against a hang, not a window the work must fit in.
+HANG_TIMEOUT_S = 1800.0
 MIB = 1 << 20
 TIMELINE_BIN_S = 0.25
 SHUFFLES = ("none", "block", "full")
@@ -59,7 +65,8 @@ class LoadConfig:
     servers: int = 2
     ranks: int = 2
     step_ms: float = 10.0
-    duration_s: float = 10.0
+    duration_s: float = 10.0  # 0: no time limit (the work is bounded by `batches` or `epochs`)
+    batches: int = 0  # > 0: fixed work, every rank stops after this many batches (duration_s unused)
     batch_size: int = 256
     root: str | None = None  # None: a temporary directory, removed at the end
     s3_endpoint: str | None = None
@@ -78,12 +85,27 @@ class LoadConfig:
     max_message_bytes: int = 0  # 0: the server's default (~2 MiB)
     server_env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def time_limit_s(self) -> float:
+        """How long each rank runs at most (0: no limit; fixed work)."""
+        return 0.0 if self.batches else self.duration_s
+
+    @property
+    def work(self) -> str:
+        """What ends the run, in words."""
+        ends = [f"{self.batches} batches a rank"] if self.batches else []
+        ends += [f"{self.epochs} epochs"] if self.epochs else []
+        ends += [f"{self.time_limit_s:g} s"] if self.time_limit_s else []
+        return " or ".join(ends)
+
     def check(self) -> None:
         for name in ("servers", "ranks", "batch_size", "rows", "dim", "prefetch", "streams", "cache_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.step_ms < 0 or self.duration_s <= 0 or self.epochs < 0:
-            raise ValueError("--step-ms must be >= 0, --duration > 0 and --epochs >= 0")
+        if self.step_ms < 0 or self.duration_s < 0 or self.epochs < 0 or self.batches < 0:
+            raise ValueError("--step-ms, --duration, --epochs and --batches must be >= 0")
+        if self.duration_s == 0 and not (self.batches or self.epochs):
+            raise ValueError("--duration 0 (no time limit) needs --batches or --epochs to end the run")
         if self.shuffle not in SHUFFLES:
             raise ValueError(f"--shuffle must be one of {', '.join(SHUFFLES)}, got {self.shuffle!r}")
         if self.output not in OUTPUTS:
@@ -242,7 +264,8 @@ def run_load(cfg: LoadConfig, workdir: Path | None = None) -> dict[str, Any]:
                     "streams": cfg.streams,
                     "max_message_bytes": cfg.max_message_bytes,
                     "step_ms": cfg.step_ms,
-                    "duration_s": cfg.duration_s,
+                    "duration_s": cfg.time_limit_s,
+                    "batches": cfg.batches,
                     "go_path": str(workdir / "go"),
                 },
             )
@@ -257,11 +280,11 @@ def run_load(cfg: LoadConfig, workdir: Path | None = None) -> dict[str, Any]:
         cpu0 = [tree_cpu_s(s.proc.pid) for s in servers if s.proc is not None]
         pids = {f"server {i}": s.proc.pid for i, s in enumerate(servers) if s.proc is not None}
         pids.update({f"rank {r.rank}": r.proc.pid for r in ranks if r.proc is not None})
-        log(f"{cfg.servers} servers, {cfg.ranks} ranks ready; go for {cfg.duration_s:g} s")
+        log(f"{cfg.servers} servers, {cfg.ranks} ranks ready; go for {cfg.work}")
         t_go = time.perf_counter()
         with Sampler(pids) as sampler:
             (workdir / "go").write_text("go")
-            _wait_exit(ranks, cfg.duration_s + EXIT_MARGIN_S)
+            _wait_exit(ranks, cfg.time_limit_s + EXIT_MARGIN_S if cfg.time_limit_s else HANG_TIMEOUT_S)
         window_s = time.perf_counter() - t_go
         after = [scrape(s) for s in servers]
         server_rows = []

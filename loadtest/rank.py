@@ -6,8 +6,8 @@ CONFIG holds the Loader arguments (endpoints, dataset, rank, world size, batch s
 time, the duration and where to write. The rank builds its Loader and resolves the dataset, writes
 its ready file, waits for the driver's go file (so every rank starts together), then runs the
 training loop: `next(loader)` (timed: the data wait), then `step_ms` of simulated compute
-(`time.sleep`, which releases the GIL as a GPU step would), until `duration_s` has passed or its
-epochs are done. It writes a JSON summary and the per-batch record (.npz: wait, end time, rows,
+(`time.sleep`, which releases the GIL as a GPU step would), until `duration_s` has passed (0: no
+limit), `batches` batches were taken (0: no count) or its epochs are done. It writes a JSON summary and the per-batch record (.npz: wait, end time, rows,
 bytes, global positions, epoch) for the driver.
 """
 
@@ -114,6 +114,7 @@ def run(cfg: dict[str, Any]) -> None:
             time.sleep(GO_POLL_S)
         step_s = cfg["step_ms"] / 1e3
         duration_s = cfg["duration_s"]
+        batches = cfg.get("batches", 0)
         rss_start = rss_mib(pid)
         reset_peak_rss(pid)
         cpu0 = _cpu_s()
@@ -149,7 +150,7 @@ def run(cfg: dict[str, Any]) -> None:
             if step_s > 0:
                 time.sleep(step_s)  # the training step: the GIL is free, as during a GPU step
             ends.append(time.perf_counter() - t_start)
-            if ends[-1] >= duration_s:
+            if (duration_s and ends[-1] >= duration_s) or (batches and len(ends) >= batches):
                 break
         wall = time.perf_counter() - t_start
         cpu = _cpu_s() - cpu0

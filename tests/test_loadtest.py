@@ -1,6 +1,7 @@
 """The load-test driver (`python -m loadtest`) on a tiny dataset: its numbers agree with each other.
 
-Real servers and rank processes; nothing here looks at speed.
+Real servers and rank processes; nothing here looks at speed, and every run is a fixed amount of work
+(whole epochs, or --batches per rank) without a time limit, so a busy machine only makes it slower.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_whole_epochs_deliver_every_sample_exactly_once(tmp_path: Path) -> None:
             "-m",
             "loadtest",
             *("--servers", "2", "--ranks", "2", "--rows", str(rows), "--dim", "8", "--batch-size", "37"),
-            *("--row-group-rows", "250", "--epochs", "2", "--step-ms", "0", "--duration", "600"),
+            *("--row-group-rows", "250", "--epochs", "2", "--step-ms", "0", "--duration", "0"),
             *("--root", str(tmp_path / "root"), "--json", str(out), "--png", str(png)),
         ],
         cwd=REPO,
@@ -72,12 +73,13 @@ def test_whole_epochs_deliver_every_sample_exactly_once(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_s3_root_for_a_fixed_duration(s3_root: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+def test_s3_root_for_a_fixed_number_of_batches(s3_root: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    batches = 10  # half an epoch of each rank (2000 rows / (2 ranks x 50)), however long the machine takes
     res = run_load(
         LoadConfig(
             servers=2,
             ranks=2,
-            duration_s=2.0,
+            batches=batches,
             step_ms=1.0,
             batch_size=50,
             rows=2000,
@@ -90,4 +92,7 @@ def test_s3_root_for_a_fixed_duration(s3_root: str, s3_env: dict[str, str], tmp_
     )
     assert res["check"]["whole_epochs"] is False and res["check"]["positions_exactly_once"] is None
     _consistent(res, 2000)
+    assert [r["batches"] for r in res["ranks"]] == [batches, batches]
+    assert res["total"]["rows"] == 2 * batches * 50
+    assert all(r["wait_p50_ms"] is not None and r["first_batch_ms"] is not None for r in res["ranks"])
     assert res["total"]["storage_fetched_bytes"] > 0  # read over S3
