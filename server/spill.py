@@ -7,12 +7,16 @@ any worker of the server (or a later run, or another server on the same disk) ca
 dataset version or name points at that shard. A memory miss looks here before storage; the file is
 memory-mapped, so a hit costs no decode and no copy.
 
-- Every file carries a checksum, checked on every open (DESIGN §3): the Arrow IPC file's bytes are
-  followed by a 16-byte trailer (`SSCK`, the crc32 of those bytes, their length). A file that fails
-  it — a torn write, a flipped bit on the disk, a file changed by hand — is deleted, counted in
-  `shardstream_disk_cache_corrupt_total` and read again from storage (where it is checked in turn);
-  it is never served. The check reads the whole file (crc32: ~4 GB/s on one core), which a hit then
-  serves anyway. Files of the format before this one (`*.arrow`, no trailer) are deleted at start.
+- Every file carries a checksum and its key, checked on every open (DESIGN §3): the Arrow IPC
+  file's bytes are followed by a 32-byte trailer (`SSCB`, the crc32 of those bytes, their length,
+  and the blake2b-128 of the file's name — its key: shard hash, row group, columns, checked or not;
+  or a feature file's name). A file that fails it — a torn write, a flipped bit on the disk, a file
+  changed by hand, two files swapped or one renamed (valid bytes, another key's: row group 1 must
+  never be served as row group 0) — is deleted, counted in `shardstream_disk_cache_corrupt_total`
+  and read again from storage (where it is checked in turn); it is never served. The check reads
+  the whole file (crc32: ~4 GB/s on one core), which a hit then serves anyway. Files of the formats
+  before this one are deleted, not counted as corrupt: `*.arrow` (no trailer) at start, and files
+  with the 16-byte trailer that named no key (`SSCK`) when first opened.
 
 - Writes are atomic: a temporary file in DIR, then `os.replace`; a reader sees a whole file or none.
 - Misses coalesce across processes: a process that misses takes an exclusive `flock` on one of
@@ -22,7 +26,9 @@ memory-mapped, so a hit costs no decode and no copy.
   once. (Threads of one process are already coalesced by the in-memory cache.)
 - A file that does not hold the rows the manifest says is deleted and read again from storage.
 - Bounded by bytes: when the tier grows past its capacity, the least recently used files (by mtime,
-  touched on every hit) are deleted down to 90%. Workers delete concurrently; a file deleted while
+  touched on every hit) are deleted down to 90%. `shardstream_disk_cache_bytes` is this process's
+  count of the bytes on disk: a file deleted (evicted, corrupt, replaced) is taken off as one written
+  is added, so rewriting corrupt files does not grow it. Workers delete concurrently; a file deleted while
   mapped stays readable until unmapped.
 - Other kinds of file share the tier, its checksums, locks and bound (`get_or_make`): the feature
   cache's shared transform outputs (server/feature_cache.py) are files here too. Their hits and
@@ -48,15 +54,19 @@ from prometheus_client import Counter, Gauge
 
 from shardstream.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_SPILL_BYTES", "SpillTier"]
+__all__ = ["DEFAULT_SPILL_BYTES", "TRAILER_BYTES", "SpillTier"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SPILL_BYTES = 8 << 30
 SUFFIX = ".arrowc"  # an Arrow IPC file and its checksum trailer
 LEGACY_SUFFIX = ".arrow"  # files written before the trailer existed: unchecked, deleted at start
-_TRAILER = struct.Struct("<4sIQ")  # magic, crc32 of the Arrow bytes before it, their length
-_MAGIC = b"SSCK"
+# magic, crc32 of the Arrow bytes before it, their length, blake2b-128 of the file's name (its key)
+_TRAILER = struct.Struct("<4sIQ16s")
+TRAILER_BYTES = _TRAILER.size  # what follows a file's Arrow IPC bytes
+_MAGIC = b"SSCB"
+_OLD_TRAILER = struct.Struct("<4sIQ")  # the format before keys: magic, crc32, length
+_OLD_MAGIC = b"SSCK"
 STALE_TMP_S = 3600.0  # temporary files older than this are leftovers of a crash
 LOCK_STRIPES = 1024  # lock files (fixed, so none accumulate); unrelated row groups rarely share one
 
@@ -113,9 +123,12 @@ class SpillTier:
         except (OSError, pa.ArrowException) as exc:
             log.warning("disk cache file %s unreadable (%s): deleted", path.name, exc)
             return self._drop(path, corrupt=True)
-        body = _checked_body(buf)
+        body, problem = _checked_body(buf, path.name)
         if body is None:
-            log.warning("disk cache file %s fails its checksum: deleted, read again from storage", path.name)
+            if problem == _LEGACY:
+                log.info("disk cache file %s is of the format before keys: deleted", path.name)
+                return self._drop(path, error=False)
+            log.warning("disk cache file %s %s: deleted, read again from storage", path.name, problem)
             return self._drop(path, corrupt=True)
         try:
             table = pa.ipc.open_file(body).read_all()
@@ -221,13 +234,14 @@ class SpillTier:
             mapped = pa.memory_map(str(tmp))
             try:
                 body = mapped.read_buffer()
-                trailer = _TRAILER.pack(_MAGIC, zlib.crc32(memoryview(body)), body.size)
+                trailer = _TRAILER.pack(_MAGIC, zlib.crc32(memoryview(body)), body.size, _key_digest(path.name))
                 del body
             finally:
                 mapped.close()
             with open(tmp, "ab") as f:
                 f.write(trailer)
             size = tmp.stat().st_size
+            replaced = _size(path)  # a file store() writes over (no lock) no longer counts
             os.replace(tmp, path)
         except (OSError, pa.ArrowException) as exc:  # a full disk costs the tier, never the stream
             SPILL_ERRORS.inc()
@@ -237,17 +251,26 @@ class SpillTier:
         if count:
             SPILL_WRITES.inc()
         with self._lock:
-            self._bytes += size
+            self._bytes += size - replaced
             over = self._bytes > self.capacity_bytes
         if over:
             self._evict()
         SPILL_BYTES.set(self._bytes)
 
-    def _drop(self, path: Path, *, corrupt: bool = False) -> None:
-        SPILL_ERRORS.inc()
+    def _drop(self, path: Path, *, corrupt: bool = False, error: bool = True) -> None:
+        """Delete a file that must not be served, taking its bytes off the tier's count."""
+        if error:
+            SPILL_ERRORS.inc()
         if corrupt:
             SPILL_CORRUPT.inc()
-        path.unlink(missing_ok=True)
+        size = _size(path)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return None  # another worker deleted it (and counts it)
+        with self._lock:
+            self._bytes = max(0, self._bytes - size)
+        SPILL_BYTES.set(self._bytes)
         return None
 
     def _scan(self, clean: bool = False) -> int:
@@ -292,12 +315,35 @@ class SpillTier:
             self._bytes = total
 
 
-def _checked_body(buf: pa.Buffer) -> pa.Buffer | None:
-    """The Arrow bytes of a cache file whose trailer matches them, else None (never trusted then)."""
+_LEGACY = "is of the format before keys"
+
+
+def _key_digest(name: str) -> bytes:
+    return hashlib.blake2b(name.encode(), digest_size=16).digest()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _checked_body(buf: pa.Buffer, name: str) -> tuple[pa.Buffer | None, str]:
+    """The Arrow bytes of cache file `name` when its trailer matches them and names that file, else
+    None and what is wrong (never trusted then)."""
+    if buf.size >= _OLD_TRAILER.size:
+        magic, _, length = _OLD_TRAILER.unpack(memoryview(buf)[buf.size - _OLD_TRAILER.size :])
+        if magic == _OLD_MAGIC and length == buf.size - _OLD_TRAILER.size:
+            return None, _LEGACY
     if buf.size < _TRAILER.size:
-        return None
-    magic, crc, length = _TRAILER.unpack(memoryview(buf)[buf.size - _TRAILER.size :])
+        return None, "is cut short"
+    magic, crc, length, key = _TRAILER.unpack(memoryview(buf)[buf.size - _TRAILER.size :])
     if magic != _MAGIC or length != buf.size - _TRAILER.size:
-        return None
+        return None, "fails its checksum (no whole trailer)"
     body = buf.slice(0, length)
-    return body if zlib.crc32(memoryview(body)) == crc else None
+    if zlib.crc32(memoryview(body)) != crc:
+        return None, "fails its checksum"
+    if key != _key_digest(name):
+        return None, "holds another key's data (swapped or renamed)"
+    return body, ""

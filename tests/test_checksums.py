@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import zlib
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from shardstream.server.ingest import IngestOptions, ingest
 from shardstream.server.reader import DatasetReader, new_row_group_cache
 from shardstream.server.registry_ops import register
 from shardstream.server.shards import read_footer
-from shardstream.server.spill import LEGACY_SUFFIX, SPILL_CORRUPT, SpillTier
+from shardstream.server.spill import LEGACY_SUFFIX, SPILL_CORRUPT, SUFFIX, SpillTier
 
 from .support.data import make_table
 from .support.flips import flip_byte
@@ -186,7 +187,8 @@ def test_a_disk_cache_file_failing_its_checksum_is_dropped_never_served(tmp_path
     tier.store("ab" * 32, 0, ["x"], table)
     path = tier._path("ab" * 32, 0, ["x"])
     assert tier.load("ab" * 32, 0, ["x"], 1000).equals(table)
-    for pos in (100, path.stat().st_size - 1, path.stat().st_size - 12):  # data, trailer length, crc
+    size = path.stat().st_size
+    for pos in (100, size - 32, size - 28, size - 24, size - 1):  # data; trailer: magic, crc, length, key
         original = path.read_bytes()
         flip_byte(path, pos, 0x04)
         before = SPILL_CORRUPT._value.get()
@@ -197,6 +199,53 @@ def test_a_disk_cache_file_failing_its_checksum_is_dropped_never_served(tmp_path
     tier.store("ab" * 32, 1, ["x"], table, checked=False)
     assert tier.load("ab" * 32, 1, ["x"], 1000) is None
     assert tier.load("ab" * 32, 1, ["x"], 1000, checked=False).equals(table)
+
+
+def test_a_disk_cache_file_under_another_key_is_corrupt_and_the_byte_count_follows_the_disk(
+    tmp_path: Path,
+) -> None:
+    """Sound files swapped, or one renamed to another key, are never served as that key; the tier's
+    byte count takes a deleted file off and does not grow when corrupt files are written again."""
+    tier = SpillTier(tmp_path / "d")
+    t0, t1 = (pa.table({"x": np.arange(1000, dtype=np.int64) + k}) for k in (0, 1000))
+    tier.store("ab" * 32, 0, ["x"], t0)
+    tier.store("ab" * 32, 1, ["x"], t1)
+    p0, p1 = tier._path("ab" * 32, 0, ["x"]), tier._path("ab" * 32, 1, ["x"])
+
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in tier.dir.glob(f"*{SUFFIX}"))
+
+    assert tier._bytes == on_disk()
+    b0, b1 = p0.read_bytes(), p1.read_bytes()
+    p0.write_bytes(b1)
+    p1.write_bytes(b0)
+    before = SPILL_CORRUPT._value.get()
+    for group, table in ((0, t0), (1, t1)):
+        got = tier.get_or_read("ab" * 32, group, ["x"], 1000, lambda table=table: table)
+        assert got.equals(table)
+        assert tier._bytes == on_disk() == len(b0) + len(b1)
+    assert SPILL_CORRUPT._value.get() == before + 2
+    assert (p0.read_bytes(), p1.read_bytes()) == (b0, b1)
+    p1.rename(tier._path("ab" * 32, 2, ["x"]))  # renamed: group 1's bytes under group 2's name
+    assert tier.load("ab" * 32, 2, ["x"], 1000) is None
+    assert SPILL_CORRUPT._value.get() == before + 3 and tier._bytes == on_disk() == len(b0)
+    assert tier.get_or_make("feat-a", lambda: t0, lambda t: True).equals(t0)
+    tier._named("feat-a").rename(tier._named("feat-b"))  # other kinds of file are bound to their name too
+    assert tier.load_file("feat-b", lambda t: True) is None
+    assert SPILL_CORRUPT._value.get() == before + 4
+
+
+def test_disk_cache_files_of_the_trailer_without_a_key_are_deleted_not_corrupt(tmp_path: Path) -> None:
+    tier = SpillTier(tmp_path / "d")
+    table = pa.table({"x": [1, 2, 3]})
+    path = tier._path("cd" * 32, 0, ["x"])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    body = path.read_bytes()
+    path.write_bytes(body + struct.pack("<4sIQ", b"SSCK", zlib.crc32(body), len(body)))
+    before = SPILL_CORRUPT._value.get()
+    assert tier.load("cd" * 32, 0, ["x"], 3) is None and not path.exists()
+    assert SPILL_CORRUPT._value.get() == before
 
 
 def test_disk_cache_files_from_before_checksums_are_deleted_at_start(tmp_path: Path) -> None:

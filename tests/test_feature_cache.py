@@ -32,7 +32,7 @@ from shardstream.server.fleet import LocalServer
 from shardstream.server.read_plan import ReadPlanner
 from shardstream.server.reader import new_row_group_cache
 from shardstream.server.request_limits import RequestLimits
-from shardstream.server.spill import SUFFIX, SpillTier
+from shardstream.server.spill import SUFFIX, TRAILER_BYTES, SpillTier
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -311,7 +311,7 @@ def test_head_errors_travel_in_the_file(root: Path, tmp_path: Path) -> None:
     Planned(root, tmp_path / "cache").messages(request("badimages", DECODE, on_error="skip"))
     recorded = []
     for f in feature_files(tmp_path / "cache"):
-        body = pa.py_buffer(f.read_bytes()[:-16])
+        body = pa.py_buffer(f.read_bytes()[:-TRAILER_BYTES])
         meta = pa.ipc.open_file(body).schema.metadata or {}
         recorded += json.loads(meta[b"shardstream.head_errors"])
     assert len(recorded) == 3 and all(j == 0 for _, j, _ in recorded)

@@ -173,6 +173,38 @@ def test_byte_flips_in_disk_cache_files_are_read_again_from_storage(
     flip_cache_files(big, servers, tmp_path, count=8, seed=5)
 
 
+def test_swapped_disk_cache_files_are_corrupt_and_read_again_from_storage(
+    big: Big, servers: Servers, tmp_path: Path
+) -> None:
+    """Two sound files of one shard's row groups swapped (each renamed to the other's key): both are
+    corrupt — deleted, counted, read again from storage and written back whole — never served as each
+    other; and the tier's byte gauge is the bytes on disk after those rewrites, not more."""
+    shard = big.manifest.shards[0]
+    assert len(shard.row_groups) >= 2 and shard.row_groups[0] == shard.row_groups[1]  # same rows: a swap
+    cache_dir = tmp_path / "spill"
+    extra = ("--cache-dir", str(cache_dir))
+    first = servers.start(extra_args=extra)
+    assert read_dataset(first.target, "big@1").equals(big.source)  # type: ignore[union-attr]
+    first.stop()
+    (a,) = cache_dir.glob(f"{shard.sha256}-0-*.arrowc")
+    (b,) = cache_dir.glob(f"{shard.sha256}-1-*.arrowc")
+    originals = {a: a.read_bytes(), b: b.read_bytes()}
+    assert originals[a] != originals[b]
+    a.write_bytes(originals[b])
+    b.write_bytes(originals[a])
+
+    server = servers.start(metrics=True, extra_args=extra)
+    got = read_dataset(server.target, "big@1")
+    m = scrape(server)
+    server.stop()
+    assert not isinstance(got, Exception) and got.equals(big.source)
+    assert m["shardstream_disk_cache_corrupt_total"] == 2
+    assert m["shardstream_storage_reads_total"] == 2  # those two row groups alone, from storage
+    assert {a: a.read_bytes(), b: b.read_bytes()} == originals
+    on_disk = sum(f.stat().st_size for f in cache_dir.glob("*.arrowc"))
+    assert m["shardstream_disk_cache_bytes"] == on_disk
+
+
 @pytest.mark.parametrize("cache_dir", [False, True])
 def test_byte_flips_in_a_shard_on_s3_are_never_served(
     s3_root: str, tmp_path: Path, server_factory: Factory, cache_dir: bool
