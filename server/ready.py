@@ -1,8 +1,9 @@
 """The ready file: how a server tells whoever started it that it serves, and where.
 
-A JSON object (`port`, `metrics_port`, `pid`, `workers`: the pids serving; a supervisor adds
-`restarts`) written by the serving process (app.py) or, for several workers, by their supervisor
-(workers.py) once all of them serve, and rewritten when a worker is replaced. Launchers
+A JSON object (`port`, `data_port`, `metrics_port`, `pid`, `workers`: the pids serving; a supervisor
+adds `restarts` and `data_ports`, each worker's data port by slot, its `data_port` being worker 0's)
+written by the serving process (app.py) or, for several workers, by their supervisor (workers.py)
+once all of them serve, and rewritten when a worker is replaced. Launchers
 (`serve --ready-file`: fleet.py, the tests, the load test) wait for it instead of polling the port.
 """
 

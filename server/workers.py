@@ -11,7 +11,9 @@ without SO_REUSEPORT can take it while workers start or restart. Port 0 is resol
 
 Lifecycle (the supervisor's main loop):
 - ready: once every worker has written its ready file, the supervisor writes `--ready-file` with
-  port, metrics_port, its own pid and the workers' pids (rewritten when a worker is replaced);
+  port, data_port (worker 0's, as its own ready file names it: the port it bound), data_ports (every
+  worker's, by slot), metrics_port, its own pid and the workers' pids (rewritten when a worker is
+  replaced);
 - SIGTERM/SIGINT: every worker gets SIGTERM and drains (health NOT_SERVING on all of them, in-flight
   streams get the grace period); the supervisor exits 0 once they all have stopped;
 - a worker that dies is restarted at once and the death logged. Servers are stateless and the port
@@ -168,6 +170,7 @@ class _Worker:
     ready_path: Path
     spawned_s: float
     ready: bool = False
+    data_port: int | None = None  # its data plane's, from its ready file
 
 
 class Supervisor:
@@ -302,6 +305,7 @@ class Supervisor:
                 elif not w.ready:
                     if w.ready_path.exists():
                         w.ready = True
+                        w.data_port = _data_port_of(w.ready_path)
                     elif time.monotonic() - w.spawned_s > WORKER_START_TIMEOUT_S:
                         return f"worker {w.proc.pid} not serving after {WORKER_START_TIMEOUT_S:g} s"
             serving = [w.proc.pid for w in self._workers if w.ready]
@@ -324,9 +328,12 @@ class Supervisor:
                 self.metrics_port or "-",
             )
         if self.cfg.ready_file:
+            # The workers' own data ports (as bound: with --data-port 0 each took a free one)
+            data_ports = [w.data_port for w in sorted(self._workers, key=lambda w: w.slot)]
             info = {
                 "port": self.port,
-                "data_port": self.data_port or None,
+                "data_port": data_ports[0] if data_ports else None,
+                "data_ports": data_ports,
                 "metrics_port": self.metrics_port,
                 "pid": os.getpid(),
                 "workers": pids,
@@ -356,6 +363,15 @@ class Supervisor:
 
     def _cleanup(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _data_port_of(ready_path: Path) -> int | None:
+    """The data port a worker's ready file names (ready.py; written whole, atomically)."""
+    try:
+        port = json.loads(ready_path.read_text()).get("data_port")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return port if isinstance(port, int) else None
 
 
 def supervise(cfg: ServerConfig) -> None:

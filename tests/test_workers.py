@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
@@ -154,6 +155,30 @@ def test_a_killed_worker_is_replaced_and_no_stream_loses_a_row(server_factory: F
     m = scrape(server)
     assert m["shardstream_worker_restarts_total"] == 1 and m["shardstream_workers"] == 2
     assert server.proc is not None and server.proc.poll() is None
+
+
+def _listening(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_ready_file_names_the_data_ports_the_workers_bound(server_factory: Factory) -> None:
+    server = server_factory(workers=2)  # --port 0 --data-port 0: each worker takes a free data port
+    info = server.info()
+    ports = info["data_ports"]
+    assert info["data_port"] == ports[0] and len(set(ports)) == 2 and all(isinstance(p, int) for p in ports)
+    for pid, port in zip(info["workers"], ports, strict=True):
+        assert port in _listening(pid)  # by slot: worker 0's is the data_port
+    client = flight.connect(f"grpc://127.0.0.1:{info['data_port']}")
+    try:
+        request = pb.ReadRequest(dataset="toy@1", batch_size=100, world_size=1).SerializeToString()
+        assert client.do_get(flight.Ticket(request)).read_all().num_rows == N_ROWS
+    finally:
+        client.close()
+    victim = info["workers"][0]
+    os.kill(victim, signal.SIGKILL)  # its replacement takes another free port: the file follows
+    wait_for(lambda: server.info()["restarts"] == 1 and server.info()["workers"][0] != victim, "a new worker 0")
+    info = server.info()
+    assert info["data_port"] == info["data_ports"][0] in _listening(info["workers"][0])
 
 
 def test_a_crash_looping_worker_stops_the_supervisor_with_one_line(server_factory: Factory) -> None:
