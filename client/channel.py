@@ -4,7 +4,7 @@ A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurit
 (credentials.py); the token rides on every call as metadata. The server names the port of its
 data plane in its GetDataset answers: Read streams are Arrow Flight DoGets on the same host
 (flight_call.py), with the same credentials, token and keepalive (and the grant it gave a caller
-it knew by a client certificate).
+it knew by a client certificate, with the proof that the certificate is this client's: credentials.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ CHANNEL_OPTIONS = [
 # The Flight data plane's channel: the same keepalive as CHANNEL_OPTIONS (a silent server is noticed)
 FLIGHT_OPTIONS = [(k, v) for k, v in CHANNEL_OPTIONS if k.startswith(("grpc.keepalive", "grpc.http2"))]
 DISCOVERY_TIMEOUT_S = 10.0  # the GetDataset that tells a stream's first call the server's data port
-GRANT_HEADER = b"x-shardstream-grant"  # a certificate principal's grant, on DoGet (server/grants.py)
 GRANT_MARGIN_S = 60.0  # a grant is asked for again this long before it runs out
 
 
@@ -190,11 +189,13 @@ class Connection:
                     server_name=self._host if self._dns else None,
                 )
             client = self._flight
-            headers = self._flight_call_headers
-            if self._grant:
-                headers = [*headers, (GRANT_HEADER, self._grant)]
+            grant = self._grant
+        ticket = request.SerializeToString()
+        headers = self._flight_call_headers
+        if grant:  # with the proof that it is this client's (the data plane cannot see the certificate)
+            headers = [*headers, *self._security.grant_headers(grant, ticket)]
         options = flight.FlightCallOptions(headers=headers, timeout=timeout_s)
-        return FlightCall(client, request, options, self.forget_data_port)
+        return FlightCall(client, ticket, options, self.forget_data_port)
 
     def _discover(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
         """GetDataset from the server the next stream will dial (a failure is the grpc.RpcError a

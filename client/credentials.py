@@ -8,7 +8,14 @@
 `tls` keys: `ca` (PEM roots to verify the server with; default the system's), `cert` and `key` (a
 client certificate, for servers started with `--tls-client-ca`), `server_name` (the name the server's
 certificate must carry, when the endpoint's host is not it: an IP address, a tunnel). The files are
-read when the options are checked (at construction), so a wrong path fails there, naming it.
+read when the options are checked (at construction), so a wrong path fails there, naming it; so
+does a key that is not the certificate's.
+
+A server's Flight data plane cannot see the client certificate of its TLS handshake: a caller the
+server knows by its certificate reads there with the grant its GetDataset gave (bound to that
+certificate) and proves, on each DoGet, that it holds the certificate's key — a signature over the
+grant and the DoGet's ticket (shardstream/grant_proof.py; `grant_headers`). EC, RSA and Ed25519
+keys can make it.
 
 The token travels as call metadata `authorization: Bearer <token>` on every call (GetDataset,
 ListDatasets, each Read). It is never logged, and never in a repr. Without TLS it crosses the network
@@ -27,6 +34,7 @@ import grpc
 import pyarrow.flight as flight
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.grant_proof import Prover
 
 __all__ = ["ChannelSecurity", "TOKEN_ENV", "TlsOption"]
 
@@ -70,6 +78,8 @@ class ChannelSecurity:
     metadata: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     # The PEM files as read (ca, cert, key), for the Flight data plane's client (flight.connect)
     pem: tuple[bytes | None, bytes | None, bytes | None] = field(default=(None, None, None), repr=False)
+    # The client certificate and its key, which prove a data-plane grant is this client's (mTLS only)
+    prover: Prover | None = field(default=None, repr=False)
 
     @property
     def tls(self) -> bool:
@@ -103,7 +113,15 @@ class ChannelSecurity:
         key = _read("key", tls["key"]) if "key" in tls else None
         cert = _read("cert", tls["cert"]) if "cert" in tls else None
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-        return cls(creds, server_name, metadata, (ca, cert, key))
+        prover = Prover.from_pem(cert, key) if cert is not None and key is not None else None
+        return cls(creds, server_name, metadata, (ca, cert, key), prover)
+
+    def grant_headers(self, grant: bytes, ticket: bytes) -> list[tuple[bytes, bytes]]:
+        """The headers of a DoGet of `ticket` with the grant a GetDataset gave this client's
+        certificate: the grant, the certificate, and the proof that this client holds its key."""
+        if self.prover is None:  # a grant is given to a client certificate only: never happens
+            raise InvalidArgumentError("a data-plane grant needs the client certificate (tls['cert'], tls['key'])")
+        return self.prover.headers(grant, ticket)
 
     def channel(self, target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
         """A channel to `target` with these credentials (plaintext without TLS)."""

@@ -35,7 +35,7 @@ class FlightCall:
     def __init__(
         self,
         client: flight.FlightClient,
-        request: pb.ReadRequest,
+        request: pb.ReadRequest | bytes,
         options: flight.FlightCallOptions,
         on_unreachable: Callable[[], None] | None = None,
     ) -> None:
@@ -50,7 +50,8 @@ class FlightCall:
         self._cancelled = False
         self._done = False
         self._stream_id = ""  # the server's, from the first message's header
-        ticket = flight.Ticket(request.SerializeToString())
+        # the serialized ReadRequest (as given: a grant's proof signed these very bytes)
+        ticket = flight.Ticket(request if isinstance(request, bytes) else request.SerializeToString())
 
         def open_stream() -> None:
             try:

@@ -19,7 +19,9 @@ Authentication (`Authenticator.authenticate`, once per call, before anything els
 call with `authorization: Bearer TOKEN` metadata is that token's principal — an unknown token is
 UNAUTHENTICATED, whatever certificate came with it; without a token, the verified client certificate's
 subject decides; with neither, UNAUTHENTICATED. The token's sha256 is compared with every principal's
-in constant time (`hmac.compare_digest`, no early exit). Without `--auth` every caller may read
+in constant time (`hmac.compare_digest`, no early exit). The Flight data plane cannot see a client
+certificate: there a certificate's principal is known by the grant the gRPC port gave it
+(grants.py), and only on a call without a token. Without `--auth` every caller may read
 everything (`OPEN`), named by its certificate subject when it sent one.
 
 Authorization (`Principal.check`) happens before the registry is asked anything: a reference whose
@@ -56,6 +58,7 @@ __all__ = [
     "Authenticator",
     "OPEN",
     "Principal",
+    "has_token",
     "load_principals",
     "normalize_subject",
     "token_sha256",
@@ -234,6 +237,11 @@ def _metadata_value(metadata: Iterable[tuple[str, Any]] | None, key: str) -> str
         if k == key:
             return v if isinstance(v, str) else v.decode("latin-1")
     return None
+
+
+def has_token(metadata: Iterable[tuple[str, Any]] | None) -> bool:
+    """Whether a call sent `authorization` metadata: then its token, and nothing else, says who it is."""
+    return _metadata_value(metadata, AUTHORIZATION_KEY) is not None
 
 
 class Authenticator:

@@ -24,7 +24,8 @@ last one is written, so a stream not asked for --write-timeout is reaped — its
 down, which ends the blocked write — and leaves its slot and memory.
 
 A caller the --auth file knows by its certificate's subject is known here by the grant the gRPC
-port gave it (grants.py: pyarrow's Flight server does not expose the client's certificate). What
+port gave it, bound to that certificate by a proof of possession of its key (grants.py: pyarrow's
+Flight server does not expose the client's certificate); a call with a token is its token's. What
 this plane cannot do from Python (its server takes no gRPC server options): server keepalive pings
 (the write timeout does their work for a client that holds a stream). Certificates are followed
 by data_plane.py, which replaces the plane on its port when they change.
@@ -56,7 +57,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .admission import Ticket
 from .audit import StreamAudit
-from .auth import Principal
+from .auth import Principal, has_token
 from .build import Message, MessageSteps
 from .grants import GRANT_HEADER
 from .grpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
@@ -201,13 +202,15 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                     "connection shut down" if closed else "its connection was not found",
                 )
 
-    def _principal(self, call: _Call) -> Principal:
-        """The caller: by the grant the gRPC port gave it (a certificate's principal), else its token."""
+    def _principal(self, call: _Call, ticket: bytes) -> Principal:
+        """The caller: its token's principal when it sent a token (a grant beside it is not looked
+        at: a grant never widens what a token may read), else the principal of the grant the gRPC
+        port gave its certificate, with the proof that it holds that certificate's key (grants.py)."""
         svc = self.service
-        grant = call.headers.get(GRANT_HEADER)
-        if grant and svc.grants is not None and svc.auth.enabled:
-            return svc.grants.principal(grant[0], svc.auth)
-        return svc.auth.authenticate(call.metadata(), None)
+        metadata = call.metadata()
+        if call.headers.get(GRANT_HEADER) and svc.grants is not None and svc.auth.enabled and not has_token(metadata):
+            return svc.grants.principal(call.headers, ticket, svc.auth)
+        return svc.auth.authenticate(metadata, None)
 
     # --- DoGet ---------------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
@@ -221,7 +224,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         stream = svc.stream_log(request, peer, call.stream_id)
         audit = StreamAudit(peer, request)
         try:
-            principal = self._principal(call)
+            principal = self._principal(call, ticket.ticket)
             audit.principal = principal.name
             admitted = svc.admission.admit(peer)
         except (ResourceExhaustedError, UnauthenticatedError) as exc:

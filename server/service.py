@@ -2,14 +2,14 @@
 
 GetDataset and ListDatasets are proto in -> registry -> proto out. GetDataset's answer names the
 port of this process's data plane (flight_service.py: Read streams as Arrow Flight DoGet), and to a
-caller known by its client certificate it gives a grant for it (grants.py). The servicer also holds
-what every Read stream of the process shares: the planner (read_plan.py), the message builder
-(build.py), admission (admission.py: streams per server and per peer, bytes held), read-ahead,
-the stream metrics, the stream log and the one mapping of errors to statuses (`status_of`): every
-ShardstreamError leaves as its own gRPC status code (errors.py; a request that does not even parse
-is INVALID_ARGUMENT); anything else is logged and leaves as INTERNAL. What a client reads of an
-error names dataset versions and shards, never a server path or an exception's text (redact.py);
-the server's log keeps the rest.
+caller it authenticated by its client certificate it gives a grant bound to that certificate
+(grants.py). The servicer also holds what every Read stream of the process shares: the planner
+(read_plan.py), the message builder (build.py), admission (admission.py: streams per server and per
+peer, bytes held), read-ahead, the stream metrics, the stream log and the one mapping of errors to
+statuses (`status_of`): every ShardstreamError leaves as its own gRPC status code (errors.py; a
+request that does not even parse is INVALID_ARGUMENT); anything else is logged and leaves as
+INTERNAL. What a client reads of an error names dataset versions and shards, never a server path or
+an exception's text (redact.py); the server's log keeps the rest.
 
 ListDatasets lists every dataset it can read and skips the bad entries (registry.py): each is logged
 once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
@@ -48,11 +48,11 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .admission import Admission
 from .audit import audit_call
-from .auth import OPEN, Authenticator, Principal
+from .auth import OPEN, Authenticator, Principal, has_token
 from .build import MessageBuilder
 from .config import DEFAULT_WRITE_TIMEOUT_S
 from .dataset_label import dataset_label, dataset_name
-from .grants import GRANT_TTL_S, Grants
+from .grants import GRANT_TTL_S, Grants, peer_fingerprint
 from .grpc_metrics import code_name, preinitialize
 from .read_plan import ReadPlan, ReadPlanner
 from .readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
@@ -192,7 +192,7 @@ class ShardStreamService:
         return self.auth.authenticate(context.invocation_metadata(), context.auth_context())
 
     def _unary(
-        self, method: str, fn: Callable[[Any, Principal], Awaitable[T]]
+        self, method: str, fn: Callable[[Any, Principal, grpc.aio.ServicerContext | None], Awaitable[T]]
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
             principal = None
@@ -200,7 +200,7 @@ class ShardStreamService:
                 principal = self._principal(context)
                 if request is None:
                     raise InvalidArgumentError(f"the {method} request does not parse")
-                return await fn(request, principal)
+                return await fn(request, principal, context)
             except Exception as exc:  # noqa: BLE001 — mapped to a status in _abort
                 if isinstance(exc, (UnauthenticatedError, PermissionDeniedError)):
                     dataset = getattr(request, "dataset", "")
@@ -211,18 +211,37 @@ class ShardStreamService:
         return handle
 
     # --- control plane -------------------------------------------------------------------------
-    async def get_dataset(self, request: pb.GetDatasetRequest, principal: Principal = OPEN) -> pb.DatasetInfo:
+    async def get_dataset(
+        self,
+        request: pb.GetDatasetRequest,
+        principal: Principal = OPEN,
+        context: grpc.aio.ServicerContext | None = None,
+    ) -> pb.DatasetInfo:
         manifest = await asyncio.to_thread(self.planner.resolve, request.dataset, principal)
         info = dataset_info(manifest, self.data_port)
-        if self.grants is not None and self.auth.enabled and principal.subject is not None:
-            info.data_grant = self.grants.issue(principal)  # the data plane cannot see the certificate
+        grant = self._grant(principal, context)
+        if grant is not None:
+            info.data_grant = grant  # the data plane cannot see the certificate
             info.data_grant_ttl_s = GRANT_TTL_S
         return info
 
+    def _grant(self, principal: Principal, context: grpc.aio.ServicerContext | None) -> bytes | None:
+        """A grant for a caller this call authenticated by its client certificate (not by a token),
+        bound to that certificate's fingerprint (grants.py); None for any other caller."""
+        if self.grants is None or not self.auth.enabled or principal.subject is None or context is None:
+            return None
+        if has_token(context.invocation_metadata()):
+            return None  # a token's caller sends its token to the data plane too
+        cert = peer_fingerprint(context.auth_context())
+        return None if cert is None else self.grants.issue(principal, cert)
+
     async def list_datasets(
-        self, request: pb.ListDatasetsRequest, principal: Principal = OPEN
+        self,
+        request: pb.ListDatasetsRequest,
+        principal: Principal = OPEN,
+        context: grpc.aio.ServicerContext | None = None,
     ) -> pb.ListDatasetsResponse:
-        del request
+        del request, context
         listing = await asyncio.to_thread(self.registry.listing)
         REGISTRY_BAD_ENTRIES.set(len(listing.bad))
         for bad in listing.bad:

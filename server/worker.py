@@ -1,8 +1,11 @@
 """One worker process of a supervised server (started by workers.py; not a user command).
 
-`python -m shardstream.server.worker CONFIG_JSON SUPERVISOR_PID`: runs `app.run` with the config
-the supervisor made for it (its port, SO_REUSEPORT, a ready file), and drains if the supervisor dies.
-Errors leave as one logged line (no traceback), as the CLI's do.
+`python -m shardstream.server.worker SUPERVISOR_PID`, its config as JSON on stdin: runs `app.run`
+with the config the supervisor made for it (its port, SO_REUSEPORT, a ready file, the grant key its
+workers share), and drains if the supervisor dies. The config comes through a pipe, never the
+command line or the environment, because it holds a secret (the grant key, grants.py) and every
+local user can read a process's command line. Errors leave as one logged line (no traceback), as
+the CLI's do.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from typing import BinaryIO
 
 from shardstream.errors import ShardstreamError
 
@@ -33,9 +37,14 @@ def _drain_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _read_config(stdin: BinaryIO) -> ServerConfig:
+    """The config the supervisor wrote to this worker's stdin (then closed: read to its end)."""
+    return ServerConfig(**json.loads(stdin.read()))
+
+
 def main(argv: list[str]) -> int:
-    cfg = ServerConfig(**json.loads(argv[1]))
-    _drain_with_parent(int(argv[2]))
+    cfg = _read_config(sys.stdin.buffer)
+    _drain_with_parent(int(argv[1]))
     try:
         run(cfg)
     except ShardstreamError as exc:

@@ -21,7 +21,9 @@ Lifecycle (the supervisor's main loop):
   them elsewhere). A worker that dies before it ever served, or more than MAX_RESTARTS times within
   RESTART_WINDOW_S, stops the supervisor with exit code 1 (a crash loop is for Kubernetes to see).
 Workers stay in the supervisor's process group (killpg reaches them all) and get SIGTERM if the
-supervisor dies (PR_SET_PDEATHSIG, worker.py).
+supervisor dies (PR_SET_PDEATHSIG, worker.py). Each worker's config, with the grant key the workers
+share (grants.py), reaches it through its stdin, a pipe the supervisor writes and closes: nothing
+secret is on a worker's command line or in its environment (any local user reads /proc/PID/cmdline).
 
 Metrics: workers write prometheus-client's multiprocess files into a private directory; the
 supervisor serves `/metrics` on `--metrics-port`, summing counters and histograms over all workers
@@ -268,15 +270,21 @@ class Supervisor:
             reuse_port=True,
             **self.cfg.worker_shares(self.cfg.workers),  # the server's memory stays as sized
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "shardstream.server.worker",
-            json.dumps(dataclasses.asdict(wcfg)),
-            str(os.getpid()),
-        ]
+        # The config (the grant key with it) goes through the worker's stdin, never its command line
+        # or environment: any local user reads /proc/PID/cmdline.
+        cmd = [sys.executable, "-m", "shardstream.server.worker", str(os.getpid())]
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
-        proc = subprocess.Popen(cmd, env=env)  # same process group, stdout and stderr
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE)  # same process group, stdout, stderr
+        assert proc.stdin is not None
+        try:  # a few KB: the pipe's buffer takes it all, the write does not wait for the worker
+            proc.stdin.write(json.dumps(dataclasses.asdict(wcfg)).encode())
+        except BrokenPipeError:
+            pass  # it died at once: _watch sees its exit code
+        finally:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
         return _Worker(slot, proc, ready, time.monotonic())
 
     def _watch(self) -> str | None:

@@ -39,7 +39,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardstream.errors import InvalidArgumentError, excerpt
+from shardstream.errors import InvalidArgumentError
+from shardstream.names import MAX_VERSION, DatasetRef, validate_name
 from shardstream.storage import check_key
 
 __all__ = ["CHANGES", "CHECKSUM_ALGORITHM", "FORMAT_VERSION", "DatasetRef", "Derivation", "Manifest", "Shard", "ShardChecksums", "validate_name"]
@@ -48,50 +49,9 @@ FORMAT_VERSION = 1
 # How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
 # parent; `replace` is anything else; the others are claims the registry checks before writing.
 CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "drop_rows", "replace")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The one checksum a shard's byte ranges carry (why crc32: server/checksums.py, with its measured cost).
 CHECKSUM_ALGORITHM = "crc32"
 _CRCS_RE = re.compile(r"(?:[0-9a-f]{8})+")
-
-
-def validate_name(name: str, what: str = "dataset name") -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidArgumentError(
-            f"invalid {what} {excerpt(name)}: use letters, digits, '.', '_' or '-' (at most 128, not starting "
-            "with a punctuation mark)"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class DatasetRef:
-    """`name`, `name@N` (a version) or `name@tag`."""
-
-    name: str
-    version: int | None = None
-    tag: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> DatasetRef:
-        if not isinstance(text, str) or not text:
-            raise InvalidArgumentError(f"dataset must be 'NAME', 'NAME@VERSION' or 'NAME@TAG', got {excerpt(text)}")
-        name, sep, rest = text.partition("@")
-        validate_name(name)
-        if not sep:
-            return cls(name)
-        if rest.isdigit():
-            if int(rest) < 1:
-                raise InvalidArgumentError(f"dataset versions start at 1, got {excerpt(text)}")
-            return cls(name, version=int(rest))
-        validate_name(rest, "tag")
-        return cls(name, tag=rest)
-
-    def __str__(self) -> str:
-        if self.version is not None:
-            return f"{self.name}@{self.version}"
-        if self.tag is not None:
-            return f"{self.name}@{self.tag}"
-        return self.name
 
 
 @dataclass(frozen=True)
@@ -276,8 +236,10 @@ class Manifest:
 
     def __post_init__(self) -> None:
         validate_name(self.name)
-        if self.version < 1:
-            raise InvalidArgumentError(f"manifest {self.name}: version must be >= 1, got {self.version}")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or not 1 <= self.version <= MAX_VERSION:
+            raise InvalidArgumentError(
+                f"manifest {self.name}: version must be an integer from 1 to {MAX_VERSION}, got {self.version!r}"
+            )
         if self.change not in CHANGES:
             raise InvalidArgumentError(
                 f"manifest {self.name}@{self.version}: unknown change {self.change!r} (one of {', '.join(CHANGES)})"

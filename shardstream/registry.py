@@ -45,20 +45,14 @@ from shardstream.errors import (
     PermissionDeniedError,
 )
 from shardstream.lineage import CLAIMS, check_change, infer_change, renamed_fields
-from shardstream.manifest import DatasetRef, Manifest, validate_name
+from shardstream.manifest import Manifest
+from shardstream.names import DatasetRef, is_version_text, validate_name, validate_tag
 from shardstream.storage import ObjectRef, Storage, check_key, open_local_storage
 
 __all__ = ["BadEntry", "Listing", "Registry"]
 
 _MAX_CREATE_ATTEMPTS = 1000
 LINKED_DIRECTORY = "its directory is a symbolic link (not followed)"
-
-
-def validate_tag(tag: str) -> str:
-    validate_name(tag, "tag")
-    if tag.isdigit():
-        raise InvalidArgumentError(f"tag {tag!r} is a number: NAME@{tag} would mean version {tag}")
-    return tag
 
 
 @dataclass(frozen=True)
@@ -182,7 +176,7 @@ class Registry:
         found = []
         for key in keys:
             stem = key[len(base) :]
-            if stem.endswith(".json") and stem[:-5].isdigit() and "/" not in stem:
+            if stem.endswith(".json") and is_version_text(stem[:-5]):
                 found.append(int(stem[:-5]))
         return sorted(found)
 
@@ -199,9 +193,11 @@ class Registry:
             if "/" in tag or tag.startswith("."):
                 continue
             try:
-                out[tag] = int(self.storage.get(key).decode().strip())
+                text = self.storage.get(key).decode().strip()
             except (NotFoundError, InvalidArgumentError, PermissionDeniedError, OSError, ValueError):
                 continue
+            if is_version_text(text):
+                out[tag] = int(text)
         return dict(sorted(out.items()))
 
     def load(self, name: str, version: int) -> Manifest | BadEntry:
@@ -288,7 +284,7 @@ class Registry:
                 raise NotFoundError(f"dataset {r.name!r} has no tag {r.tag!r} under {self.root}") from None
             except (InvalidArgumentError, PermissionDeniedError, OSError) as exc:
                 raise DataLossError(f"tag {r.name}@{r.tag} cannot be read") from exc
-            if not text.isdigit() or int(text) < 1:
+            if not is_version_text(text):
                 raise DataLossError(f"tag {r.name}@{r.tag} is malformed (not a version number)")
             version = int(text)
         if version is None:

@@ -1,8 +1,8 @@
 """The Arrow Flight data plane (server/flight_service.py, data_plane.py) against real servers: the
 Loader's streams keep the exactly-once, failover and provenance contracts; a plain pyarrow FlightClient reads a rank's stream with nothing but a ReadRequest;
 errors keep their status codes and retry hints; a silent Flight server is abandoned for another;
-tokens, certificate principals (by grant), admission, the write timeout and certificate rotation
-hold on the Flight port as on the gRPC one.
+tokens, admission, the write timeout and certificate rotation hold on the Flight port as on the gRPC
+one (certificate principals, by grant: test_grants.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import yaml
 
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.client.credentials import ChannelSecurity
 from shardstream.errors import FlightStatus, UnauthenticatedError, to_flight_error
 from shardstream.server.auth import token_sha256
 from shardstream.server.fleet import LocalServer
@@ -307,83 +306,6 @@ def test_a_frozen_clients_flight_streams_are_reaped(servers, tmp_path: Path) -> 
     finally:
         os.killpg(client.pid, signal.SIGKILL)
         client.wait()
-
-
-def test_a_certificate_principal_reads_over_the_data_plane_with_its_grant(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    p = Pki(tmp_path / "pki")
-    ca = p.ca("ca")
-    server_cert, ci, stranger = p.server(ca), p.client(ca, "ci", org="lab"), p.client(ca, "stranger")
-    auth = tmp_path / "auth.yaml"
-    auth.write_text(
-        yaml.safe_dump({"principals": [{"name": "ci", "mtls_subject": "CN=ci, O=lab", "datasets": ["toy"]}]})
-    )
-    tls_args = (
-        "--tls-cert",
-        str(server_cert.cert),
-        "--tls-key",
-        str(server_cert.key),
-        "--tls-client-ca",
-        str(ca.cert),
-    )
-    server = servers.start(
-        extra_args=(*tls_args, "--auth", str(auth)),
-        credentials=grpc.ssl_channel_credentials(ca.pem, ci.key.read_bytes(), ci.pem),
-    )
-    as_ci = {"ca": str(ca.cert), "cert": str(ci.cert), "key": str(ci.key)}
-    assert sorted(read_ids([server.target], tls=as_ci)) == list(range(N))  # over Flight, with its grant
-    info = Connection(server.target, ChannelSecurity.from_options(as_ci, "")).get_dataset("toy@1", 5)
-    assert info.data_grant and info.data_grant_ttl_s > 0
-    port = server.info()["data_port"]
-
-    def doget(who: Issued, grant: bytes | None, dataset: str = "toy@1") -> grpc.StatusCode:
-        c = flight.connect(
-            f"grpc+tls://127.0.0.1:{port}",
-            tls_root_certs=ca.pem,
-            cert_chain=who.pem,
-            private_key=who.key.read_bytes(),
-        )
-        headers = [(b"x-shardstream-grant", grant)] if grant is not None else []
-        request = pb.ReadRequest(dataset=dataset, batch_size=10, world_size=1).SerializeToString()
-        try:
-            c.do_get(flight.Ticket(request), flight.FlightCallOptions(headers=headers)).read_all()
-            return grpc.StatusCode.OK
-        except flight.FlightError as exc:
-            return FlightStatus.of(exc).code()
-        finally:
-            c.close()
-
-    assert doget(ci, info.data_grant) == grpc.StatusCode.OK
-    assert doget(ci, info.data_grant, "blobs@1") == grpc.StatusCode.PERMISSION_DENIED  # its datasets only
-    assert doget(stranger, None) == grpc.StatusCode.UNAUTHENTICATED  # a certificate alone proves nothing here
-    forged = bytearray(info.data_grant)
-    forged[5] ^= 1
-    assert doget(stranger, bytes(forged)) == grpc.StatusCode.UNAUTHENTICATED
-
-
-def test_grants_are_signed_expire_and_follow_the_auth_file(tmp_path: Path) -> None:
-    from shardstream.server.auth import Authenticator
-    from shardstream.server.grants import GRANT_TTL_S, Grants, new_key
-
-    auth_file = tmp_path / "auth.yaml"
-    auth_file.write_text(
-        yaml.safe_dump({"principals": [{"name": "ci", "mtls_subject": "CN=ci", "datasets": ["*"]}]})
-    )
-    auth = Authenticator(str(auth_file))
-    (ci,) = auth.file.principals()  # type: ignore[union-attr]
-    grants, other = Grants(new_key()), Grants(new_key())
-    grant = grants.issue(ci, now=1000.0)
-    assert grants.principal(grant, auth, now=1000.0 + GRANT_TTL_S - 1).name == "ci"
-    with pytest.raises(UnauthenticatedError, match="expired"):
-        grants.principal(grant, auth, now=1000.0 + GRANT_TTL_S + 1)
-    with pytest.raises(UnauthenticatedError, match="not this server's"):
-        other.principal(grant, auth, now=1000.0)
-    with pytest.raises(UnauthenticatedError, match="not this server's"):
-        grants.principal(b"garbage", auth, now=1000.0)
-    auth_file.write_text(
-        yaml.safe_dump({"principals": [{"name": "other", "mtls_subject": "CN=other", "datasets": ["*"]}]})
-    )
-    with pytest.raises(UnauthenticatedError, match="no longer in --auth"):
-        grants.principal(grant, auth, now=1000.0)
 
 
 def test_a_dns_name_streams_from_the_address_that_answered_and_fails_over_to_the_next(
