@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +36,17 @@ from shardstream.errors import (
     InvalidArgumentError,
     ShardstreamError,
     UnavailableError,
+)
+from shardstream.limits import (
+    MAX_EPOCH,
+    MAX_MESSAGE_BYTES,
+    MAX_MIXTURE_BLOCK,
+    MAX_MIXTURE_EPOCH_SAMPLES,
+    MAX_SEED,
+    MAX_SHUFFLE_WINDOW,
+    MAX_WORLD_SIZE,
+    check_int,
+    shown,
 )
 from shardstream.plan import ShuffleSpec
 from shardstream.schedule import Schedule, job_position
@@ -108,22 +120,25 @@ class Loader:
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                     raise InvalidArgumentError(f"{name} must be an integer or None, got {value!r}")
             rank, world_size = resolve_rank_world(rank, world_size)  # the launcher's, else 0 of 1
-        for name, value, low in (
-            ("world_size", world_size, 1),
-            ("seed", seed, 0),
-            ("prefetch", prefetch, 1),
-            ("streams", streams, 1),
-            ("max_retries", max_retries, 0),
-            ("max_message_bytes", max_message_bytes, 0),
-            ("mixture_block", mixture_block, 0),
-            ("mixture_epoch_samples", mixture_epoch_samples, 0),
+        # The ranges a Read request can carry (limits.py): a value past them is refused here, naming
+        # the argument, rather than by protobuf ("Value out of range") at the first batch.
+        for name, value, low, high in (
+            ("world_size", world_size, 1, MAX_WORLD_SIZE),
+            ("seed", seed, 0, MAX_SEED),
+            ("prefetch", prefetch, 1, sys.maxsize),
+            ("streams", streams, 1, sys.maxsize),
+            ("max_retries", max_retries, 0, sys.maxsize),
+            ("max_message_bytes", max_message_bytes, 0, MAX_MESSAGE_BYTES),
+            ("mixture_block", mixture_block, 0, MAX_MIXTURE_BLOCK),
+            ("mixture_epoch_samples", mixture_epoch_samples, 0, MAX_MIXTURE_EPOCH_SAMPLES),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, value, low, high)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgumentError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
-        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
-            raise InvalidArgumentError(f"epochs must be None (endless) or an integer >= 1, got {epochs!r}")
+            raise InvalidArgumentError(f"rank must be in [0, world_size={world_size}), got {shown(rank)}")
+        if epochs is not None:
+            check_int("epochs (None: endless)", epochs, 1, MAX_EPOCH + 1)
+        if shuffle_window is not None:
+            check_int("shuffle_window", shuffle_window, 1, MAX_SHUFFLE_WINDOW, "blocks")
         if output not in OUTPUTS:
             raise InvalidArgumentError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if pin_memory and output != "torch":

@@ -30,12 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.limits import MAX_POSITION, check_int, shown
 from shardstream.mixture import MixturePlan, SourceInfo, parse_mixture
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
 ]
 
 MAX_MIXTURE_PHASES = 1024
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', which int() refuses
 
 
 def is_mixture_schedule(dataset: object) -> bool:
@@ -70,21 +73,20 @@ def parse_mixture_schedule(spec: object) -> list[tuple[int, list[tuple[str, floa
         items: list[tuple[object, object]] = []
         for part in spec.split(";"):
             start, sep, mix = part.strip().partition("=")
-            if not sep or not start.strip().isdigit():
+            if not sep or not _DIGITS.fullmatch(start.strip()) or len(start.strip()) > 20:
                 raise InvalidArgumentError(
-                    f"mixture phase {part.strip()!r} is not 'OFFSET=NAME@V:WEIGHT,...'"
+                    f"mixture phase {part.strip()[:80]!r} is not 'OFFSET=NAME@V:WEIGHT,...' (OFFSET in ASCII digits)"
                 )
             items.append((int(start), mix.strip()))
         spec = items
     if not is_mixture_schedule(spec):
         raise InvalidArgumentError(
-            f"a mixture schedule is a list of (offset, {{dataset: weight}}) phases, got {spec!r}"
+            f"a mixture schedule is a list of (offset, {{dataset: weight}}) phases, got {shown(spec)}"
         )
     assert isinstance(spec, Sequence)
     out: list[tuple[int, list[tuple[str, float]]]] = []
-    for start, mix in spec:
-        if isinstance(start, bool) or start < 0:
-            raise InvalidArgumentError(f"a mixture phase's offset must be an integer >= 0, got {start!r}")
+    for i, (start, mix) in enumerate(spec):
+        check_int(f"the offset of mixture phase {i}", start, 0, MAX_POSITION)
         if out and start <= out[-1][0]:
             raise InvalidArgumentError(
                 f"mixture phases must start at increasing offsets, got {out[-1][0]} then {start}"

@@ -34,11 +34,13 @@ bit for bit. Pure and small: O(phases + ranges) memory, lookups O(log) of that, 
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.limits import MAX_BATCH_SIZE, MAX_POSITION, check_int, shown
 
 __all__ = [
     "MAX_BATCH_PHASES",
@@ -59,48 +61,48 @@ def job_position(epoch: int, offset: int, num_rows: int) -> int:
     return epoch * num_rows + offset
 
 
-def _int(value: object, what: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidArgumentError(f"{what} must be an integer >= {low}, got {value!r}")
-    return value
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', which int() refuses
 
 
 def parse_batch_schedule(value: object) -> tuple[tuple[int, int], ...]:
     """((start, B), ...) from a batch size B, pairs [(0, 8), (1_000_000, 16)], or '0:8,1000000:16'.
 
-    The first phase starts at 0, starts increase strictly, every B >= 1; one clear error otherwise."""
+    The first phase starts at 0, starts increase strictly, every B is 1 to MAX_BATCH_SIZE (the wire's
+    uint32) and every start at most MAX_POSITION; one clear error naming batch_size otherwise."""
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
-            return ((0, _int(int(text), "batch_size", 1)),)
+        if _DIGITS.fullmatch(text) and len(text) <= 20:
+            return ((0, check_int("batch_size", int(text), 1, MAX_BATCH_SIZE)),)
         pairs: list[tuple[object, object]] = []
         for part in text.split(","):
-            start, sep, size = part.strip().partition(":")
-            if not sep or not start.strip().isdigit() or not size.strip().isdigit():
-                raise InvalidArgumentError(f"batch-size phase {part.strip()!r} is not 'OFFSET:BATCH_SIZE'")
+            start, sep, size = (p.strip() for p in part.partition(":"))
+            if not sep or not _DIGITS.fullmatch(start) or not _DIGITS.fullmatch(size) or len(start + size) > 40:
+                raise InvalidArgumentError(
+                    f"batch_size phase {part.strip()[:60]!r} is not 'OFFSET:BATCH_SIZE' (ASCII digits)"
+                )
             pairs.append((int(start), int(size)))
         value = pairs
     if isinstance(value, int) and not isinstance(value, bool):
-        return ((0, _int(value, "batch_size", 1)),)
+        return ((0, check_int("batch_size", value, 1, MAX_BATCH_SIZE)),)
     if not isinstance(value, Sequence) or not value:
         raise InvalidArgumentError(
-            f"batch_size must be an integer >= 1 or a schedule [(offset, batch_size), ...], got {value!r}"
+            f"batch_size must be an integer from 1 to {MAX_BATCH_SIZE} or a schedule [(offset, batch_size), ...], got {shown(value)}"
         )
     out: list[tuple[int, int]] = []
-    for item in value:
+    for i, item in enumerate(value):
         if not isinstance(item, Sequence) or isinstance(item, str) or len(item) != 2:
-            raise InvalidArgumentError(f"a batch-size phase is (offset, batch_size), got {item!r}")
-        start = _int(item[0], "a batch-size phase's offset", 0)
-        size = _int(item[1], f"the batch size of the phase at {start}", 1)
+            raise InvalidArgumentError(f"a batch_size phase is (offset, batch_size), got {shown(item)}")
+        start = check_int(f"the offset of batch_size phase {i}", item[0], 0, MAX_POSITION)
+        size = check_int(f"the batch_size of phase {i} (at {start})", item[1], 1, MAX_BATCH_SIZE)
         if out and start <= out[-1][0]:
             raise InvalidArgumentError(
-                f"batch-size phases must start at increasing offsets, got {out[-1][0]} then {start}"
+                f"batch_size phases must start at increasing offsets, got {out[-1][0]} then {start}"
             )
         out.append((start, size))
     if out[0][0] != 0:
-        raise InvalidArgumentError(f"the first batch-size phase must start at offset 0, got {out[0][0]}")
+        raise InvalidArgumentError(f"the first batch_size phase must start at offset 0, got {out[0][0]}")
     if len(out) > MAX_BATCH_PHASES:
-        raise InvalidArgumentError(f"at most {MAX_BATCH_PHASES} batch-size phases, got {len(out)}")
+        raise InvalidArgumentError(f"at most {MAX_BATCH_PHASES} batch_size phases, got {len(out)}")
     return tuple(out)
 
 
@@ -111,19 +113,19 @@ def parse_ranges(value: object, what: str) -> tuple[tuple[int, int], ...]:
     if isinstance(value, str):
         items: list[object] = []
         for part in value.split(","):
-            a, sep, b = part.strip().partition(":")
-            if not sep or not a.strip().isdigit() or not b.strip().isdigit():
-                raise InvalidArgumentError(f"{what} {part.strip()!r} is not 'START:END'")
+            a, sep, b = (p.strip() for p in part.partition(":"))
+            if not sep or not _DIGITS.fullmatch(a) or not _DIGITS.fullmatch(b) or len(a + b) > 40:
+                raise InvalidArgumentError(f"{what} {part.strip()[:60]!r} is not 'START:END' (ASCII digits)")
             items.append((int(a), int(b)))
         value = items
     if not isinstance(value, Iterable):
-        raise InvalidArgumentError(f"{what} must be a list of (start, end) pairs, got {value!r}")
+        raise InvalidArgumentError(f"{what} must be a list of (start, end) pairs, got {shown(value)}")
     out = []
-    for item in value:
+    for i, item in enumerate(value):
         if not isinstance(item, Sequence) or isinstance(item, str) or len(item) != 2:
-            raise InvalidArgumentError(f"{what} are (start, end) pairs, got {item!r}")
-        a = _int(item[0], f"the start of {what} {tuple(item)}", 0)
-        b = _int(item[1], f"the end of {what} {tuple(item)}", 0)
+            raise InvalidArgumentError(f"{what} are (start, end) pairs, got {shown(item)}")
+        a = check_int(f"the start of {what} range {i}", item[0], 0, MAX_POSITION)
+        b = check_int(f"the end of {what} range {i}", item[1], 0, MAX_POSITION)
         if b <= a:
             raise InvalidArgumentError(
                 f"{what} ({a}, {b}) is empty: a range is [start, end) with start < end"

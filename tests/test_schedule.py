@@ -241,13 +241,14 @@ def test_parsing_and_errors() -> None:
     assert parse_batch_schedule("0:8,1000000:16") == ((0, 8), (1_000_000, 16))
     assert parse_batch_schedule([(0, 8), (1_000_000, 16)]) == ((0, 8), (1_000_000, 16))
     for bad, match in (
-        (0, ">= 1"),
+        (0, "from 1 to"),
         ([(5, 8)], "start at offset 0"),
         ([(0, 8), (0, 16)], "increasing"),
-        ([(0, 8), (10, 0)], ">= 1"),
+        ([(0, 8), (10, 0)], "from 1 to"),
         ("0:8,x", "OFFSET:BATCH_SIZE"),
+        ("0:8,10:²", "OFFSET:BATCH_SIZE"),
         ([], "schedule"),
-        (True, ">= 1"),
+        (True, "from 1 to"),
     ):
         with pytest.raises(InvalidArgumentError, match=match):
             parse_batch_schedule(bad)

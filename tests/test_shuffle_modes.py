@@ -87,7 +87,7 @@ def test_huge_epoch_over_many_shards_is_addressable() -> None:
     ("shuffle", "window", "message"),
     [
         ("bogus", None, "unknown shuffle mode 'bogus'"),
-        ("block", 0, "window must be an integer >= 1"),
+        ("block", 0, "window must be an integer from 1 to"),
         ({"mode": "block", "windw": 3}, None, "unknown shuffle option"),
         (3.5, None, "shuffle must be"),
     ],

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.limits import MAX_SHUFFLE_WINDOW, check_int
 
 from .block import block_order
 from .full import full_order
@@ -54,10 +55,7 @@ class ShuffleSpec:
             raise InvalidArgumentError(
                 f"unknown shuffle mode {self.mode!r}; known: {', '.join(sorted(SHUFFLES))}"
             )
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise InvalidArgumentError(
-                f"shuffle window must be an integer >= 1 (blocks), got {self.window!r}"
-            )
+        check_int("shuffle window", self.window, 1, MAX_SHUFFLE_WINDOW, "blocks")
 
     @classmethod
     def parse(cls, shuffle: Any, window: int | None = None) -> ShuffleSpec:
