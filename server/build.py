@@ -18,6 +18,12 @@ and, within a step, into parts of its rows. Parts go only to a client that reass
 (`split_steps`); to any other, a step over the cap is INVALID_ARGUMENT. Only a single row larger
 than the cap travels alone in a message over it.
 
+Memory (admission.py): `Message.holds` is what a built message keeps alive — its Arrow buffers,
+counted whole even where the message is a slice of them (a zero-copy slice of a row group keeps the
+row group alive after the cache lets it go). A message that is the whole of its build and a slice
+of buffers over COMPACT_FACTOR times its size is copied out of them instead, so it never keeps a
+large row group alive for a few rows. `build_estimate` is what a stream reserves before a build.
+
 `MessageBuilder.stream(plan)` is a whole stream, in order, one message at a time and without gRPC
 or an event loop; `messages(plan)` the same as a list.
 """
@@ -40,10 +46,23 @@ from shardstream.v1 import shardstream_pb2 as pb
 from .read_plan import ReadPlan
 from .selection import take_selection
 
-__all__ = ["MAX_STEPS_PER_MESSAGE", "Chunk", "Message", "MessageBuilder", "MessageSteps"]
+__all__ = [
+    "BUILD_PEAK_FACTOR",
+    "COMPACT_FACTOR",
+    "MAX_STEPS_PER_MESSAGE",
+    "Chunk",
+    "Message",
+    "MessageBuilder",
+    "MessageSteps",
+    "build_estimate",
+]
 
 MAX_STEPS_PER_MESSAGE = 4096
 _FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
+# A build takes the rows (gather.py: the pieces, their concatenation, the reordering take) before it
+# lets go of its intermediates: about twice the message at its peak, measured on block shuffle.
+BUILD_PEAK_FACTOR = 2
+COMPACT_FACTOR = 4  # a message slicing buffers over this many times its size is copied out of them
 
 BATCH_BUILD_SECONDS = Histogram(
     "shardstream_batch_build_seconds",
@@ -76,6 +95,7 @@ class Message:
     rows: int
     parts: bool = False  # it carries a part of a step
     nbytes: int = 0  # on the wire: header + IPC stream, counted (not written)
+    holds: int = 0  # of memory it keeps alive: its Arrow buffers, whole (at least nbytes)
 
     def wire(self) -> tuple[bytes, bytes]:
         """(header, IPC stream) as bytes: what the message is on the wire, for comparing streams."""
@@ -90,9 +110,33 @@ def _message(
     *,
     parts: bool = False,
     nbytes: int | None = None,
+    compact: bool = False,
 ) -> Message:
+    """`compact`: the batch is all its build made (nothing else keeps its buffers alive), so one
+    slicing much larger buffers is copied out of them."""
     batch = plain_batch(batch)  # no extension type leaves the server (extension_types.py)
-    return Message(header, batch, steps, rows, parts, _size(header, batch) if nbytes is None else nbytes)
+    size = _size(header, batch) if nbytes is None else nbytes
+    holds = batch.get_total_buffer_size()
+    if compact and holds > COMPACT_FACTOR * size:
+        batch = pa.concat_batches([batch])  # a copy of the rows only
+        holds = batch.get_total_buffer_size()
+    return Message(header, batch, steps, rows, parts, size, max(size, holds))
+
+
+def build_estimate(plan: ReadPlan, last: Message | None) -> int:
+    """Bytes a stream reserves before building its next message: BUILD_PEAK_FACTOR times the
+    message it expects — the first, one step at the plan's estimated bytes per sample; later ones,
+    what the last one held, or the plan's message target if more (the builder grows messages
+    towards it) — never over BUILD_PEAK_FACTOR times the server's message cap."""
+    if last is None:
+        if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
+            expected = 0.0  # the end-of-epoch message only
+        else:
+            start, end = plan.layout.rank_range(plan.first_step, plan.rank)
+            expected = (end - start) * plan.sample_bytes
+    else:
+        expected = max(last.holds, plan.max_message_bytes)
+    return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
 
 
 class MessageSteps:
@@ -250,7 +294,7 @@ class MessageBuilder:
         cap = plan.message_cap_bytes
         size = _size(header, batch) if chunk.samples is None else cap + 1
         if size <= cap:  # the common case: sized once
-            message = _message(header, batch, len(header.steps), batch.num_rows, nbytes=size)
+            message = _message(header, batch, len(header.steps), batch.num_rows, nbytes=size, compact=True)
             del batch
             yield message
             return

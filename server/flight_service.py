@@ -16,7 +16,10 @@ RESOURCE_EXHAUSTED with the retry hint), authentication (a bearer token in the `
 header, or a grant: below), the audit and stream log lines (the stream id rides in the response
 headers), the stream metrics, the redacted error texts and their status codes (errors.py
 `to_flight_error`: the exact code travels in the error's extra_info). The next message is built in
-a worker thread while Flight sends this one. RPC metrics: grpc_server_* with
+a worker thread while Flight sends this one, when the buffer budget has room for it: each build
+reserves its bytes first and each message is released when Flight asks for the next (admission.py);
+a stream without room waits for it, holding nothing, and a new stream without room for its first
+message is refused. RPC metrics: grpc_server_* with
 grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
 
 A client that stops reading is cut (reaper.py): Flight asks for a stream's next message once the
@@ -36,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +61,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 from .admission import Ticket
 from .audit import StreamAudit
 from .auth import Principal, has_token
-from .build import Message, MessageSteps
+from .build import Message, MessageSteps, build_estimate
 from .grants import GRANT_HEADER
 from .grpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
 from .read_plan import ReadPlan
@@ -177,6 +180,17 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 del self._shut[old]
             return peer in self._shut
 
+    def _reap(self, writing: _Writing, reason: str) -> bool:
+        """Count `writing`'s stream as reaped, once (the sweeper and its connection's end may both
+        see it): True the first time."""
+        with self._lock:
+            if writing.reaped:
+                return False
+            writing.reaped = True
+        STREAMS_REAPED.inc()
+        writing.stream.reason = reason
+        return True
+
     def _sweep(self) -> None:
         timeout_s = self.service.write_timeout_s
         while not self._stopped.wait(min(1.0, timeout_s / 4)):
@@ -185,16 +199,16 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 overdue = [w for w in self._writing.values() if w.overdue(now, timeout_s)]
             shut: set[str] = set()  # a connection's streams go together
             for w in overdue:
-                w.reaped = True  # once
-                STREAMS_REAPED.inc()
-                w.stream.reason = "reaped: nothing read for --write-timeout"
-                if w.peer in shut:
+                if not self._reap(w, "reaped: nothing read for --write-timeout") or w.peer in shut:
                     continue
+                with self._lock:  # before the shutdown: its other streams end as reaped, not gone
+                    self._shut[w.peer] = time.monotonic()
                 closed = shutdown_connection(w.peer, self.port)
                 if closed:
                     shut.add(w.peer)
+                else:
                     with self._lock:
-                        self._shut[w.peer] = time.monotonic()
+                        self._shut.pop(w.peer, None)
                 log.warning(
                     "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
                     w.peer or "an unknown peer",
@@ -241,8 +255,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             plan = svc.planner.plan(request, principal)
             audit.planned([str(r.manifest.ref) for r in plan.readers])
             active = svc.stream_started(stream, plan, active)
-            messages = _Messages(self, plan, admitted)
-            first = messages.next()
+            messages = _Messages(self, plan, admitted, context.is_cancelled)
+            first = messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
             outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
@@ -295,17 +309,17 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 yield batch, metadata
                 writing.since = None
                 audit.sent(n)
-                admitted.release(n)  # Flight asked for the next: this one is written
+                admitted.release(message.holds)  # Flight asked for the next: this one is written
                 del batch, metadata
                 message = messages.next()
             outcome = stream.outcome = "OK"
             stream.reason = ""
+        except _Gone:  # its client left while it waited for room in the buffer budget
+            messages.cancel()
         except GeneratorExit:
             messages.cancel()
-            if not writing.reaped and self._was_shut(writing.peer):  # its connection's other streams
-                writing.reaped = True
-                STREAMS_REAPED.inc()
-                stream.reason = "reaped: its connection was shut down (another stream read nothing)"
+            if self._was_shut(writing.peer):  # its connection's other streams
+                self._reap(writing, "reaped: its connection was shut down (another stream read nothing)")
             raise
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
@@ -332,42 +346,72 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         return to_flight_error(code, details, retry, stream.stream_id)
 
 
-class _Messages:
-    """One stream's messages, each built in the plane's pool; `ahead()` starts building the next one
-    while Flight writes this one, unless the server's streams already hold their buffer budget (then
-    a slow client holds one message, not two)."""
+class _Gone(Exception):
+    """The client left while its stream waited for room in the buffer budget."""
 
-    def __init__(self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket) -> None:
+
+class _Messages:
+    """One stream's messages, each built in the plane's pool once the stream has reserved what the
+    build may take (admission.py); `ahead()` starts building the next one while Flight writes this
+    one when the budget has room for it, and `next()` waits for room otherwise."""
+
+    def __init__(
+        self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket, cancelled: Callable[[], bool]
+    ) -> None:
         svc = plane.service
         self._pool = plane.builds
-        self._admission = svc.admission
+        self._plan = plan
         self._admitted = admitted
+        self._cancelled = cancelled
         self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
+        self._last: Message | None = None  # the last message built (its size sizes the next reservation)
 
         def read_ahead(steps: MessageSteps) -> None:
             svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
 
         self._it = svc.builder.stream(plan, read_ahead)
         self._pending: Future[Message | None] | None = None
+        self._pending_reserved = 0
 
-    def _build(self) -> Message | None:
-        with self._lock:
-            message = next(self._it, None)
+    def _build(self, reserved: int) -> Message | None:
+        """The next message, built under a reservation of `reserved` bytes that it then replaces."""
+        try:
+            with self._lock:
+                message = next(self._it, None)
+        except BaseException:
+            self._admitted.release(reserved)
+            raise
+        self._admitted.settle(reserved, message.holds if message is not None else 0)
         if message is not None:
-            self._admitted.hold(message.nbytes)  # from built until written
+            self._last = message
         return message
 
+    def first(self) -> Message | None:
+        """The stream's first message; ResourceExhaustedError when the budget has no room for it."""
+        reserved = build_estimate(self._plan, None)
+        self._admitted.reserve_or_refuse(reserved)
+        return self._build(reserved)
+
     def ahead(self) -> None:
-        if self._pending is None and self._admission.has_room():
-            self._pending = self._pool.submit(self._build)
+        if self._pending is not None:
+            return
+        reserved = build_estimate(self._plan, self._last)
+        if self._admitted.reserve(reserved):
+            self._pending_reserved = reserved
+            self._pending = self._pool.submit(self._build, reserved)
 
     def next(self) -> Message | None:
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else self._build()
+        if pending is not None:
+            return pending.result()
+        reserved = build_estimate(self._plan, self._last)
+        if not self._admitted.reserve(reserved, wait=True, cancelled=self._cancelled):
+            raise _Gone
+        return self._build(reserved)
 
     def cancel(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
+        if self._pending is not None and self._pending.cancel():
+            self._admitted.release(self._pending_reserved)  # it never ran
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -5,10 +5,12 @@ take of a server (DESIGN §10).
   huge numbers) sent over a raw gRPC channel get an answer, never INTERNAL; the server's memory stays
   bounded and a well-formed stream running meanwhile completes with the right rows.
 - Streams opened and left unread: the excess gets RESOURCE_EXHAUSTED with a retry hint, counted by
-  the limit it hit, and the server's RSS stays within its configured budget (1,000 of them behind
-  the `slow` marker: `make soak`).
-- A frozen (SIGSTOPped) client's streams are cut by the write timeout and counted, or by keepalive;
-  either way they release what they held and the server keeps serving.
+  the limit it hit; the bytes they hold (the buffer gauge) stay within the budget plus one build's
+  reservation, even when they are opened in a burst; and the server's RSS stays within the bound
+  of admission.py (warm + cache + BOUND_FACTOR x budget; 256 block-shuffled streams and 1,000
+  streams behind the `slow` marker: `make soak`).
+- A frozen (SIGSTOPped) client's streams are cut by the write timeout and counted once each, or by
+  keepalive; either way they release what they held and the server keeps serving.
 - A Loader refused by a busy server reads from another.
 
 Each wait is on a condition with a deadline (never a fixed sleep); RSS is read with psutil.
@@ -33,6 +35,8 @@ from shardstream.cli import build_parser, common
 from shardstream.cli.serve import config_from_args
 from shardstream.client import Loader
 from shardstream.errors import RETRY_PUSHBACK_KEY
+from shardstream.server.admission import BOUND_FACTOR
+from shardstream.server.build import BUILD_PEAK_FACTOR
 from shardstream.server.config import ServerConfig
 from shardstream.server.fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
@@ -62,10 +66,16 @@ def servers(root: Path) -> Iterator[Servers]:
 
 
 def blobs(**fields: Any) -> pb.ReadRequest:
-    """Streams of 256 KiB messages (4 rows of 64 KiB a step, 1 step a message), 128 steps long."""
+    """Streams of 256 KiB messages (4 rows of 64 KiB a step, 1 step a message), 128 steps long;
+    fully shuffled, so that each message is a copy of its rows (unshuffled, a message is a slice of
+    its 1 MiB row group and counts as the whole row group against the buffer budget)."""
     return pb.ReadRequest(
-        dataset="blobs@1", **{"world_size": 1, "batch_size": 4, "max_message_bytes": 256 << 10, **fields}
+        dataset="blobs@1",
+        **{"world_size": 1, "batch_size": 4, "max_message_bytes": 256 << 10, "shuffle": pb.Shuffle(mode="full"), **fields},
     )
+
+
+MESSAGE_RESERVATION = BUILD_PEAK_FACTOR * (256 << 10)  # what a blobs() stream reserves for a build
 
 
 # --- random requests --------------------------------------------------------------------------------
@@ -269,14 +279,14 @@ def test_random_requests_never_get_internal_and_memory_stays_bounded(property_se
 
 # --- stalled streams --------------------------------------------------------------------------------
 def stalled_rss_budget(server: LocalServer, cache_mib: int, buffer_mib: int) -> int:
-    """What the server may hold with streams stalled: its RSS once warm (one stream read through:
-    thread pools started, row-group cache filled), its cache again and its stream buffer budget,
-    with half the budget again for what the allocator keeps around messages."""
+    """What the server may hold with streams stalled (admission.py, deploy/RUNBOOK.md "Limits"): its
+    RSS once warm (one stream read through: thread pools started, row-group cache filled), its
+    cache again and BOUND_FACTOR times its stream buffer budget."""
     with Streams(server.target) as warm:
         code, messages, _ = warm.read_through(blobs().SerializeToString(), 60)
         assert code == grpc.StatusCode.OK and messages > 1
     wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the warm-up stream to end")
-    return server_rss(server) + (cache_mib + buffer_mib * 3 // 2) * MiB
+    return server_rss(server) + (cache_mib + BOUND_FACTOR * buffer_mib) * MiB
 
 
 def test_stalled_streams_beyond_the_limit_are_refused_and_memory_stays_in_budget(servers: Servers) -> None:
@@ -305,7 +315,7 @@ def test_stalled_streams_beyond_the_limit_are_refused_and_memory_stays_in_budget
 
 
 def test_the_peer_and_buffer_limits(servers: Servers) -> None:
-    server = servers.start(metrics=True, extra_args=("--max-streams-per-peer", "10", "--stream-buffer-mib", "4"))
+    server = servers.start(metrics=True, extra_args=("--max-streams-per-peer", "10", "--stream-buffer-mib", "2"))
     with Streams(server.target, connections=2) as streams:
         codes = streams.open(blobs(), 15)
     assert codes.count(grpc.StatusCode.OK) <= 10
@@ -313,10 +323,89 @@ def test_the_peer_and_buffer_limits(servers: Servers) -> None:
     assert metrics['shardstream_streams_refused_total{limit="peer"}'] + metrics[
         'shardstream_streams_refused_total{limit="buffer"}'
     ] == codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
-    assert metrics['shardstream_streams_refused_total{limit="buffer"}'] >= 1  # 4 MiB: ~5 such streams
+    # 2 MiB: 4-8 such streams (each holds the 256 KiB message Flight writes, and one built ahead if room)
+    assert metrics['shardstream_streams_refused_total{limit="buffer"}'] >= 1
     wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the cancelled streams to end")
     with Streams(server.target) as streams:
-        assert streams.open(blobs(), 10).count(grpc.StatusCode.OK) >= 5  # the slots came back
+        assert streams.open(blobs(), 10).count(grpc.StatusCode.OK) >= 4  # the slots came back
+
+
+def test_the_buffer_budget_holds_while_a_burst_of_streams_stalls(servers: Servers) -> None:
+    """The budget counts what streams hold continuously, not only at admission: a burst of streams
+    admitted together holds at most the budget plus one build's reservation; the rest are refused
+    for the buffer with a retry hint, and the slots come back once the streams end."""
+    budget = 8 * MiB
+    limits = ("--max-streams", "200", "--max-streams-per-peer", "200", "--stream-buffer-mib", "8")
+    server = servers.start(metrics=True, extra_args=(*limits, "--cache-mib", "16"))
+    clients = [Streams(server.target, connections=2) for _ in range(4)]
+    try:
+        opened = [threading.Thread(target=c.open, args=(blobs(seed=i),), kwargs={"n": 25}) for i, c in enumerate(clients)]
+        for t in opened:
+            t.start()
+        for t in opened:
+            t.join()
+        codes = [code for c in clients for code in c.codes]
+        admitted = codes.count(grpc.StatusCode.OK)
+        metrics = scrape(server)
+        held = metrics["shardstream_stream_buffer_bytes"]
+        print(f"\n100 streams in a burst: {admitted} admitted and stalled, holding {held / MiB:.1f} MiB")
+        assert 0 < admitted < 100 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 100 - admitted
+        assert metrics['shardstream_streams_refused_total{limit="buffer"}'] == 100 - admitted
+        assert 0 < held <= budget + MESSAGE_RESERVATION
+        assert metrics["shardstream_streams_active"] == admitted
+        err = clients[0].refusal(blobs())
+        assert "--stream-buffer-mib" in err.details()
+        assert (RETRY_PUSHBACK_KEY, "1000") in tuple(err.trailing_metadata())
+        assert scrape(server)["shardstream_stream_buffer_bytes"] <= budget + MESSAGE_RESERVATION
+    finally:
+        for c in clients:
+            c.close()
+    wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the cancelled streams to end")
+    assert scrape(server)["shardstream_stream_buffer_bytes"] == 0
+    with Streams(server.target) as streams:  # the budget came back: a whole stream reads through
+        code, messages, _ = streams.read_through(blobs().SerializeToString())
+        assert code == grpc.StatusCode.OK and messages == 128
+
+
+def test_streams_beyond_the_budget_wait_for_it_and_all_finish(servers: Servers) -> None:
+    """Readers that together want more than the budget: they take turns (a stream without room
+    waits, holding nothing) and every one delivers its whole stream."""
+    server = servers.start(metrics=True, extra_args=("--stream-buffer-mib", "1", "--cache-mib", "16"))
+    results: list[tuple[grpc.StatusCode, int, int]] = []
+
+    def read(i: int) -> None:
+        with Streams(server.target) as s:
+            results.append(s.read_through(blobs(seed=i).SerializeToString()))
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(6)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    ok = [r for r in results if r[0] == grpc.StatusCode.OK]
+    assert ok, results  # a stream that holds nothing may always build: someone progresses
+    assert all(r[0] in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED) for r in results), results
+    assert all(messages == 128 for _, messages, _ in ok)
+    assert scrape(server)["shardstream_stream_buffer_bytes"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["none", "block", "full"])
+def test_stalled_streams_stay_within_the_memory_bound(servers: Servers, mode: str) -> None:
+    """256 streams from one peer (its cap), 1 MiB messages, left unread: peak RSS within the bound."""
+    limits = ("--max-streams", "256", "--max-streams-per-peer", "256", "--stream-buffer-mib", "32")
+    server = servers.start(metrics=True, extra_args=(*limits, "--cache-mib", "16"))
+    bound = stalled_rss_budget(server, 16, 32)
+    request = blobs(shuffle=pb.Shuffle(mode=mode), batch_size=16, max_message_bytes=1 << 20)
+    peak = 0
+    with Streams(server.target, connections=2) as streams:
+        for _ in range(8):  # 32 at a time, the RSS read after each round
+            streams.open(request, 32)
+            peak = max(peak, server_rss(server))
+        admitted = streams.codes.count(grpc.StatusCode.OK)
+        print(f"\n256 streams, shuffle {mode}: {admitted} admitted, peak RSS {peak / MiB:.0f} MiB, bound {bound / MiB:.0f}")
+        assert admitted > 0 and streams.codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 256 - admitted
+        assert peak < bound
 
 
 @pytest.mark.slow
@@ -352,6 +441,28 @@ def test_a_frozen_clients_streams_are_cut(servers: Servers, tmp_path: Path) -> N
     finally:
         os.killpg(client.pid, signal.SIGKILL)
         client.wait()
+
+
+def test_each_reaped_stream_is_counted_once(servers: Servers, tmp_path: Path) -> None:
+    """Stalled streams over several connections, frozen: every stream is reaped and counted once,
+    whether the sweeper found it overdue or its connection was shut down under it."""
+    server = servers.start(metrics=True, extra_args=("--write-timeout", "1", "--keepalive-time", "600"))
+    clients = []
+    try:
+        for name in ("a", "b", "c"):
+            (tmp_path / name).mkdir()
+            clients.append(stalled_process(server.target, blobs(), 30, tmp_path / name))
+            assert (tmp_path / name / "stalled.ready").read_text().split() == ["OK"] * 30
+        for client in clients:  # (the first ones may be reaped already: they read nothing either)
+            os.kill(client.pid, signal.SIGSTOP)
+        wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the frozen clients' streams to end")
+        metrics = scrape(server)
+        assert metrics["shardstream_streams_reaped_total"] == 90
+        assert metrics["shardstream_stream_buffer_bytes"] == 0
+    finally:
+        for client in clients:
+            os.killpg(client.pid, signal.SIGKILL)
+            client.wait()
 
 
 # --- the Loader and a busy server ---------------------------------------------------------------------
