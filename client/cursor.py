@@ -39,7 +39,7 @@ __all__ = [
 
 CURSOR_FORMAT = 1
 _KIND = "shardstream.Cursor"
-_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 class CorruptCursorError(DataLossError):

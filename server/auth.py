@@ -67,8 +67,8 @@ __all__ = [
 log = logging.getLogger("shardstream.server.auth")
 
 AUTHORIZATION_KEY = "authorization"  # call metadata: "Bearer <token>"
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_PATTERN_RE = re.compile(r"^[A-Za-z0-9._*?\[\]!-]{1,128}(@[1-9][0-9]{0,18})?$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+_PATTERN_RE = re.compile(r"^[A-Za-z0-9._*?\[\]!-]{1,128}(@[1-9][0-9]{0,18})?\Z")
 _PRINCIPAL_KEYS = frozenset({"name", "token_sha256", "mtls_subject", "datasets"})
 _NO_MATCH = b"\0" * 32  # compared against when a principal has no token, so every comparison costs the same
 

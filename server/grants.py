@@ -52,7 +52,7 @@ from .auth import Authenticator, Principal
 __all__ = ["GRANT_HEADER", "GRANT_TTL_S", "Grants", "new_key", "peer_fingerprint"]
 
 GRANT_TTL_S = 600
-_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _PEM_CERT_KEY = "x509_pem_cert"  # grpc's auth context: the verified client certificate, PEM
 
 

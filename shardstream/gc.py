@@ -39,8 +39,8 @@ from shardstream.storage import ObjectInfo
 __all__ = ["DEFAULT_MIN_AGE_S", "GcFile", "GcReport", "collect"]
 
 DEFAULT_MIN_AGE_S = 3600.0
-_INGEST_DIR = re.compile(r"^[0-9a-f]{32}$")  # ingest.py: uuid4().hex
-_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # storage.py: LocalStorage._tmp
+_INGEST_DIR = re.compile(r"^[0-9a-f]{32}\Z")  # ingest.py: uuid4().hex
+_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp\Z")  # storage.py: LocalStorage._tmp
 
 
 @dataclass(frozen=True)

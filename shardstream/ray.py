@@ -57,7 +57,7 @@ from shardstream.server.roots import open_registry
 
 __all__ = ["Datasink", "materialize_runner", "read"]
 
-_ENDPOINT = re.compile(r"^(dns:///)?[A-Za-z0-9.\-\[\]:]+:\d+$")
+_ENDPOINT = re.compile(r"^(dns:///)?[A-Za-z0-9.\-\[\]:]+:[0-9]+\Z")
 
 
 class Datasink(ray.data.Datasink[list[dict[str, Any]]]):

@@ -158,3 +158,25 @@ def test_the_registry_reads_only_canonical_versions_from_file_names_and_tags(dat
         for tag in ("arabic", "super", "huge"):
             with pytest.raises(DataLossError, match=f"toy@{tag} is malformed"):
                 reg.resolve(f"toy@{tag}")
+
+
+@pytest.mark.parametrize("job", ["run-1\n", "run-1\r\n", "\nrun-1", "run\n-1"])
+def test_a_job_name_with_a_newline_is_refused(job: str) -> None:
+    from shardstream.client.cursor import validate_job
+
+    assert validate_job("run-1") == "run-1"
+    with pytest.raises(InvalidArgumentError, match="invalid job name"):
+        validate_job(job)
+
+
+@pytest.mark.parametrize("pattern", ["web\n", "web@3\n", "web@٣"])
+def test_an_auth_pattern_with_a_newline_or_a_non_ascii_digit_is_refused(pattern: str) -> None:
+    import yaml
+
+    from shardstream.server.auth import load_principals
+
+    entry = {"name": "p", "token_sha256": "0" * 64, "datasets": [pattern]}
+    with pytest.raises(InvalidArgumentError, match="bad dataset pattern"):
+        load_principals(yaml.safe_dump({"principals": [entry]}))
+    entry["datasets"] = ["web@3"]
+    assert load_principals(yaml.safe_dump({"principals": [entry]}))[0].patterns == ("web@3",)
