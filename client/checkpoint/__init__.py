@@ -1,0 +1,15 @@
+"""Checkpoints through the fleet (DESIGN §13): `from shardstream.client.checkpoint import Checkpointer`.
+
+    checkpointer.py  Checkpointer (save, load, steps, latest, follow) and SaveHandle
+    state_tree.py    staging a state tree to host memory, and putting a loaded one back
+    transport.py     the Flight calls to a server's data plane (DoPut, DoGet, DoAction, ListFlights)
+    dcp.py           torch.distributed.checkpoint StorageWriter / StorageReader over the same calls
+
+The records are shardstream/checkpoint_format.py's; the server side is shardstream.server.checkpoints.
+"""
+
+from __future__ import annotations
+
+from .checkpointer import Checkpointer, SaveHandle
+
+__all__ = ["Checkpointer", "SaveHandle"]

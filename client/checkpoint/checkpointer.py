@@ -1,0 +1,352 @@
+"""`Checkpointer`: save and load a job's model, optimizer and Loader state as one commit (DESIGN §13).
+
+    ckpt = Checkpointer(endpoints, job="run-42")          # token= / tls= as the Loader's
+    handle = ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict()}, loader=loader)
+    handle.result(timeout=None)                          # committed (async by default)
+    state = ckpt.load("latest", into={"model": model.state_dict(), "optim": opt.state_dict()}, loader=loader)
+    opt.load_state_dict(state["optim"])                  # the model's tensors were loaded in place
+
+**save** copies every tensor to host memory (pinned for CUDA tensors) and returns: that copy is the
+step's whole stall. A background thread then hashes the bytes into content-addressed chunks
+(checkpoint_format.CHUNK_BYTES), asks the server which it has, sends only the others (an
+incremental save sends what changed), sends this rank's part record, and commits. Its memory is the
+staged copy, released when the step is committed; a **second save while one is uploading waits**
+for it first (so at most one staged copy exists). With several ranks each rank saves its part
+(same step, same `save_id`: broadcast by rank 0 when torch.distributed is initialized, else from the
+launcher's run id), and the step is committed when the last part lands; `result()` waits for that.
+
+**load** reads the manifest, then the chunks (verified: a byte that differs from its name is
+DataLossError naming the checkpoint, the tensor and the chunk), writes them straight into the
+matching tensors of `into` (in place) or into new CPU tensors, and positions the Loader with the
+state its rank saved (rank 0's when this rank has none: a Loader's state resumes any world size).
+The returned tree is the saved state with these tensors.
+
+`steps()` and `latest()` name committed steps only; `follow()` yields each new committed step as it
+lands (RL rollout workers: `for step in ckpt.follow(): ckpt.load(step, into=policy.state_dict())`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shardstream.checkpoint_format import (
+    CHUNK_BYTES,
+    FORMAT,
+    PART_KIND,
+    check_job,
+    check_step,
+    decode_value,
+    encode_value,
+)
+from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError, UnavailableError
+
+from ..credentials import ChannelSecurity, TlsOption
+from ..launcher import resolve_rank_world
+from .state_tree import Staged, find, new_array, restore, stage, writable_view
+from .transport import CheckpointSession
+
+__all__ = ["Checkpointer", "SaveHandle"]
+
+log = logging.getLogger("shardstream.client.checkpoint")
+
+HASH_THREADS = 4  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
+PUT_BATCH_BYTES = 64 << 20  # chunks per DoPut, by bytes
+GET_BATCH_CHUNKS = 16  # chunks per DoGet
+COMMIT_POLL_S = (0.01, 1.0)  # waiting for the other ranks' parts: first and longest wait between polls
+
+
+class SaveHandle:
+    """A save in progress: `result(timeout)` returns the committed step, or raises its error."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.bytes_sent = 0  # chunk bytes this save sent (those the server did not have)
+        self.bytes_total = 0  # bytes of the staged state
+        self.stall_s = 0.0  # how long save() held the caller (staging)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"checkpoint step {self.step} not committed within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self.step
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        job: str,
+        *,
+        token: str | None = None,
+        tls: TlsOption = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.job = check_job(job)
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        if not 1 << 12 <= chunk_bytes <= 1 << 30:
+            raise InvalidArgumentError(f"chunk_bytes must be from 4 KiB to 1 GiB, got {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
+        self._session = CheckpointSession(endpoints, self.job, ChannelSecurity.from_options(tls, token))
+        self._pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="checkpoint")
+        self._saving: SaveHandle | None = None
+        self._save_lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for a save in progress (its error, if any, is logged), then let the connection go."""
+        if self._closed:
+            return
+        self._closed = True
+        saving = self._saving
+        if saving is not None:
+            try:
+                saving.result()
+            except Exception as exc:  # noqa: BLE001 — the caller did not ask for it: say it once
+                log.error("checkpoint step %d of %s was not committed: %s", saving.step, self.job, exc)
+        self._pool.shutdown(wait=True)
+        self._session.close()
+
+    # --- save --------------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, loader: Any = None, *, blocking: bool = False) -> SaveHandle:
+        check_step(step)
+        if self._closed:
+            raise InvalidArgumentError("save() on a closed Checkpointer")
+        with self._save_lock:
+            previous = self._saving
+            if previous is not None:
+                try:  # one staged copy at a time: a second save waits for the first to commit
+                    previous.result()
+                except Exception:  # noqa: BLE001 — its own handle reports it
+                    pass
+            t0 = time.perf_counter()
+            handle = SaveHandle(step)
+            loader_state = loader.state_dict() if loader is not None else None
+            staged = stage(state)
+            save_id = _save_id(step, self.world_size)
+            handle.stall_s = time.perf_counter() - t0
+            handle.bytes_total = staged.nbytes
+            self._saving = handle
+            threading.Thread(
+                target=self._upload,
+                args=(handle, staged, loader_state, save_id),
+                name=f"checkpoint-save-{step}",
+                daemon=True,
+            ).start()
+        if blocking:
+            handle.result()
+        return handle
+
+    def _upload(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
+        try:
+            self._send(handle, staged, loader_state, save_id)
+        except BaseException as exc:  # noqa: BLE001 — handed to the caller through the handle
+            handle._finish(exc)
+        else:
+            handle._finish()
+
+    def _send(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
+        step = handle.step
+        pieces: list[tuple[int, int, memoryview]] = []  # (tensor, chunk index, bytes)
+        for i, t in enumerate(staged.tensors):
+            size = t.data.nbytes
+            for j, start in enumerate(range(0, size, self.chunk_bytes)):
+                pieces.append((i, j, t.data[start : start + self.chunk_bytes]))
+        hashes = list(self._pool.map(lambda p: hashlib.sha256(p[2]).hexdigest(), pieces))
+        by_hash = {h: p[2] for h, p in zip(hashes, pieces, strict=True)}
+        present: set[str] = set()
+        names = list(by_hash)
+        for start in range(0, len(names), 4096):
+            present |= set(self._session.action("checkpoint.has", {"job": self.job, "hashes": names[start : start + 4096]})["present"])
+        handle.bytes_sent += self._put([h for h in names if h not in present], by_hash)
+        tensors: dict[str, Any] = {
+            str(i): {"path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": t.shape, "nbytes": t.data.nbytes, "chunks": []}
+            for i, t in enumerate(staged.tensors)
+        }
+        for (i, _, data), h in zip(pieces, hashes, strict=True):
+            tensors[str(i)]["chunks"].append([h, data.nbytes])
+        part = {
+            "kind": PART_KIND,
+            "format": FORMAT,
+            "job": self.job,
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "save_id": save_id,
+            "created_s": time.time(),
+            "tensors": tensors,
+            "objects": encode_value(staged.tree),
+            "loader": loader_state,
+        }
+        self._session.action("checkpoint.put-part", {"job": self.job, "step": step, "rank": self.rank, "part": part})
+        wait = COMMIT_POLL_S[0]
+        while True:
+            out = self._session.action(
+                "checkpoint.commit",
+                {"job": self.job, "step": step, "world_size": self.world_size, "save_id": save_id},
+            )
+            if out["committed"]:
+                return
+            if out["missing"]:  # reclaimed by a gc since the server said it had them: send again
+                handle.bytes_sent += self._put([h for h in out["missing"] if h in by_hash], by_hash)
+                continue
+            time.sleep(wait)  # the other ranks' parts: the last one to land commits
+            wait = min(wait * 2, COMMIT_POLL_S[1])
+
+    def _put(self, hashes: list[str], by_hash: Mapping[str, memoryview]) -> int:
+        sent = 0
+        batch: list[tuple[str, memoryview]] = []
+        size = 0
+        for h in hashes:
+            batch.append((h, by_hash[h]))
+            size += by_hash[h].nbytes
+            if size >= PUT_BATCH_BYTES:
+                self._session.put_chunks(self.job, batch)
+                sent, batch, size = sent + size, [], 0
+        if batch:
+            self._session.put_chunks(self.job, batch)
+            sent += size
+        return sent
+
+    # --- what is there -----------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        return list(self._session.action("checkpoint.steps", {"job": self.job})["steps"])
+
+    def latest(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def manifest(self, step: int | str = "latest") -> dict[str, Any]:
+        """The committed manifest of `step` ("latest": the newest)."""
+        if step != "latest":
+            check_step(step)
+        return dict(self._session.action("checkpoint.manifest", {"job": self.job, "step": step}))
+
+    def follow(self, *, poll_s: float = 0.2, start: int | None = None, timeout_s: float | None = None) -> Iterator[int]:
+        """Each committed step newer than `start` (default: the latest now) as it lands, for as long as
+        the caller iterates (or until `timeout_s` passes without a new one)."""
+        seen = start if start is not None else (self.latest() if self.steps() else -1)
+        last_new = time.monotonic()
+        while True:
+            new = [s for s in self.steps() if s > (seen if seen is not None else -1)]
+            if new:
+                seen = new[-1]
+                last_new = time.monotonic()
+                yield seen  # the newest: a reader behind skips the ones in between
+                continue
+            if timeout_s is not None and time.monotonic() - last_new > timeout_s:
+                return
+            time.sleep(poll_s)
+
+    # --- load --------------------------------------------------------------------------------------
+    def load(self, step: int | str = "latest", *, into: Any = None, loader: Any = None) -> Any:
+        """Load `step` (or "latest"): tensors into `into`'s where it has them, the Loader's state into
+        `loader`; the saved state tree, with its tensors."""
+        manifest = self.manifest(step)
+        parts = manifest["parts"]
+        part = next((p for p in parts if p["rank"] == self.rank and len(parts) == self.world_size), parts[0])
+        where = f"checkpoint {self.job}@{manifest['step']}"
+        loaded = self._fetch(part, into, where)
+        tree = decode_value(part["objects"])
+        state = restore(tree, lambda name: loaded[name])
+        if loader is not None:
+            mine = part.get("loader") or next((p["loader"] for p in parts if p.get("loader")), None)
+            if mine is None:
+                raise NotFoundError(f"{where} holds no Loader state (it was saved without loader=)")
+            loader.load_state_dict(mine)
+        return state
+
+    def _fetch(self, part: Mapping[str, Any], into: Any, where: str) -> dict[str, Any]:
+        """name -> tensor of the part, its bytes fetched, verified and written in place."""
+        out: dict[str, Any] = {}
+        dest: dict[str, memoryview] = {}
+        copies: list[tuple[Any, Any]] = []  # (into's tensor, loaded) for targets not loaded directly
+        owners: dict[str, list[tuple[str, int, int]]] = {}  # chunk -> [(tensor, offset, size)]
+        for name, t in part["tensors"].items():
+            target = find(into, t["path"]) if into is not None else None
+            view = writable_view(target, t["kind"], t["dtype"], t["shape"], t["path"]) if target is not None else None
+            if view is not None:
+                out[name], dest[name] = target, view
+            else:
+                out[name], dest[name] = new_array(t["kind"], t["dtype"], t["shape"])
+                if target is not None:
+                    copies.append((target, out[name]))
+            offset = 0
+            for h, size in t["chunks"]:
+                owners.setdefault(h, []).append((name, offset, size))
+                offset += size
+        order = list(owners)
+        paths = {name: t["path"] for name, t in part["tensors"].items()}
+
+        def fetch(batch: list[str]) -> None:
+            try:
+                got = list(self._session.get_chunks(self.job, batch))
+            except DataLossError as exc:
+                h = next((h for h in batch if h in str(exc)), batch[0])
+                name, _, _ = owners[h][0]
+                raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h}: {exc}") from exc
+            for h, buf in got:
+                if h not in owners:
+                    raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
+                data = memoryview(buf)
+                if hashlib.sha256(data).hexdigest() != h:
+                    name = owners[h][0][0]
+                    raise DataLossError(
+                        f"{where}: tensor {paths[name]!r} chunk {h} is corrupt (its bytes hash differently)"
+                    )
+                for name, offset, size in owners[h]:
+                    dest[name][offset : offset + size] = data
+
+        batches = [order[i : i + GET_BATCH_CHUNKS] for i in range(0, len(order), GET_BATCH_CHUNKS)]
+        for future in [self._pool.submit(fetch, b) for b in batches]:
+            future.result()
+        for target, loaded in copies:  # a CUDA or strided tensor of `into`: one copy from host memory
+            if hasattr(target, "copy_"):
+                target.copy_(loaded)
+            else:
+                target[...] = loaded
+        return out
+
+
+def _save_id(step: int, world_size: int) -> str:
+    """The id every rank's part of this save carries: rank 0's, broadcast when torch.distributed runs;
+    else the launcher's run (torchrun, SLURM) and step; else a fresh one for a single process, and the
+    step alone for ranks that share nothing (then a rank that died mid-save and one of the restarted
+    job may make one commit together: run such ranks under a launcher)."""
+    import sys
+
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+    for run, restart in (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"), ("SLURM_JOB_ID", "SLURM_RESTART_COUNT")):
+        if os.environ.get(run):
+            return f"{os.environ[run]}.{os.environ.get(restart, '0')}.{step}"
+    return uuid.uuid4().hex if world_size == 1 else f"step.{step}"

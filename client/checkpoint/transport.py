@@ -1,0 +1,158 @@
+"""The checkpoint calls on a server's Flight data plane (server/checkpoints/plane.py has the list).
+
+One `CheckpointSession` owns the Flight client of one server and the calls' retries: a call that
+fails UNAVAILABLE (no server, a restart) is tried on the next endpoint, once round the list. The
+data port is the one the server names in its ListDatasets answer (its GetDataset's, for a Loader),
+asked on the control port the Loader's endpoints name; an endpoint written `grpc+tcp://host:port`
+or `grpc+tls://host:port` is a data plane itself. All ranks of a job start at the same endpoint (by
+the job's name), so the ranks loading one checkpoint share that server's cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from shardstream.errors import FlightStatus, InvalidArgumentError, UnavailableError, from_grpc_error
+
+from ..channel import Connection, normalize_endpoints
+from ..credentials import ChannelSecurity
+
+__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "CheckpointSession"]
+
+T = TypeVar("T")
+
+CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"  # the server's (plane.py) tickets of chunks
+CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
+DISCOVERY_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 120.0  # one action or one batch of chunks
+FLIGHT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+
+
+class CheckpointSession:
+    def __init__(self, endpoints: str | Sequence[str], job: str, security: ChannelSecurity) -> None:
+        targets = normalize_endpoints(endpoints if isinstance(endpoints, str) else list(endpoints))
+        start = int(hashlib.sha256(job.encode()).hexdigest(), 16) % len(targets)
+        self.targets = targets[start:] + targets[:start]
+        self.security = security
+        self._headers = [(k.encode(), v.encode()) for k, v in security.metadata]
+        self._lock = threading.Lock()
+        self._pick = 0
+        self._client: flight.FlightClient | None = None
+        self.target = ""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def _connect(self) -> flight.FlightClient:
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            target = self.targets[self._pick % len(self.targets)]
+            if target.startswith(("grpc+tcp://", "grpc+tls://")):
+                host, _, port = target.split("://", 1)[1].rpartition(":")
+                data_port = int(port)
+            else:
+                host = target.rpartition(":")[0].strip("[]").removeprefix("dns:///")
+                conn = Connection(target, self.security)
+                try:
+                    listing = conn.list_datasets(DISCOVERY_TIMEOUT_S)
+                finally:
+                    conn.close()
+                data_port = listing.data_port if hasattr(listing, "data_port") else 0
+                if not data_port and listing.datasets:
+                    data_port = listing.datasets[0].data_port
+                if not data_port:
+                    raise UnavailableError(
+                        f"the server at {target} names no data port for checkpoints (upgrade the fleet, or name "
+                        "its data plane as grpc+tcp://host:port)"
+                    )
+            self._client = self.security.flight_client(host, data_port, FLIGHT_OPTIONS)
+            self.target = f"{host}:{data_port}"
+            return self._client
+
+    def _options(self, timeout_s: float | None = CALL_TIMEOUT_S) -> flight.FlightCallOptions:
+        return flight.FlightCallOptions(headers=self._headers, timeout=timeout_s)
+
+    def _call(self, fn: Callable[[flight.FlightClient], T]) -> T:
+        """`fn(client)`, on the next endpoint when a server is unreachable (once round the list)."""
+        for attempt in range(len(self.targets) + 1):
+            try:
+                return fn(self._connect())
+            except (flight.FlightError, pa.ArrowException) as exc:
+                error = from_grpc_error(FlightStatus.of(exc), target=self.target)
+                if FlightStatus.of(exc).code() != grpc.StatusCode.UNAVAILABLE or attempt == len(self.targets):
+                    raise error from exc
+            except UnavailableError:
+                if attempt == len(self.targets):
+                    raise
+            self.close()
+            with self._lock:
+                self._pick += 1
+        raise AssertionError("unreachable")
+
+    # --- the calls ---------------------------------------------------------------------------------
+    def action(self, kind: str, body: dict[str, Any]) -> Any:
+        def call(client: flight.FlightClient) -> Any:
+            results = list(client.do_action(flight.Action(kind, json.dumps(body).encode()), self._options()))
+            return json.loads(results[0].body.to_pybytes()) if results else None
+
+        return self._call(call)
+
+    def put_chunks(self, job: str, chunks: Sequence[tuple[str, memoryview]]) -> dict[str, Any]:
+        """Send chunks (name, bytes) in one DoPut, one batch each, without copying their bytes."""
+
+        def call(client: flight.FlightClient) -> dict[str, Any]:
+            descriptor = flight.FlightDescriptor.for_command(json.dumps({"op": "chunks", "job": job}).encode())
+            writer, reader = client.do_put(descriptor, CHUNK_SCHEMA, self._options(None))
+            for h, data in chunks:
+                writer.write_batch(_chunk_batch(h, data))
+            writer.done_writing()
+            meta = reader.read()
+            writer.close()
+            return json.loads(meta.to_pybytes()) if meta is not None else {}
+
+        return self._call(call)
+
+    def get_chunks(self, job: str, hashes: Sequence[str]) -> Iterator[tuple[str, pa.Buffer]]:
+        """(name, bytes) of each chunk, in order, as the server sends them."""
+        ticket = flight.Ticket(CHUNK_TICKET_PREFIX + json.dumps({"job": job, "hashes": list(hashes)}).encode())
+        reader = self._call(lambda client: client.do_get(ticket, self._options()))
+        try:
+            for chunk in reader:
+                batch = chunk.data
+                names = batch.column(0).to_pylist()
+                data = batch.column(1)
+                for i, h in enumerate(names):
+                    yield h, data[i].as_buffer()
+        except (flight.FlightError, pa.ArrowException) as exc:
+            raise from_grpc_error(FlightStatus.of(exc), target=self.target) from exc
+
+    def list_flights(self, job: str) -> list[tuple[str, int]]:
+        def call(client: flight.FlightClient) -> list[tuple[str, int]]:
+            out = []
+            for info in client.list_flights(job.encode(), self._options()):
+                path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
+                out.append((path[0], int(path[1])))
+            return out
+
+        return self._call(call)
+
+
+def _chunk_batch(h: str, data: memoryview) -> pa.RecordBatch:
+    if data.nbytes > (1 << 31) - 1:
+        raise InvalidArgumentError(f"a checkpoint chunk of {data.nbytes} bytes is over 2 GiB")
+    body = pa.py_buffer(data)  # no copy: the staged tensor's bytes
+    offsets = pa.py_buffer(memoryview(bytes(4) + data.nbytes.to_bytes(4, "little")))
+    column = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, body])
+    return pa.record_batch([pa.array([h]), column], schema=CHUNK_SCHEMA)

@@ -1,0 +1,49 @@
+"""Checkpoints and snapshot transfer on the server (DESIGN §13), enabled by `serve --checkpoint-root URL`.
+
+    store.py   chunks, parts and the commit protocol over one Storage (local directory or s3://)
+    gc.py      `checkpoint gc --keep N`: old manifests, dead parts, unreferenced chunks
+    plane.py   the Flight calls a Checkpointer makes (DoPut, DoGet, DoAction, ListFlights), auth
+
+The format is shardstream/checkpoint_format.py's (the client builds the same records).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from ..auth import Authenticator
+from ..cache import LRUCache
+from ..roots import open_storage
+from .gc import GcReport, collect
+from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
+from .store import CheckpointStore
+
+__all__ = [
+    "CHECKPOINT_MIDDLEWARE",
+    "CHUNK_TICKET_PREFIX",
+    "CheckpointCallFactory",
+    "CheckpointPlane",
+    "CheckpointStore",
+    "GcReport",
+    "collect",
+    "open_checkpoint_plane",
+    "open_checkpoint_store",
+]
+
+
+def open_checkpoint_store(url: str | os.PathLike[str], *, s3_endpoint: str | None = None) -> CheckpointStore:
+    """The checkpoints under `url` (a local directory, made if missing, or s3://bucket/prefix)."""
+    text = os.fspath(url)
+    if not text.startswith("s3://"):
+        os.makedirs(text, exist_ok=True)
+    storage = open_storage(text, s3_endpoint=s3_endpoint)
+    storage.check_root()
+    return CheckpointStore(storage)
+
+
+def open_checkpoint_plane(
+    url: str, cache: LRUCache[pa.Table], auth: Authenticator, *, s3_endpoint: str | None = None
+) -> CheckpointPlane:
+    return CheckpointPlane(open_checkpoint_store(url, s3_endpoint=s3_endpoint), cache, auth)
