@@ -58,7 +58,8 @@ CHANNEL_OPTIONS = [
     # Batches can be large (several steps per message); the server bounds them, not the client.
     ("grpc.max_receive_message_length", -1),
     # Keepalive: ping every 10 s, give up after 5 s without an answer, so a silent server is
-    # noticed instead of hanging a stream forever (off by default in gRPC).
+    # noticed instead of hanging a stream forever (off by default in gRPC). The control port allows
+    # it: its server accepts a ping every 5 s, also without calls (server/app.py, SERVER_OPTIONS).
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     # ... which grpcio 1.85 does not apply to the ping: an unanswered ping ends the connection after
@@ -75,8 +76,23 @@ CHANNEL_OPTIONS = [
 ]
 
 
-# The Flight data plane's channel: the same keepalive as CHANNEL_OPTIONS (a silent server is noticed)
-FLIGHT_OPTIONS = [(k, v) for k, v in CHANNEL_OPTIONS if k.startswith(("grpc.keepalive", "grpc.http2"))]
+# The Flight data plane's channel: the same keepalive time and timeouts as CHANNEL_OPTIONS (a silent
+# server is noticed), within what its server allows. pyarrow's Flight server takes no gRPC server
+# options, so it polices pings with gRPC's defaults: while it sends nothing, a ping sooner than 5 min
+# after the last (grpc.http2.min_ping_interval_without_data_ms 300000) is a strike, on a connection
+# without calls any ping is (grpc.keepalive_permit_without_calls 0), and the third strike
+# (grpc.http2.max_ping_strikes 2) ends the connection: GOAWAY ENHANCE_YOUR_CALM "too_many_pings", with
+# the streams on it. Pinging every 10 s regardless, a Loader whose training step outlasted 40 s (its
+# prefetch queue full, the stream waiting) lost its stream that way. So here: no pings without calls,
+# and one ping per frame this client sends (grpc.http2.max_pings_without_data 1; a window update as the
+# loop reads on, a new call) — the server's first ping after it sent anything is never a strike, so
+# a pause of any length costs none (tests/test_keepalive.py).
+FLIGHT_OPTIONS = [
+    *((k, v) for k, v in CHANNEL_OPTIONS if k in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    ("grpc.http2.ping_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 1),
+]
 DISCOVERY_TIMEOUT_S = 10.0  # the GetDataset that tells a stream's first call the server's data port
 GRANT_MARGIN_S = 60.0  # a grant is asked for again this long before it runs out
 
