@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test soak bench loadtest chaos proto proto-check lint clean
+.PHONY: setup demo test soak bench loadtest chaos proto proto-check lint image image-smoke clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,12 @@ proto-check: proto         ## fail when the committed stubs differ from the prot
 
 lint: setup
 	$(BIN)/ruff check .
+
+image:                     ## deploy/Dockerfile built with Debian's podman on a base made by mmdebstrap (no registry; ~2 min)
+	deploy/image/build.sh
+
+image-smoke: setup image   ## run the image as the chart does: health SERVING, /metrics 200, a Loader here reads a dataset once
+	$(BIN)/python -m pytest -q tests/test_image.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

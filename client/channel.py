@@ -59,7 +59,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     # Keepalive: ping every 10 s, give up after 5 s without an answer, so a silent server is
     # noticed instead of hanging a stream forever (off by default in gRPC). The control port allows
-    # it: its server accepts a ping every 5 s, also without calls (server/app.py, SERVER_OPTIONS).
+    # it: its server accepts a ping every 5 s, also without calls (server/lifecycle.py, SERVER_OPTIONS).
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     # ... which grpcio 1.85 does not apply to the ping: an unanswered ping ends the connection after

@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardstream.cursor_math import cursor_after, is_last_step
 from shardstream.errors import DataLossError
-from shardstream.scheduled_layout import Layout
+from shardstream.order.cursor_math import cursor_after, is_last_step
+from shardstream.order.scheduled_steps import Layout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .batch import PROVENANCE, BatchInfo, SkippedSample

@@ -16,7 +16,7 @@ This module is the SDK's public surface — every option validated in one place,
 cursors, the schedules — which is why it is about 500 lines; the machinery is elsewhere: the prefetch
 thread (prefetch.py) is handed an immutable `ReadSpec` (spec.py), its streams are `StreamSession`s
 (session.py), messages become batches in decode.py, a job's cursors (store, commits, fencing,
-resume) are job.py's and the schedules' state is schedule_state.py's.
+resume) are client/cursors/job.py's and the schedules' state is schedule_state.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardstream.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after, is_last_step
 from shardstream.errors import (
     DataLossError,
     InvalidArgumentError,
@@ -48,9 +47,10 @@ from shardstream.limits import (
     check_int,
     shown,
 )
-from shardstream.plan import ShuffleSpec
-from shardstream.schedule import Schedule, job_position
-from shardstream.scheduled_layout import Layout, make_layout
+from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after, is_last_step
+from shardstream.order.read_order import ShuffleSpec
+from shardstream.order.schedule import Schedule, job_position
+from shardstream.order.scheduled_steps import Layout, make_layout
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -58,13 +58,13 @@ from . import metrics
 from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
 from .credentials import ChannelSecurity, TlsOption
-from .job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
+from .cursors.job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
+from .cursors.stores import CursorStore
 from .launcher import resolve_rank_world
+from .loader_state import LoaderState
 from .prefetch import Done, Producer
 from .schedule_state import LoaderSchedule
 from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
-from .state import LoaderState
-from .stores import CursorStore
 from .target import Target, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
@@ -223,7 +223,7 @@ class Loader:
         When the newest commit did not reach the store (it failed unreported, or is still pending),
         close() raises its error once everything is closed; earlier failures a later commit superseded
         are logged at warning with their count and the last error. Leaving a `with` block because of
-        an exception logs instead of raising (job.py)."""
+        an exception logs instead of raising (client/cursors/job.py)."""
         self._close(quiet=False)
 
     def _close(self, *, quiet: bool) -> None:
@@ -381,7 +381,7 @@ class Loader:
     def split_steps(self, worker: int, workers: int) -> None:
         """Read only every `workers`-th step of this rank's stream, the first `worker` steps on.
 
-        For k data-loader workers sharing one rank (`client/torch.py`): worker j takes steps j, j+k,
+        For k data-loader workers sharing one rank (`client/torch_dataset.py`): worker j takes steps j, j+k,
         j+2k, ... of the rank's stream from where the cursor is now — counted across epochs, so that
         DataLoader's round robin hands them over in the stream's order at epoch boundaries too — and
         its cursor moves to its own first step. Call it before iterating; a `load_state_dict()` after
@@ -403,7 +403,7 @@ class Loader:
     def delivered_elsewhere(self, epoch: int, start: int) -> None:
         """Move the cursor past the step of this rank's stream that starts at (epoch, start), which
         another reader of the same stream handed to the training loop (DataLoader workers,
-        `client/torch.py`): exactly as iterating this Loader would have. It must be the next step
+        `client/torch_dataset.py`): exactly as iterating this Loader would have. It must be the next step
         (DataLossError otherwise: the training loop got steps out of order)."""
         if self._active:
             raise RuntimeError("delivered_elsewhere() while iterating this Loader")
@@ -464,7 +464,7 @@ class Loader:
         By default it returns at once and a background thread writes to the cursor store; a failed
         write is counted (shardstream_client_cursor_commit_failures_total), logged once per burst of
         failures, and raised by `flush_commits()` (or `close()`). With `wait=True` it blocks until the
-        store holds the write durably — as far as its configuration allows: redis_store.py and the
+        store holds the write durably — as far as its configuration allows: client/cursors/redis_store.py and the
         README say what that is per Redis setup — and raises on failure (`UnavailableError`, or after
         `timeout_s`). The step is committed for the job once every rank has written it.
 
@@ -537,7 +537,7 @@ class Loader:
                 "so an endless stream would never yield"
             )
         if self._job is not None:
-            self._job.start()  # this process claims its rank of the job (job.py) as it starts streaming
+            self._job.start()  # this process claims its rank of the job (client/cursors/job.py) as it starts streaming
         return self._iterate()
 
     def _iterate(self) -> Iterator[Any]:

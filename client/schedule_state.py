@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.mixture_schedule import MixtureSchedule
-from shardstream.schedule import Schedule, merge_ranges, parse_batch_schedule, parse_ranges
-from shardstream.scheduled_layout import step_position
+from shardstream.order.curriculum import MixtureSchedule
+from shardstream.order.schedule import Schedule, merge_ranges, parse_batch_schedule, parse_ranges
+from shardstream.order.scheduled_steps import step_position
 
 from .target import Target
 

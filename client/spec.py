@@ -11,10 +11,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from shardstream.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
-from shardstream.plan import ShuffleSpec
-from shardstream.schedule import Schedule
-from shardstream.scheduled_layout import Layout, make_layout, split_start
+from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
+from shardstream.order.read_order import ShuffleSpec
+from shardstream.order.schedule import Schedule
+from shardstream.order.scheduled_steps import Layout, make_layout, split_start
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics

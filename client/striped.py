@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shardstream.scheduled_layout import Layout
+from shardstream.order.scheduled_steps import Layout
 
 from .decode import Item, decode_message, empty_epoch
 from .session import CallRegistry, StreamSession

@@ -1,5 +1,5 @@
 """What a Loader reads: one pinned dataset version, a pinned weighted mixture of them, or mixture
-phases over pinned versions (a curriculum: mixture_schedule.py)."""
+phases over pinned versions (a curriculum: shardstream/order/curriculum.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import DatasetRef
-from shardstream.mixture import MixturePlan, SourceInfo, is_mixture, parse_mixture
-from shardstream.mixture_schedule import (
+from shardstream.order.curriculum import (
     MixtureSchedule,
     is_mixture_schedule,
     parse_mixture_schedule,
     schedule_sources,
 )
+from shardstream.order.mixture import MixturePlan, SourceInfo, is_mixture, parse_mixture
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["Target", "normalize_dataset", "resolve_target"]

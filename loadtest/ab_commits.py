@@ -31,7 +31,7 @@ from typing import Any
 
 from loadtest.bench import ClientProcess, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
 

@@ -4,7 +4,7 @@
                              [--flight-tuned] [--json loadtest/results/bench.json]
 
 One dataset of fixed-width rows (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row) is
-written to Parquet, ingested with `shardstream.server.ingest`, and read in full passes, in the same
+written to Parquet, ingested with `shardstream.server.writing.ingest`, and read in full passes, in the same
 batches of ~--batch-mib MiB, by these paths:
 
     shardstream   one `shardstream serve` subprocess -> `Loader(output="arrow")`
@@ -57,8 +57,8 @@ import pyarrow.parquet as pq
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions, write_vectors
 from shardstream.client import Loader
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 

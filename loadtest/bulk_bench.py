@@ -7,7 +7,7 @@
    them) under `ROOT/files/data/job/`, registered as a version
    - by today's single-process `register` (footers read on 32 threads, then every file hashed on 32
      threads: `shardstream register`), and
-   - by `shardstream.spark.register_files` on a local[2] Spark: one task per file reads its footer,
+   - by `shardstream.engines.spark_io.register_files` on a local[2] Spark: one task per file reads its footer,
      sha256 and row-group checksums (and, by default, decodes it once for its page checksums), the
      driver registers; also with the default grouping (about 4 tasks per core), with and without
      the page check.
@@ -45,10 +45,10 @@ import pyarrow.parquet as pq
 
 from shardstream.client import Loader
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.materialize import materialize
-from shardstream.server.registry_ops import register
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
+from shardstream.server.writing.materialize import materialize
+from shardstream.server.writing.registry_ops import register
 
 from .common import bench_main, bench_parser, log, results_path, spread, versions
 from .transform_bench import make_jpegs
@@ -123,7 +123,7 @@ def bench_register(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     log(f"  register (1 process, 32 threads): {wall:.2f} s")
     if args.skip_spark:
         return out
-    from shardstream.spark import register_files
+    from shardstream.engines.spark_io import register_files
 
     t0 = time.perf_counter()
     spark = local_spark(work / "spark")

@@ -12,7 +12,7 @@ import random
 import time
 from typing import Any
 
-from shardstream.client.stores import open_store
+from shardstream.client.cursors.stores import open_store
 
 from .chaos_ctx import Ctx, Row, row
 from .chaos_job import Job, Phase

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.inspect import Selector, make_selector
-from shardstream.plan import ShuffleSpec
-from shardstream.server.roots import open_registry
+from shardstream.order.delivery import Selector, make_selector
+from shardstream.order.read_order import ShuffleSpec
+from shardstream.server.backends.roots import open_registry
 
 from .chaos_rank import KEY_STRIDE, TrainerConfig
 

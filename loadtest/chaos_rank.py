@@ -46,7 +46,7 @@ import numpy as np
 from prometheus_client import REGISTRY
 
 from shardstream.client import Loader
-from shardstream.client.cursor import CursorStoreBehindError, NoCommittedStepError
+from shardstream.client.cursors.records import CursorStoreBehindError, NoCommittedStepError
 from shardstream.errors import ShardstreamError
 
 __all__ = ["KEY_STRIDE", "TrainerConfig", "main", "packed_keys"]

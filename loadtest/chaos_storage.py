@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from shardstream.client import Loader
-from shardstream.server.fleet import LocalServer
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.local_fleet import LocalServer
 
 from .chaos_ctx import Ctx, Row, row, start_all
 from .chaos_net import Blackhole, S3Faults, data_port_behind, free_port

@@ -3,7 +3,7 @@
     python -m loadtest.decode_bench [--only jobs draft] [--images 480] [--jobs 4] [--pairs 3]
                                     [--json loadtest/results/decode_bench.json]
 
-1. **jobs** — decode once for many jobs (server/feature_cache.py). --images JPEGs of 500x375
+1. **jobs** — decode once for many jobs (server/read/feature_cache.py). --images JPEGs of 500x375
    (loadtest.transform_bench's generator: smooth content + noise, quality 90) in row groups of 32,
    read by jobs with the pipeline of a training run that augments: `image.decode` to 256x256
    (resize to cover, center crop) then `image.crop` 224x224 at a random offset with a random flip.
@@ -45,8 +45,8 @@ import pyarrow.parquet as pq
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.transform_bench import make_jpegs
 from shardstream.client import Loader
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 

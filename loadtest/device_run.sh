@@ -87,8 +87,8 @@ for mod in ("grpc", "google.protobuf", "pyarrow", "pyarrow.flight", "PIL", "psut
         print(f"{mod:38} {getattr(m, '__version__', '-'):10} {m.__file__}")
     except Exception as exc:  # noqa: BLE001 — a report
         print(f"{mod:38} MISSING: {exc!r}")
-import shardstream.server.service, shardstream.client, shardstream.cli, loadtest.scaling, loadtest.flight_bench  # noqa: E401,F401
-print("imports ok:", shardstream.server.service.__file__)
+import shardstream.server.serving.control_plane, shardstream.client, shardstream.cli, loadtest.scaling, loadtest.flight_bench  # noqa: E401,F401
+print("imports ok:", shardstream.server.serving.control_plane.__file__)
 EOF
 } 2>&1 | tee "$OUT/env.txt"
 
@@ -96,7 +96,7 @@ stage "server smoke test (serve --workers 2, its log on failure)"
 timeout -k 5 60 "$PY" - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import sys, tempfile
 from pathlib import Path
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 with tempfile.TemporaryDirectory() as d:
     log = Path(d) / "serve.log"
     (Path(d) / "root").mkdir()

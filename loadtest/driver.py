@@ -41,9 +41,9 @@ import numpy as np
 
 from loadtest.common import log, versions, write_vectors
 from shardstream.manifest import Manifest
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .fleet import RankProcess, Sampler, scrape, tree_cpu_s, tree_peak_rss_mib, tree_reset_peak
 

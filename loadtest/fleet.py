@@ -18,7 +18,7 @@ import grpc
 import psutil
 import pyarrow.flight as flight
 
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .rank import peak_rss_mib, reset_peak_rss

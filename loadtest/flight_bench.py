@@ -4,7 +4,7 @@
                                     [--no-loader] [--json PATH]
 
 Issue #17's comparison, now that shardstream's Read streams are Arrow Flight DoGets
-(server/flight_service.py): does one stream of a real `shardstream serve` move bytes as fast, and
+(server/serving/data_plane.py): does one stream of a real `shardstream serve` move bytes as fast, and
 for as little server CPU, as a bare Flight server that has the batches in memory? One dataset as in
 `loadtest.bench` (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row, ingested with row
 groups of two batches), and two servers over it, each in its own process:
@@ -75,7 +75,7 @@ from loadtest.common import bench_main, bench_parser, log, results_path, spread,
 from loadtest.fleet import tree_cpu_s
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main", "run"]

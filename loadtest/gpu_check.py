@@ -34,9 +34,9 @@ import torch
 
 from loadtest.common import bench_main, bench_parser, results_path
 from shardstream.client import Loader
-from shardstream.client.torch import ShardStreamDataset
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.client.torch_dataset import ShardStreamDataset
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 
 def make_dataset(root: Path, rows: int, dim: int) -> None:

@@ -42,8 +42,8 @@ from loadtest.common import bench_main, bench_parser, log, results_path, spread,
 from shardstream.client import Loader
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 

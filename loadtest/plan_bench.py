@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.common import bench_main, bench_parser, results_path
-from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec
+from shardstream.order.read_order import EpochOrder, RowLocator, ShuffleSpec
 
 SHARDS = 100_000
 GROUPS_PER_SHARD = 10

@@ -7,7 +7,7 @@
 
 One dataset of small samples (`id` int64, `label` int32, `text` a short string like "row-123456")
 is written with pyarrow to a Parquet file in a private temp dir and ingested with
-`shardstream.server.ingest.ingest(src, "resume", root, IngestOptions(progress=False))` (default row
+`shardstream.server.writing.ingest.ingest(src, "resume", root, IngestOptions(progress=False))` (default row
 groups of ~4 MiB and shards of ~256 MiB), in a child process. One `LocalServer(root)` serves it.
 Every Loader uses batch_size=32, world_size=1, seed=0, output="numpy" and a sqlite cursor store in
 the temp dir (`sqlite:///<tmp>/c.db`).
@@ -63,9 +63,9 @@ import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
-from shardstream.client.state import LoaderState
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.client.loader_state import LoaderState
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 

@@ -17,7 +17,7 @@ are threads of this process, or (--client-procs P > 1) of P client processes (sp
 dealt round-robin), so that on a many-core machine one Python client is not what limits W = 8.
 --unique-images N makes N distinct JPEGs and repeats them up to --images (the decode costs the same;
 making 10,000 distinct ones takes minutes). A single worker is not a single core: each stream's next
-message is built in the data plane's thread pool (server/flight_service.py) and Pillow releases the
+message is built in the data plane's thread pool (server/serving/data_plane.py) and Pillow releases the
 GIL while it decodes, so one process keeps several cores busy. --pin measures scaling with cores instead: server W runs on W
 CPUs (every thread of its processes; one per physical core first, then hyperthread siblings), the
 client processes on the others (or on all, when none are left). One
@@ -51,8 +51,8 @@ import pyarrow.parquet as pq
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.fleet import DoGetClients, data_ports, tree_cpu_s
 from loadtest.transform_bench import make_jpegs
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from loadtest.common import bench_main, bench_parser, results_path
-from shardstream.mixture import MixturePlan, SourceInfo
-from shardstream.mixture_schedule import MixtureSchedule
-from shardstream.plan import StepLayout
-from shardstream.schedule import Schedule
-from shardstream.scheduled_layout import ScheduledLayout, step_position
+from shardstream.order.curriculum import MixtureSchedule
+from shardstream.order.mixture import MixturePlan, SourceInfo
+from shardstream.order.read_order import StepLayout
+from shardstream.order.schedule import Schedule
+from shardstream.order.scheduled_steps import ScheduledLayout, step_position
 
 AT = 10**10  # the job position looked up
 EPOCH = 10**11  # samples per epoch (one epoch holds the whole schedule)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardstream.errors import NotFoundError, UnavailableError
-from shardstream.server.s3 import S3Storage
+from shardstream.server.backends.s3 import S3Storage
 
 __all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "S3Server", "start_seaweed", "weed_binary"]
 

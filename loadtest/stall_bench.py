@@ -10,7 +10,7 @@ buffer budget is the limit that binds). The server is warmed by one stream read 
 pools started, cache filled); its RSS then is `warm`. Then this process opens the streams (over
 ceil(N/128) Flight connections whose HTTP/2 window stays at 64 KiB: no BDP probing), 32 at a time
 (a burst, as ranks starting together), reads each one's first message and nothing more, and samples the server's RSS every 50 ms while it opens them
-and for `--settle-s` after: `peak`. The bound (deploy/RUNBOOK.md, "Limits"; server/admission.py):
+and for `--settle-s` after: `peak`. The bound (deploy/RUNBOOK.md, "Limits"; server/serving/admission.py):
 
     warm + cache + budget x BOUND_FACTOR
 
@@ -40,9 +40,9 @@ import pyarrow.parquet as pq
 
 from loadtest.common import bench_main, bench_parser, log, results_path, versions
 from shardstream.errors import FlightStatus
-from shardstream.server.admission import BOUND_FACTOR
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.serving.admission import BOUND_FACTOR
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main"]

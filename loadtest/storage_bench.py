@@ -49,10 +49,10 @@ from loadtest.common import bench_main, bench_parser, log, results_path, spread,
 from loadtest.seaweed import BUCKET, start_seaweed
 from shardstream.client import Loader
 from shardstream.registry import Registry
-from shardstream.server import registry_ops
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing import registry_ops
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["main"]
 

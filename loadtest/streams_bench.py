@@ -35,7 +35,7 @@ from loadtest.bench import DATASET, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main"]

@@ -43,7 +43,7 @@ from typing import Any
 from loadtest import flight_bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
 

@@ -33,8 +33,8 @@ from loadtest.bench import DATASET, Layout, build_dataset
 from loadtest.certs import Pki
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
-from shardstream.server.auth import token_sha256
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.serving.auth import token_sha256
 
 __all__ = ["main"]
 

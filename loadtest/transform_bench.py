@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.client import Loader
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .common import bench_main, bench_parser, log, results_path, spread, versions
 

@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shardstream.server.ingest import IngestOptions, ingest
     from shardstream.server.transforms.image import decode_image
+    from shardstream.server.writing.ingest import IngestOptions, ingest
 
     images = make_images(IMAGES)
     work = Path(tempfile.mkdtemp(prefix="viz-bench-"))

@@ -47,8 +47,8 @@ import pyarrow.parquet as pq
 from loadtest.common import bench_main, bench_parser, log, results_path, versions, write_vectors
 from loadtest.fleet import DoGetClients, data_ports, tree_cpu_s
 from loadtest.seaweed import BUCKET, start_seaweed
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main"]

@@ -1,8 +1,8 @@
 """What a server is asked to be: `ServerConfig` and its defaults.
 
-Its own module because both ends of a server read it: the process that serves (app.py) and the
-supervisor of several such processes (workers.py), which hands each worker a copy as JSON
-(worker.py) with its share of the server's memory and stream limits (`worker_shares`); neither of
+Its own module because both ends of a server read it: the process that serves (lifecycle.py) and the
+supervisor of several such processes (server/serving/supervisor.py), which hands each worker a copy as JSON
+(server/serving/worker_process.py) with its share of the server's memory and stream limits (`worker_shares`); neither of
 them imports the other for it.
 """
 
@@ -11,20 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import (
-    DEFAULT_MAX_STREAMS,
-    DEFAULT_MAX_STREAMS_PER_PEER,
-    DEFAULT_STREAM_BUFFER_BYTES,
-    AdmissionLimits,
-)
-from .readahead import DEFAULT_READ_AHEAD_MESSAGES
-from .request_limits import (
+from .read.readahead import DEFAULT_READ_AHEAD_MESSAGES
+from .read.request_limits import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_SAMPLE_BYTES,
     DEFAULT_MESSAGE_CAP_BYTES,
     RequestLimits,
 )
-from .spill import DEFAULT_SPILL_BYTES
+from .read.spill import DEFAULT_SPILL_BYTES
+from .serving.admission import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MAX_STREAMS_PER_PEER,
+    DEFAULT_STREAM_BUFFER_BYTES,
+    AdmissionLimits,
+)
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -59,13 +59,13 @@ class ServerConfig:
     grace_s: float = DEFAULT_GRACE_S
     ready_file: str | None = None
     s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
-    workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (workers.py)
+    workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (server/serving/supervisor.py)
     read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
     reuse_port: bool = False  # set by the supervisor for its workers only
     cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
     cache_dir_bytes: int = DEFAULT_SPILL_BYTES
     transform_threads: int = 1  # per-sample transform work (server/transforms/)
-    # Admission (request_limits.py, admission.py, reaper.py; the RUNBOOK's "Limits")
+    # Admission (server/read/request_limits.py, server/serving/admission.py, server/serving/reaper.py; the RUNBOOK's "Limits")
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_message_bytes: int = DEFAULT_MESSAGE_CAP_BYTES
     max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES
@@ -76,18 +76,18 @@ class ServerConfig:
     keepalive_time_s: float = DEFAULT_KEEPALIVE_TIME_S
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     max_connection_idle_s: float = DEFAULT_MAX_CONNECTION_IDLE_S
-    log_format: str = "text"  # "text" or "json" (log_format.py), the supervisor's and its workers'
-    # Security (tls.py, auth.py; DESIGN §10): every worker reads the same files and follows their changes.
+    log_format: str = "text"  # "text" or "json" (server/serving/log_format.py), the supervisor's and its workers'
+    # Security (server/serving/tls.py, server/serving/auth.py; DESIGN §10): every worker reads the same files and follows their changes.
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # mTLS: clients need a certificate signed by this CA
     auth_file: str | None = None  # principals, their tokens (sha256) or subjects, and datasets
     reflection: bool = False  # gRPC server reflection (lists the services to anyone who connects)
-    # The data plane (flight_service.py): Read streams as Arrow Flight DoGet on `data_port` (0: a free
+    # The data plane (server/serving/data_plane.py): Read streams as Arrow Flight DoGet on `data_port` (0: a free
     # one), which GetDataset tells clients; a supervisor's worker i serves data_port + i.
     data_port: int = 0
     advertised_data_port: int = 0  # the data port GetDataset names, when clients reach it by another
-    grant_key: str = ""  # hex; signs data-plane grants (grants.py): made at start, a supervisor's shared
+    grant_key: str = ""  # hex; signs data-plane grants (server/serving/grants.py): made at start, a supervisor's shared
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -1,9 +1,17 @@
 """shardstream: remote dataset serving for ML training.
 
-This package (the `shardstream/` folder) holds what both sides import: the manifest model, the
-read plan, the errors and the wire stubs; it imports neither side. The client (`shardstream.client`,
-folder `client/`) and the server (`shardstream.server`, folder `server/`) are its subpackages; the
-client never imports the server. Only the command line (`shardstream.cli`) and the demo see both.
+The `shardstream/` folder holds three kinds of code (DESIGN §2; tests/test_layers.py enforces it):
+
+- the pure core, its top-level modules: errors, manifest, registry, storage, lineage, IPC helpers,
+  transform spec, extension types, the wire stubs (`v1/`). Imports nothing but itself.
+- the order wing, `shardstream.order`: read order, shuffles, permutations, schedules, cursor
+  arithmetic, mixtures, the pure halves of inspect/explain. Imports the core only.
+- the entry points, each in its own folder: `cli/`, `demo/`, `viz/` (view, web), `engines/` (Spark,
+  Ray). The only code that may import both sides.
+
+The client (`shardstream.client`, folder `client/`) and the server (`shardstream.server`, folder
+`server/`) are subpackages; each imports the core and the order wing, and the client never imports
+the server.
 """
 
 __version__ = "0.1.0"

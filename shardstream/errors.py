@@ -17,7 +17,7 @@ on which a client resumes a stream elsewhere instead of failing. An overloaded s
 to leave it alone in the trailing metadata `grpc-retry-pushback-ms` (gRPC's own key for a server's
 retry hint): `ResourceExhaustedError.retry_after_s` on the way out, `retry_pushback_s` on the way in.
 
-On the Arrow Flight data plane (Read streams: server/flight_service.py) the same status travels as a Flight
+On the Arrow Flight data plane (Read streams: server/serving/data_plane.py) the same status travels as a Flight
 error: `to_flight_error` picks the nearest Flight error class (Flight has none for INVALID_ARGUMENT,
 NOT_FOUND, DATA_LOSS or RESOURCE_EXHAUSTED: a plain Flight client sees UNKNOWN with the code named
 at the start of the message) and puts the exact code, the message and the retry hint in the

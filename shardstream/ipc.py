@@ -1,6 +1,6 @@
 """Arrow IPC helpers of the data plane, and the header that names a Read stream.
 
-A Read stream is an Arrow Flight DoGet (server/flight_service.py): each message is one record batch
+A Read stream is an Arrow Flight DoGet (server/serving/data_plane.py): each message is one record batch
 on Flight's wire — its buffers written into gRPC without a Python copy — with the message's
 serialized `ReadHeader` as the batch's app_metadata (protos/shardstream/v1/shardstream.proto). These
 helpers size a batch as an IPC stream without writing it (`ipc_size`, the server's message cap),
@@ -19,7 +19,7 @@ from shardstream.extension_types import plain_batch
 __all__ = ["STREAM_ID_METADATA", "ipc_bytes", "ipc_size", "plain_batch", "read_ipc"]
 
 # A response header of every Read stream: the server's id of the stream, which its log lines name
-# (server/stream_log.py) and the client's failover lines repeat (client/session.py).
+# (server/serving/stream_log.py) and the client's failover lines repeat (client/session.py).
 STREAM_ID_METADATA = "x-shardstream-stream-id"
 
 

@@ -1,4 +1,4 @@
-"""The integer ranges a Read request may carry (protos/shardstream/v1, server/request_limits.py), for
+"""The integer ranges a Read request may carry (protos/shardstream/v1, server/read/request_limits.py), for
 the checks made where a value is given — a Loader's arguments, a schedule, a shuffle spec — so that a
 value the wire cannot hold, or every server refuses, is one line naming the argument and its range
 when the object is built, not a bare `ValueError: Value out of range` from protobuf at the first

@@ -12,7 +12,7 @@ JSON: a shard entry written before they existed has no `checksums` key, still lo
 fingerprint, and is served as it was — checked on open by size, row-group row counts and, for
 shards up to the server's whole-file hash limit (64 MiB by default), the sha256 of the whole file.
 
-A version made by `drop_rows` (DESIGN §3 migration; server/drop_rows.py) masks rows of its parent's
+A version made by `drop_rows` (DESIGN §3 migration; server/writing/drop_rows.py) masks rows of its parent's
 shards without rewriting them: each shard entry may carry `masked`, the sorted, merged [start, end)
 ranges of its rows (row numbers in the shard) that the version does not hold. The key is absent
 when nothing is masked, and the fingerprint covers a shard's ranges only when it has some, so every
@@ -49,7 +49,7 @@ FORMAT_VERSION = 1
 # How a version relates to its parent (DESIGN §3, checked by `lineage.check_change`): `create` has no
 # parent; `replace` is anything else; the others are claims the registry checks before writing.
 CHANGES = ("create", "append", "add_columns", "rename_columns", "drop_columns", "drop_rows", "replace")
-# The one checksum a shard's byte ranges carry (why crc32: server/checksums.py, with its measured cost).
+# The one checksum a shard's byte ranges carry (why crc32: server/read/checksums.py, with its measured cost).
 CHECKSUM_ALGORITHM = "crc32"
 _CRCS_RE = re.compile(r"(?:[0-9a-f]{8})+")
 
@@ -63,7 +63,7 @@ class ShardChecksums:
     row group g, in the footer's column order, each as 8 lowercase hex digits — kept as that string
     (decoded per row group when one is read: a manifest of many shards loads without parsing
     millions of numbers). Which bytes a column chunk covers is what Arrow reads for it
-    (server/checksums.py); the footer is checked first, so those ranges come from checked bytes.
+    (server/read/checksums.py); the footer is checked first, so those ranges come from checked bytes.
     """
 
     footer_bytes: int

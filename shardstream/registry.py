@@ -94,7 +94,7 @@ class Listing:
 class Registry:
     """Dataset versions under one root: a Storage, or a local directory path.
 
-    An `s3://bucket/prefix` root is opened by `shardstream.server.roots.open_registry` (S3 code lives
+    An `s3://bucket/prefix` root is opened by `shardstream.server.backends.roots.open_registry` (S3 code lives
     on the server side)."""
 
     def __init__(self, root: str | os.PathLike[str] | Storage) -> None:

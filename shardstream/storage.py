@@ -6,8 +6,8 @@ a relative, '/'-separated path under the storage's root. Keys are checked before
 manifest or a command line can never make shardstream read outside its root.
 
     open_local_storage("/data/registry")    LocalStorage   (plain directory; O_EXCL creates)
-    S3Storage("s3://bucket/prefix")         (shardstream.server.s3, aiobotocore; needs
-                                            `shardstream[server]`; shardstream.server.roots opens
+    S3Storage("s3://bucket/prefix")         (shardstream.server.backends.s3, aiobotocore; needs
+                                            `shardstream[server]`; shardstream.server.backends.roots opens
                                             either kind by URL)
 
 All methods are blocking and thread-safe (the S3 backend runs its own event loop). Errors are
@@ -15,7 +15,7 @@ shardstream errors: a missing object is NotFoundError, an object changed since i
 DataLossError, refused credentials (or a local file the process may not read) are
 UnauthenticatedError/PermissionDeniedError, an unreachable store is UnavailableError. Messages name
 objects by their full location (useful on the command line); a server strips its root from them
-before a client sees one (`locations`, shardstream.server.redact).
+before a client sees one (`locations`, shardstream.server.serving.redact).
 
 Durability: LocalStorage's writes return once the data and the directory entries leading to it are
 on disk (the file is fsynced, then each directory from its own up to the root); `sync(keys)` does the
@@ -436,11 +436,11 @@ class LocalStorage(Storage):
 
 def open_local_storage(url: str | os.PathLike[str]) -> LocalStorage:
     """The storage for a local directory. An `s3://` root is opened by the server side
-    (`shardstream.server.roots.open_storage`): this package never imports S3 code."""
+    (`shardstream.server.backends.roots.open_storage`): this package never imports S3 code."""
     text = os.fspath(url)
     if text.startswith("s3://"):
         raise InvalidArgumentError(
-            f"{text}: s3:// roots are opened by shardstream.server.roots.open_registry "
+            f"{text}: s3:// roots are opened by shardstream.server.backends.roots.open_registry "
             "(pip install 'shardstream[server]')"
         )
     if _SCHEME_RE.match(text) and not re.match(r"^[A-Za-z]:[\\/]", text):

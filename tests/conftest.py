@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shardstream.client.stores import MemoryStore
-from shardstream.server.fleet import LocalServer
+from shardstream.client.cursors.stores import MemoryStore
+from shardstream.server.local_fleet import LocalServer
 
 from .support.data import N_ROWS, write_dataset
 from .support.redis_server import RedisServer

@@ -17,7 +17,8 @@ from shardstream.cli.common import apply_global_options, client_security
 from shardstream.client.credentials import ChannelSecurity
 from shardstream.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError, excerpt
 from shardstream.manifest import DatasetRef
-from shardstream.server.auth import (
+from shardstream.server.config import ServerConfig
+from shardstream.server.serving.auth import (
     OPEN,
     Authenticator,
     AuthFile,
@@ -26,9 +27,8 @@ from shardstream.server.auth import (
     normalize_subject,
     token_sha256,
 )
-from shardstream.server.config import ServerConfig
-from shardstream.server.security import check, is_loopback
-from shardstream.server.tls import CertificateFiles, TlsFiles
+from shardstream.server.serving.security import check, is_loopback
+from shardstream.server.serving.tls import CertificateFiles, TlsFiles
 
 from .support.certs import Pki, write_atomic
 
@@ -155,7 +155,7 @@ def test_the_auth_file_is_reread_on_change_and_a_bad_edit_keeps_the_last_good_on
     assert [p.name for p in f.principals()] == ["a"]
     write_atomic(path, doc({"name": "b", "token_sha256": token_sha256("two"), "datasets": ["*"]}).encode())
     assert [p.name for p in f.principals()] == ["b"]
-    with caplog.at_level(logging.ERROR, "shardstream.server.auth"):
+    with caplog.at_level(logging.ERROR, "shardstream.server.serving.auth"):
         write_atomic(path, b"principals: [")
         assert [p.name for p in f.principals()] == ["b"]
         assert [p.name for p in f.principals()] == ["b"]
@@ -175,7 +175,7 @@ def test_the_certificate_watcher_follows_the_files_and_keeps_a_good_pair(tmp_pat
     write_atomic(key, first.key.read_bytes())
     watcher = CertificateFiles(TlsFiles(str(cert), str(key)))
     assert watcher.fetch() is None  # nothing changed: a stat per file, nothing read
-    with caplog.at_level(logging.ERROR, "shardstream.server.tls"):
+    with caplog.at_level(logging.ERROR, "shardstream.server.serving.tls"):
         write_atomic(cert, second.pem)  # its key is not there yet: the pair does not match
         assert watcher.fetch() is None and watcher.fetch() is None
     assert len([r for r in caplog.records if "do not load" in r.getMessage()]) == 1

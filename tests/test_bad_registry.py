@@ -17,8 +17,8 @@ import pytest
 from shardstream.client import Loader
 from shardstream.errors import DataLossError
 from shardstream.registry import BadEntry, Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.bad_registry import MANIFEST_KINDS, break_manifest, link_dataset, several_datasets, tree

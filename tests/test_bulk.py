@@ -1,4 +1,4 @@
-"""server/bulk.py without an engine: the task side (write_part, describe_file) and the driver side
+"""server/writing/bulk.py without an engine: the task side (write_part, describe_file) and the driver side
 (register_parts) called directly, on a local root and on a real S3 server (SeaweedFS)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 from shardstream.errors import DataLossError, InvalidArgumentError
-from shardstream.gc import collect
+from shardstream.orphan_files import collect
 from shardstream.registry import Registry
-from shardstream.server import bulk
-from shardstream.server.registry_ops import register, verify
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.writing import bulk
+from shardstream.server.writing.registry_ops import register, verify
 from shardstream.storage import LocalStorage
 
 from .support.data import make_table

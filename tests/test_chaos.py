@@ -20,8 +20,8 @@ from loadtest.chaos_job import tally
 from loadtest.chaos_net import Blackhole
 from loadtest.chaos_rank import packed_keys
 from shardstream.client import Loader
-from shardstream.client.stores import open_store
-from shardstream.server.fleet import LocalServer
+from shardstream.client.cursors.stores import open_store
+from shardstream.server.local_fleet import LocalServer
 
 from .support.redis_server import RedisServer
 from .support.servers import data_port_behind, unused_port

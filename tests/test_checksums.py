@@ -18,12 +18,12 @@ import pytest
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest, Shard, ShardChecksums
 from shardstream.registry import Registry
-from shardstream.server.checksums import chunk_spans, footer_bytes_of, scan_shard
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.reader import DatasetReader, new_row_group_cache
-from shardstream.server.registry_ops import register
-from shardstream.server.shards import read_footer
-from shardstream.server.spill import LEGACY_SUFFIX, SPILL_CORRUPT, SUFFIX, SpillTier
+from shardstream.server.read.checksums import chunk_spans, footer_bytes_of, scan_shard
+from shardstream.server.read.reader import DatasetReader, new_row_group_cache
+from shardstream.server.read.shards import read_footer
+from shardstream.server.read.spill import LEGACY_SUFFIX, SPILL_CORRUPT, SUFFIX, SpillTier
+from shardstream.server.writing.ingest import IngestOptions, ingest
+from shardstream.server.writing.registry_ops import register
 
 from .support.data import make_table
 from .support.flips import flip_byte

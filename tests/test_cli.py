@@ -59,7 +59,7 @@ def shardstream(*args: str, cwd: Path, client_only: bool = False) -> subprocess.
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local registry with toy@1 (ROWS rows, an id column) and toy@2 (appended rows)."""
-    from shardstream.server.ingest import IngestOptions, ingest
+    from shardstream.server.writing.ingest import IngestOptions, ingest
 
     base = tmp_path_factory.mktemp("cli")
     opts = IngestOptions(row_group_rows=500, shard_rows=2000, progress=False)
@@ -75,9 +75,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def store(tmp_path: Path) -> str:
     """An embedded cursor store holding job `j`, committed at step 8 by both of its ranks."""
-    from shardstream.client.cursor import CursorRecord
-    from shardstream.client.state import LoaderState
-    from shardstream.client.stores import open_store
+    from shardstream.client.cursors.records import CursorRecord
+    from shardstream.client.cursors.stores import open_store
+    from shardstream.client.loader_state import LoaderState
 
     url = f"sqlite:///{tmp_path / 'store' / 'cursors.db'}"
     st = open_store(url)

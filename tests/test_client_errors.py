@@ -14,9 +14,9 @@ import pytest
 
 from shardstream.errors import DataLossError, FlightStatus, NotFoundError
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.redact import client_message
-from shardstream.server.roots import open_registry, open_storage
+from shardstream.server.backends.roots import open_registry, open_storage
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.serving.redact import client_message
 from shardstream.storage import LocalStorage
 from shardstream.v1 import shardstream_pb2 as pb
 

@@ -8,7 +8,7 @@ import sys
 CODE = """
 import sys
 from shardstream.client import Loader
-from shardstream.client.torch import ShardStreamDataset
+from shardstream.client.torch_dataset import ShardStreamDataset
 ld = Loader(["127.0.0.1:1"], "images", batch_size=4, output="torch",
             transforms=[{"op": "image.decode", "size": [8, 8]}], on_error="skip")
 ld.close()

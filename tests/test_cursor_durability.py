@@ -18,10 +18,10 @@ import redis
 from prometheus_client import REGISTRY
 
 from shardstream.client import Loader
-from shardstream.client.cursor import CursorRecord, CursorStoreBehindError
-from shardstream.client.fence import StaleRunError, UnclaimedError
-from shardstream.client.redis_store import Persistence, RedisStore
-from shardstream.client.stores import open_store
+from shardstream.client.cursors.fence import StaleRunError, UnclaimedError
+from shardstream.client.cursors.records import CursorRecord, CursorStoreBehindError
+from shardstream.client.cursors.redis_store import Persistence, RedisStore
+from shardstream.client.cursors.stores import open_store
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
 from .support.data import N_ROWS
@@ -514,7 +514,7 @@ def test_a_generation_of_a_lost_run_state_is_claimed_again_not_refused_as_stale(
     """The store loses the job's run (Redis wiped mid-run); rank 1 claims first and makes a new run
     state; rank 0's generation was issued by the lost one: its write is UnclaimedError (claim again),
     never StaleRunError — while a generation the new run state took over is still stale."""
-    from shardstream.client.stores import MemoryStore
+    from shardstream.client.cursors.stores import MemoryStore
 
     store = open_store("memory://" if kind == "memory" else redis_server.url)
     try:

@@ -1,4 +1,4 @@
-"""Cursor arithmetic (shardstream/cursor_math.py) as properties: every sample exactly once, over data-loader
+"""Cursor arithmetic (shardstream/order/cursor_math.py) as properties: every sample exactly once, over data-loader
 worker splits (within an epoch and across epochs), world sizes, batch sizes, drop_last and start offsets;
 a cursor resumes exactly."""
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.cursor_math import (
+from shardstream.errors import InvalidArgumentError
+from shardstream.order.cursor_math import (
     NO_SPLIT,
     RankStream,
     WorkerSplit,
@@ -17,8 +18,7 @@ from shardstream.cursor_math import (
     is_last_step,
     split_offset,
 )
-from shardstream.errors import InvalidArgumentError
-from shardstream.plan import StepLayout
+from shardstream.order.read_order import StepLayout
 
 from .support.splits import rank_steps, round_robin, worker_steps
 

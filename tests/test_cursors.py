@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.cursor import CorruptCursorError, CursorRecord, NoCommittedStepError
-from shardstream.client.state import LoaderState
-from shardstream.client.stores import MemoryStore, SqliteStore, open_store
+from shardstream.client.cursors.records import CorruptCursorError, CursorRecord, NoCommittedStepError
+from shardstream.client.cursors.stores import MemoryStore, SqliteStore, open_store
+from shardstream.client.loader_state import LoaderState
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 
 from .support.data import N_ROWS
@@ -491,7 +491,7 @@ def test_commits_coalesce_when_the_store_lags() -> None:
     """A store slower than the training loop gets the newest pending commit, not a growing backlog."""
     import threading
 
-    from shardstream.client.committer import Committer
+    from shardstream.client.cursors.committer import Committer
 
     release = threading.Event()
     written: list[int] = []

@@ -18,10 +18,10 @@ from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 from shardstream.lineage import check_change, infer_change
 from shardstream.manifest import Manifest, Shard
-from shardstream.plan import EpochOrder, RowLocator
+from shardstream.order.read_order import EpochOrder, RowLocator
+from shardstream.order.schedule import merge_ranges
 from shardstream.registry import Registry
-from shardstream.schedule import merge_ranges
-from shardstream.server.drop_rows import drop_rows
+from shardstream.server.writing.drop_rows import drop_rows
 
 from .support.data import write_dataset
 

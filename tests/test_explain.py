@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from shardstream.cli import main
 from shardstream.client import Loader
-from shardstream.explain import Cursor, place_of, place_step
-from shardstream.plan import StepLayout
+from shardstream.order.explain import Cursor, place_of, place_step
+from shardstream.order.read_order import StepLayout
 from shardstream.registry import Registry
-from shardstream.server.drop_rows import drop_rows
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.drop_rows import drop_rows
 
 from .support import media
 from .support.data import N_ROWS, write_dataset

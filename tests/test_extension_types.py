@@ -30,7 +30,7 @@ from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.extension_types import CANONICAL, plain_batch, plain_schema
 from shardstream.registry import Registry
-from shardstream.server.registry_ops import register
+from shardstream.server.writing.registry_ops import register
 from shardstream.storage import open_local_storage
 
 from .support.servers import Servers

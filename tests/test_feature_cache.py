@@ -1,4 +1,4 @@
-"""Decode once for many jobs (server/feature_cache.py): the shared head of a pipeline changes no byte.
+"""Decode once for many jobs (server/read/feature_cache.py): the shared head of a pipeline changes no byte.
 
 Every Read message of a server whose deterministic transforms come from the feature cache must be
 byte for byte the message of a server that runs them on every message: over pipelines (a decode
@@ -26,13 +26,13 @@ from prometheus_client import REGISTRY
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import DatasetRef
 from shardstream.registry import Registry
-from shardstream.server import feature_cache, spill
-from shardstream.server.build import MessageBuilder
-from shardstream.server.fleet import LocalServer
-from shardstream.server.read_plan import ReadPlanner
-from shardstream.server.reader import new_row_group_cache
-from shardstream.server.request_limits import RequestLimits
-from shardstream.server.spill import SUFFIX, TRAILER_BYTES, SpillTier
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.read import feature_cache, spill
+from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.plan import ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.request_limits import RequestLimits
+from shardstream.server.read.spill import SUFFIX, TRAILER_BYTES, SpillTier
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 

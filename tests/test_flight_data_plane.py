@@ -1,4 +1,4 @@
-"""The Arrow Flight data plane (server/flight_service.py, data_plane.py) against real servers: the
+"""The Arrow Flight data plane (server/serving/data_plane.py, data_plane.py) against real servers: the
 Loader's streams keep the exactly-once, failover and provenance contracts; a plain pyarrow FlightClient reads a rank's stream with nothing but a ReadRequest;
 errors keep their status codes and retry hints; a silent Flight server is abandoned for another;
 tokens, admission, the write timeout and certificate rotation hold on the Flight port as on the gRPC
@@ -22,8 +22,8 @@ import yaml
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.errors import FlightStatus, UnauthenticatedError, to_flight_error
-from shardstream.server.auth import token_sha256
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.serving.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki, write_atomic

@@ -15,12 +15,12 @@ import pytest
 
 from shardstream.cli.datasets_gc import duration
 from shardstream.client import Loader
-from shardstream.gc import collect
 from shardstream.manifest import Manifest
+from shardstream.orphan_files import collect
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_registry, open_storage
+from shardstream.server.backends.roots import open_registry, open_storage
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .support.bad_registry import (
     age,

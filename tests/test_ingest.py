@@ -10,7 +10,7 @@ import pytest
 
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .support.data import make_table
 from .support.processes import run_cli

@@ -1,4 +1,4 @@
-"""`shardstream ingest` of image folders, WebDataset tars and RL episodes (server/ingest_sources.py)."""
+"""`shardstream ingest` of image folders, WebDataset tars and RL episodes (server/writing/ingest_sources.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .support.processes import run_cli
 

@@ -21,11 +21,11 @@ import pytest
 
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
-from shardstream.server.checksums import chunk_spans
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import DEFAULT_SHARD_BYTES, IngestOptions, ingest
-from shardstream.server.roots import open_registry
-from shardstream.server.shard_writer import describe_shard
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.read.checksums import chunk_spans
+from shardstream.server.writing.ingest import DEFAULT_SHARD_BYTES, IngestOptions, ingest
+from shardstream.server.writing.shard_writer import describe_shard
 
 from .support.flips import FlipTally, flip_byte, random_table, read_dataset
 from .support.servers import Servers, scrape

@@ -29,10 +29,10 @@ import pytest
 
 from loadtest.common import write_vectors
 from shardstream.client.channel import CHANNEL_OPTIONS, FLIGHT_OPTIONS
-from shardstream.server.app import SERVER_OPTIONS
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.lifecycle import SERVER_OPTIONS
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .support.servers import wait_for
 

@@ -16,9 +16,9 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.client.launcher import from_launcher, resolve_rank_world
-from shardstream.client.torch import ShardStreamDataset
+from shardstream.client.torch_dataset import ShardStreamDataset
 from shardstream.errors import InvalidArgumentError, UnavailableError
-from shardstream.plan import StepLayout
+from shardstream.order.read_order import StepLayout
 
 from .support.data import N_ROWS
 from .support.servers import unused_port

@@ -2,14 +2,16 @@
 
 The rule (imports inside functions and under TYPE_CHECKING count: they are edges all the same):
 
-    shardstream (shared: plan, manifest, errors, ...)  ->  nothing of client/ or server/
-    shardstream.client  (client/)                       ->  shardstream only
-    shardstream.server  (server/)                       ->  shardstream only
-    shardstream.cli(.*), shardstream.demo(.*)           ->  anything (the only code that sees both sides)
+    core   shardstream.* (errors, manifest, registry, storage, ...)  ->  core only
+    order  shardstream.order.*                                         ->  core and order
+    client shardstream.client.*  (client/)                            ->  core, order and client
+    server shardstream.server.*  (server/)                            ->  core, order and server
+    entry  shardstream.cli.*, .demo.*, .viz.*, .engines.*, __main__   ->  anything (the only code that
+                                                                          sees both sides)
 
-and no cycle between modules. An edge goes to the module an import names: `from a.b import c` is an
-edge to `a.b.c` when that is a module, else to `a.b`; importing a submodule does not count as an
-edge to its parent package.
+and no cycle between modules. Any module outside the entry-point folders that imports a side is
+reported. An edge goes to the module an import names: `from a.b import c` is an edge to `a.b.c` when
+that is a module, else to `a.b`; importing a submodule does not count as an edge to its parent package.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ PACKAGES = {
 }
 GENERATED = ("shardstream.v1.",)
 ENTRY_POINTS = (
-    "shardstream.cli",
-    "shardstream.demo",
+    "shardstream.cli",  # the command line, one module per command group
+    "shardstream.demo",  # `shardstream demo`: a fleet, ranks and a resume in one process tree
     "shardstream.viz",  # the visualizers read through the client and may start a server (--root)
-    "shardstream.spark",  # engine adapters: they run the server's writer and checksum code inside the engine's tasks
-    "shardstream.ray",  # engine adapters: they run the server's writer and checksum code inside the engine's tasks
-)  # packages that may import both sides  # protoc's stubs: not ours to arrange
+    "shardstream.engines",  # Spark and Ray adapters: the server's writer and checksums in the engine's tasks
+)  # the folders that may import both sides
+ORDER = "shardstream.order"
 
 
 def product_sources() -> dict[str, str]:
@@ -85,18 +87,21 @@ def edges(sources: Mapping[str, str]) -> dict[str, set[str]]:
 
 def layer(mod: str) -> str:
     if mod == "shardstream.__main__" or any(mod == p or mod.startswith(p + ".") for p in ENTRY_POINTS):
-        return "cli"
+        return "entry"
     for side in ("client", "server"):
         if mod == f"shardstream.{side}" or mod.startswith(f"shardstream.{side}."):
             return side
-    return "shared"
+    if mod == ORDER or mod.startswith(ORDER + "."):
+        return "order"
+    return "core"
 
 
 ALLOWED = {
-    "shared": {"shared"},
-    "client": {"shared", "client"},
-    "server": {"shared", "server"},
-    "cli": {"shared", "client", "server", "cli"},
+    "core": {"core"},
+    "order": {"core", "order"},
+    "client": {"core", "order", "client"},
+    "server": {"core", "order", "server"},
+    "entry": {"core", "order", "client", "server", "entry"},
 }
 
 
@@ -148,16 +153,16 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 def test_the_tree_is_read_as_expected() -> None:
     sources = product_sources()
     for mod in (
-        "shardstream.plan",
+        "shardstream.order.read_order",
         "shardstream.errors",
         "shardstream.client.loader",
-        "shardstream.server.service",
+        "shardstream.server.serving.control_plane",
     ):
         assert mod in sources
     graph = edges(sources)
     # the checker sees relative imports, imports inside functions and `from pkg import module`
     assert "shardstream.client.loader" in graph["shardstream.client"]
-    assert "shardstream.errors" in graph["shardstream.plan"]
+    assert "shardstream.errors" in graph["shardstream.order.read_order"]
 
 
 def test_no_forbidden_import_between_layers() -> None:
@@ -182,16 +187,24 @@ def with_extra(module: str, line: str) -> dict[str, str]:
     [
         # the shared package reaching into a side, even inside a function
         (
-            "shardstream.plan",
-            "def f():\n    from shardstream.server import reader",
-            "shardstream.server.reader",
+            "shardstream.order.read_order",
+            "def f():\n    from shardstream.server.read import reader",
+            "shardstream.server.read.reader",
         ),
         ("shardstream.storage", "import shardstream.client.loader", "shardstream.client.loader"),
+        # the core reaching into the order wing, or into an entry point
+        ("shardstream.manifest", "from shardstream.order import mixture", "shardstream.order.mixture"),
+        ("shardstream.registry", "from shardstream.cli import common", "shardstream.cli.common"),
+        # the order wing reaching into a side or an entry point
+        ("shardstream.order.curriculum", "from shardstream.client import loader", "shardstream.client.loader"),
+        ("shardstream.order.explain", "from shardstream.engines import spark_io", "shardstream.engines.spark_io"),
+        # a side importing an entry point
+        ("shardstream.server.serving.auth", "from shardstream.cli import common", "shardstream.cli.common"),
         # the client importing the server, relatively
-        ("shardstream.client.convert", "from ..server import service", "shardstream.server.service"),
+        ("shardstream.client.convert", "from ..server.serving import control_plane", "shardstream.server.serving.control_plane"),
         # the server importing the client
         (
-            "shardstream.server.cache",
+            "shardstream.server.read.cache",
             "from shardstream.client.loader import Loader",
             "shardstream.client.loader",
         ),
@@ -202,17 +215,33 @@ def test_a_forbidden_import_is_reported(module: str, line: str, edge: str) -> No
     assert any(b.startswith(f"{module} ") and f" imports {edge} " in b for b in bad), bad
 
 
-def test_the_command_line_may_import_both_sides() -> None:
-    sources = with_extra("shardstream.demo.run", "from shardstream.server.fleet import LocalServer")
+@pytest.mark.parametrize(
+    "module", ["shardstream.demo.run", "shardstream.cli.serve", "shardstream.viz.query", "shardstream.engines.ray_io"]
+)
+def test_the_entry_points_may_import_both_sides(module: str) -> None:
+    sources = with_extra(module, "from shardstream.server.local_fleet import LocalServer\nimport shardstream.client.loader")
     graph = edges(sources)
-    assert "shardstream.server.fleet" in graph["shardstream.demo.run"]
-    assert not [b for b in forbidden_edges(graph) if b.startswith("shardstream.demo.run ")]
+    assert {"shardstream.server.local_fleet", "shardstream.client.loader"} <= graph[module]
+    assert not [b for b in forbidden_edges(graph) if b.startswith(f"{module} ")]
+
+
+def test_every_product_module_is_in_a_named_layer() -> None:
+    """The layers are the folders DESIGN §2 names: a new top-level module of the shared package is core."""
+    for mod in product_sources():
+        top = mod.split(".")[1] if "." in mod else ""
+        expected = {
+            "client": "client",
+            "server": "server",
+            "order": "order",
+            **dict.fromkeys(("cli", "demo", "viz", "engines", "__main__"), "entry"),
+        }.get(top, "core")
+        assert layer(mod) == expected, mod
 
 
 def test_a_cycle_is_reported() -> None:
-    # errors is imported by plan; errors importing plan closes the loop
-    found = cycles(edges(with_extra("shardstream.errors", "def f():\n    from shardstream import plan")))
-    assert any({"shardstream.errors", "shardstream.plan"} <= set(c) for c in found), found
+    # errors is imported by read_order; errors importing read_order closes the loop
+    found = cycles(edges(with_extra("shardstream.errors", "def f():\n    from shardstream.order import read_order")))
+    assert any({"shardstream.errors", "shardstream.order.read_order"} <= set(c) for c in found), found
 
 
 def test_the_distribution_lists_every_package() -> None:

@@ -14,8 +14,8 @@ from shardstream.cli import main
 from shardstream.errors import InvalidArgumentError
 from shardstream.lineage import CLAIMS, check_change, diff, infer_change
 from shardstream.manifest import Manifest, Shard
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 from .support.data import make_table, put_parquet
 

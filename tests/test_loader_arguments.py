@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from shardstream import limits
 from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
-from shardstream.server import request_limits
+from shardstream.server.read import request_limits
 from shardstream.v1 import shardstream_pb2 as pb
 
 NOWHERE = ["127.0.0.1:9"]  # never dialled: construction makes no network call

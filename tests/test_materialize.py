@@ -20,10 +20,10 @@ from shardstream.client import Loader
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
-from shardstream.server.drop_rows import drop_rows
-from shardstream.server.fleet import LocalServer
-from shardstream.server.materialize import materialize, random_reason
+from shardstream.server.local_fleet import LocalServer
 from shardstream.server.transforms.base import Transform
+from shardstream.server.writing.drop_rows import drop_rows
+from shardstream.server.writing.materialize import materialize, random_reason
 
 from .support.flips import flip_byte
 from .support.media import (
@@ -361,10 +361,10 @@ def test_the_client_imports_no_engine() -> None:
     code = (
         "import sys\n"
         "from shardstream.client import Loader\n"
-        "from shardstream.client.torch import ShardStreamDataset\n"
+        "from shardstream.client.torch_dataset import ShardStreamDataset\n"
         "import shardstream.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'ray')"
-        " or m.startswith(('shardstream.spark', 'shardstream.ray')))\n"
+        " or m.startswith(('shardstream.engines.spark_io', 'shardstream.engines.ray_io')))\n"
         "print(','.join(bad))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

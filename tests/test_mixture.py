@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo, allocate, parse_mixture
-from shardstream.plan import DatasetOrder, ShuffleSpec, StepLayout
+from shardstream.order.mixture import MixtureOrder, MixturePlan, SourceInfo, allocate, parse_mixture
+from shardstream.order.read_order import DatasetOrder, ShuffleSpec, StepLayout
 
 from .support.processes import same_output_in_processes
 
@@ -151,7 +151,7 @@ def test_fingerprint_covers_sources_weights_block_and_length() -> None:
 
 def test_schedule_is_the_same_in_other_processes() -> None:
     code = (
-        "import numpy as np;from shardstream.mixture import MixturePlan, SourceInfo;"
+        "import numpy as np;from shardstream.order.mixture import MixturePlan, SourceInfo;"
         "p = MixturePlan([SourceInfo('a@1','fa',50,0.7), SourceInfo('b@1','fb',9,0.3)], 4, 20);"
         "print([x.tolist() for x in p.locate(2, np.arange(60))])"
     )

@@ -9,8 +9,8 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.errors import FailedPreconditionError, NotFoundError
-from shardstream.inspect import make_selector
-from shardstream.plan import ShuffleSpec
+from shardstream.order.delivery import make_selector
+from shardstream.order.read_order import ShuffleSpec
 from shardstream.registry import Registry
 
 from .support.data import N_ROWS

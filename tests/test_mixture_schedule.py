@@ -1,4 +1,4 @@
-"""Mixture phases (shardstream/mixture_schedule.py): properties over random phases, weights, sources (pure)."""
+"""Mixture phases (shardstream/order/curriculum.py): properties over random phases, weights, sources (pure)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.mixture import MixtureOrder, MixturePlan, SourceInfo
-from shardstream.mixture_schedule import MixtureSchedule, is_mixture_schedule, parse_mixture_schedule
-from shardstream.plan import DatasetOrder, ShuffleSpec
+from shardstream.order.curriculum import MixtureSchedule, is_mixture_schedule, parse_mixture_schedule
+from shardstream.order.mixture import MixtureOrder, MixturePlan, SourceInfo
+from shardstream.order.read_order import DatasetOrder, ShuffleSpec
 
 
 def sources(rows: list[int]) -> list[SourceInfo]:

@@ -20,7 +20,7 @@ from shardstream.client import Loader
 from shardstream.errors import DataLossError, FlightStatus, InvalidArgumentError
 from shardstream.names import MAX_NAME_CHARS, MAX_VERSION, DatasetRef, parse_version, validate_name
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.servers import rpc_count, scrape
@@ -162,7 +162,7 @@ def test_the_registry_reads_only_canonical_versions_from_file_names_and_tags(dat
 
 @pytest.mark.parametrize("job", ["run-1\n", "run-1\r\n", "\nrun-1", "run\n-1"])
 def test_a_job_name_with_a_newline_is_refused(job: str) -> None:
-    from shardstream.client.cursor import validate_job
+    from shardstream.client.cursors.records import validate_job
 
     assert validate_job("run-1") == "run-1"
     with pytest.raises(InvalidArgumentError, match="invalid job name"):
@@ -173,7 +173,7 @@ def test_a_job_name_with_a_newline_is_refused(job: str) -> None:
 def test_an_auth_pattern_with_a_newline_or_a_non_ascii_digit_is_refused(pattern: str) -> None:
     import yaml
 
-    from shardstream.server.auth import load_principals
+    from shardstream.server.serving.auth import load_principals
 
     entry = {"name": "p", "token_sha256": "0" * 64, "datasets": [pattern]}
     with pytest.raises(InvalidArgumentError, match="bad dataset pattern"):

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.permutation import KeyedPermutation, derive_key
+from shardstream.order.permutation import KeyedPermutation, derive_key
 
 from .support.processes import same_output_in_processes
 
@@ -53,7 +53,7 @@ def test_out_of_range_positions_are_refused() -> None:
 
 def test_same_in_another_process_with_another_hash_seed() -> None:
     code = (
-        "import numpy as np;from shardstream.permutation import KeyedPermutation, derive_key;"
+        "import numpy as np;from shardstream.order.permutation import KeyedPermutation, derive_key;"
         "print(KeyedPermutation(777, derive_key('fp', 3, 1, 'full'))(np.arange(777)).tolist())"
     )
     out = same_output_in_processes(code)

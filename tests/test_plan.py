@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec, StepLayout
-from shardstream.shuffle import SHUFFLES
+from shardstream.order.read_order import EpochOrder, RowLocator, ShuffleSpec, StepLayout
+from shardstream.order.shuffle import SHUFFLES
 
 
 def epoch_positions(n: int, offset: int, w: int, b: int, drop_last: bool) -> list[list[list[int]]]:

@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from shardstream.client.channel import Connection
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media

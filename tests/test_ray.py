@@ -1,4 +1,4 @@
-"""shardstream.ray on a real local Ray (num_cpus=2): every modality written through the Datasink,
+"""shardstream.engines.ray_io on a real local Ray (num_cpus=2): every modality written through the Datasink,
 checksummed in Ray's tasks and registered, then read exactly once by a Loader through a real
 server; `read` from the files and through the fleet; a damaged shard refused; materialize on Ray."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.materialize import materialize
-from shardstream.server.registry_ops import verify
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.materialize import materialize
+from shardstream.server.writing.registry_ops import verify
 
 from .support.engines import MODALITIES, modality_table, read_once, start_ray
 from .support.flips import flip_byte
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray"),
 ]
 
-ray_module = pytest.importorskip("shardstream.ray", reason="the ray extra is not installed")
+ray_module = pytest.importorskip("shardstream.engines.ray_io", reason="the ray extra is not installed")
 
 
 @pytest.fixture(scope="module")

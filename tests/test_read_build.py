@@ -26,11 +26,11 @@ from shardstream.errors import (
     ShardstreamError,
 )
 from shardstream.ipc import read_ipc
-from shardstream.plan import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
-from shardstream.server.build import MAX_STEPS_PER_MESSAGE, Message, MessageBuilder
-from shardstream.server.read_plan import ReadPlan, ReadPlanner
-from shardstream.server.reader import new_row_group_cache
-from shardstream.server.roots import open_registry
+from shardstream.order.read_order import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.build import MAX_STEPS_PER_MESSAGE, Message, MessageBuilder
+from shardstream.server.read.plan import ReadPlan, ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media

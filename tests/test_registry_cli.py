@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from shardstream.cli import main
-from shardstream.server.roots import open_registry, open_storage
+from shardstream.server.backends.roots import open_registry, open_storage
 
 from .support.data import make_table, put_parquet
 
@@ -103,7 +103,7 @@ def test_register_names_files_and_fields_that_differ(
 
 
 def test_concurrent_registers_get_distinct_versions(root: str, tmp_path: Path) -> None:
-    from shardstream.server.registry_ops import register
+    from shardstream.server.writing.registry_ops import register
 
     spark_like(root, tmp_path)
     made: list[int] = []

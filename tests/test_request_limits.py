@@ -22,16 +22,12 @@ from shardstream.errors import (
     ResourceExhaustedError,
     retry_pushback_s,
 )
-from shardstream.server.admission import Admission, AdmissionLimits, peer_host
-from shardstream.server.read_plan import ReadPlanner
-from shardstream.server.reader import new_row_group_cache
-from shardstream.server.reaper import _parse_peer, _proc_ip
-from shardstream.server.request_limits import (
-    MAX_PARAMS_JSON_DEPTH,
-    RequestLimits,
-    check_params_json,
-)
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.plan import ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.request_limits import MAX_PARAMS_JSON_DEPTH, RequestLimits, check_params_json
+from shardstream.server.serving.admission import Admission, AdmissionLimits, peer_host
+from shardstream.server.serving.reaper import _parse_peer, _proc_ip
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media

@@ -14,10 +14,10 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.errors import DataLossError, UnauthenticatedError
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.reader import DatasetReader, new_row_group_cache
-from shardstream.server.roots import open_registry
-from shardstream.server.shards import STORAGE_FETCHED_BYTES
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.reader import DatasetReader, new_row_group_cache
+from shardstream.server.read.shards import STORAGE_FETCHED_BYTES
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.storage import ObjectRef
 
 from .support.data import make_table
@@ -138,7 +138,7 @@ def test_wrong_credentials_in_process(s3_root: str, monkeypatch: pytest.MonkeyPa
 
 
 def test_a_body_cut_mid_read_is_resumed(s3_server, s3_root: str) -> None:  # type: ignore[no-untyped-def]
-    from shardstream.server.s3 import S3_RESUMES, S3Storage
+    from shardstream.server.backends.s3 import S3_RESUMES, S3Storage
 
     payload = np.random.default_rng(0).bytes(600_000)
     with S3Storage(s3_root) as direct:

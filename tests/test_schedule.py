@@ -1,4 +1,4 @@
-"""Batch-size schedules and skip ranges (shardstream/schedule.py, scheduled_layout.py): properties over
+"""Batch-size schedules and skip ranges (shardstream/order/schedule.py, scheduled_layout.py): properties over
 many random schedules, world sizes, epochs and crash points, against a step-by-step reference (pure)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.cursor_math import RankStream, cursor_after
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import StepLayout
-from shardstream.schedule import Schedule, job_position, merge_ranges, parse_batch_schedule
-from shardstream.scheduled_layout import ScheduledLayout, make_layout, step_position
+from shardstream.order.cursor_math import RankStream, cursor_after
+from shardstream.order.read_order import StepLayout
+from shardstream.order.schedule import Schedule, job_position, merge_ranges, parse_batch_schedule
+from shardstream.order.scheduled_steps import ScheduledLayout, make_layout, step_position
 
 from .support.splits import rank_steps, round_robin, worker_steps
 

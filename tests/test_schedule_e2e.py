@@ -16,12 +16,12 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.errors import DataLossError, InvalidArgumentError
-from shardstream.inspect import make_selector
-from shardstream.mixture_schedule import MixtureSchedule
-from shardstream.plan import ShuffleSpec
+from shardstream.order.curriculum import MixtureSchedule
+from shardstream.order.delivery import make_selector
+from shardstream.order.read_order import ShuffleSpec
+from shardstream.order.schedule import Schedule, merge_ranges
+from shardstream.order.scheduled_steps import make_layout, step_position
 from shardstream.registry import Registry
-from shardstream.schedule import Schedule, merge_ranges
-from shardstream.scheduled_layout import make_layout, step_position
 
 from .support.data import N_ROWS
 from .support.resume import Ranks, as_json, check_resume, ids

@@ -25,7 +25,7 @@ from shardstream.errors import (
     UnavailableError,
     from_grpc_error,
 )
-from shardstream.server.auth import token_sha256
+from shardstream.server.serving.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki, write_atomic
@@ -352,7 +352,7 @@ def test_bad_security_flags_stop_the_server_with_one_line(pki, tmp_path: Path, a
 
 
 def test_the_visualizers_data_source_dials_a_tls_fleet_with_a_token(tls_server, pki) -> None:  # type: ignore[no-untyped-def]
-    from shardstream.viz.fleet import FleetMonitor
+    from shardstream.viz.fleet_status import FleetMonitor
     from shardstream.viz.query import StepQuery
     from shardstream.viz.source import DataSource
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import EpochOrder, RowLocator, ShuffleSpec
-from shardstream.shuffle import SHUFFLES
+from shardstream.order.read_order import EpochOrder, RowLocator, ShuffleSpec
+from shardstream.order.shuffle import SHUFFLES
 
 from .support.processes import same_output_in_processes
 
@@ -99,7 +99,7 @@ def test_bad_shuffle_specs(shuffle, window, message) -> None:  # type: ignore[no
 
 def test_orders_are_the_same_in_other_processes() -> None:
     code = (
-        "import numpy as np;from shardstream.plan import EpochOrder, ShuffleSpec;"
+        "import numpy as np;from shardstream.order.read_order import EpochOrder, ShuffleSpec;"
         "print(EpochOrder('fp', [30, 7, 0, 19, 44], 5, 2, ShuffleSpec('block', 2)).rows_in_range(0, 100).tolist())"
     )
     same_output_in_processes(code)
@@ -117,7 +117,7 @@ def test_orders_are_the_same_in_other_processes() -> None:
 )
 def test_all_ranks_of_an_epoch_get_each_row_once(groups, mode, window, seed, w, b, drop_last) -> None:  # type: ignore[no-untyped-def]
     """The Mosaic-style invariant, end to end through the plan: steps x ranks x order."""
-    from shardstream.plan import StepLayout
+    from shardstream.order.read_order import StepLayout
 
     loc = RowLocator(groups)
     n = loc.num_rows

@@ -1,4 +1,4 @@
-"""shardstream.spark on a real local Spark (local[2]): every modality written, checksummed in Spark's
+"""shardstream.engines.spark_io on a real local Spark (local[2]): every modality written, checksummed in Spark's
 tasks and registered, then read exactly once by a Loader through a real server; files Spark wrote
 itself registered in place; a damaged file caught by the task-side checks; materialize on Spark."""
 
@@ -15,10 +15,10 @@ import pytest
 
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.registry import Registry
-from shardstream.server.checksums import chunk_spans
-from shardstream.server.fleet import LocalServer
-from shardstream.server.materialize import materialize
-from shardstream.server.registry_ops import verify
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.read.checksums import chunk_spans
+from shardstream.server.writing.materialize import materialize
+from shardstream.server.writing.registry_ops import verify
 
 from .support.engines import MODALITIES, episodes_for_spark, modality_table, read_once, spark_session
 from .support.flips import flip_byte, read_dataset
@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 
-spark_module = pytest.importorskip("shardstream.spark", reason="the spark extra is not installed")
+spark_module = pytest.importorskip("shardstream.engines.spark_io", reason="the spark extra is not installed")
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ from shardstream.client.parts import StepParts
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError
-from shardstream.server.build import Message, MessageBuilder
-from shardstream.server.read_plan import ReadPlanner
-from shardstream.server.reader import new_row_group_cache
-from shardstream.server.request_limits import RequestLimits
-from shardstream.server.roots import open_registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.build import Message, MessageBuilder
+from shardstream.server.read.plan import ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.request_limits import RequestLimits
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media

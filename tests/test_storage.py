@@ -12,7 +12,7 @@ from shardstream.cli import main
 from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import Manifest
 from shardstream.registry import Registry
-from shardstream.server.roots import open_storage
+from shardstream.server.backends.roots import open_storage
 from shardstream.storage import LocalStorage, check_key
 
 from .support.data import make_table, write_dataset

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardstream.client.torch import ShardStreamDataset
+from shardstream.client.torch_dataset import ShardStreamDataset
 
 from .support.data import N_ROWS
 from .support.resume import as_json, check_resume, ids

@@ -19,7 +19,7 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.errors import DataLossError, InvalidArgumentError
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 
 from .support import media
 from .support.resume import as_json, check_resume, plain

@@ -21,8 +21,8 @@ from shardstream.client import Loader
 from shardstream.registry import Registry
 from shardstream.viz.query import StepQuery
 from shardstream.viz.source import DataSource
-from shardstream.viz.tui.app import DatasetsScreen, VersionsScreen, ViewApp
 from shardstream.viz.tui.step_screen import SamplePane, StepScreen
+from shardstream.viz.tui.tui_app import DatasetsScreen, VersionsScreen, ViewApp
 
 from .support.servers import Servers
 from .support.viz_data import MIXTURE, make_viz_registry

@@ -54,9 +54,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def store(root: Path) -> str:
     """A cursor store holding job `train-1`: two ranks committed step 3 of photos@1 (world 2, batch 2)."""
-    from shardstream.client.cursor import CursorRecord
-    from shardstream.client.state import LoaderState
-    from shardstream.client.stores import open_store
+    from shardstream.client.cursors.records import CursorRecord
+    from shardstream.client.cursors.stores import open_store
+    from shardstream.client.loader_state import LoaderState
     from shardstream.registry import Registry
 
     fingerprint = Registry(root).resolve("photos@1").fingerprint

@@ -20,8 +20,8 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.registry import Registry
-from shardstream.server.fleet import LocalServer
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.local_fleet import LocalServer
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
@@ -262,7 +262,7 @@ def test_read_ahead_changes_no_byte_and_turns_misses_into_prefetches(
 
 
 def test_cache_prefetch_then_get_is_one_read_and_a_hit() -> None:
-    from shardstream.server.cache import LRUCache
+    from shardstream.server.read.cache import LRUCache
 
     reads: list[str] = []
 
@@ -284,7 +284,7 @@ def test_cache_prefetch_then_get_is_one_read_and_a_hit() -> None:
 
 
 def test_usable_cpus_is_the_affinity_at_most() -> None:
-    from shardstream.server.workers import usable_cpus
+    from shardstream.server.serving.supervisor import usable_cpus
 
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
 
@@ -401,7 +401,7 @@ def test_an_unusable_cache_dir_is_one_clear_line(data_root: Path, tmp_path: Path
 
 
 def test_disk_cache_evicts_least_recently_used_files_past_its_capacity(tmp_path: Path) -> None:
-    from shardstream.server.spill import SpillTier
+    from shardstream.server.read.spill import SpillTier
 
     table = pa.table({"x": np.arange(1000, dtype=np.int64)})  # ~8 KB as an Arrow file
     tier = SpillTier(tmp_path / "d", capacity_bytes=30_000)
@@ -453,7 +453,7 @@ def test_read_ahead_of_a_mixture_changes_no_byte(server_factory: Factory, endpoi
 def test_a_killed_supervisors_temporary_directory_is_removed_by_the_next_one() -> None:
     import tempfile
 
-    from shardstream.server.workers import TMP_PREFIX, _remove_dead_supervisors_dirs
+    from shardstream.server.serving.supervisor import TMP_PREFIX, _remove_dead_supervisors_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its pid names no process (until reused)

@@ -314,7 +314,7 @@ class Checkpointer:
             for h, buf in got:
                 if h not in owners:
                     raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
-                data = memoryview(buf)
+                data = memoryview(buf).cast("B")
                 if hashlib.sha256(data).hexdigest() != h:
                     name = owners[h][0][0]
                     raise DataLossError(

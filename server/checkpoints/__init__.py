@@ -13,9 +13,9 @@ import os
 
 import pyarrow as pa
 
-from ..auth import Authenticator
-from ..cache import LRUCache
-from ..roots import open_storage
+from ..backends.roots import open_storage
+from ..read.cache import LRUCache
+from ..serving.auth import Authenticator
 from .gc import GcReport, collect
 from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
 from .store import CheckpointStore

@@ -14,11 +14,11 @@
     ListFlights criteria = a job name (empty: every job the caller may read) -> one FlightInfo per
              committed step, descriptor path [job, step]
 
-Who may: a call is authenticated by its bearer token as DoGet's are (auth.py); a principal writes
+Who may: a call is authenticated by its bearer token as DoGet's are (server/serving/auth.py); a principal writes
 (and reads) the jobs its `checkpoints:` patterns match and only reads those of `checkpoints_read:`;
 without --auth everyone may do everything. A job the caller may not read is PERMISSION_DENIED in
 the same words whether it exists or not. Errors leave as the data plane's do (errors.py
-`to_flight_error`), their texts redacted (redact.py): no server path reaches a client.
+`to_flight_error`), their texts redacted (server/serving/redact.py): no server path reaches a client.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from shardstream.errors import (
     to_flight_error,
 )
 
-from ..auth import Authenticator, Principal
-from ..cache import LRUCache
-from ..redact import client_message
+from ..read.cache import LRUCache
+from ..serving.auth import Authenticator, Principal
+from ..serving.redact import client_message
 from .store import CheckpointStore, dumps
 
 __all__ = [

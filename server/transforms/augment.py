@@ -11,7 +11,7 @@ or failed-over stream repeats the same crops and flips.
 
 Why a crop of its own: `image.decode` with crop "center" or "none" and no hflip is deterministic, so
 its output is computed once per row group and shared by every job that asks for it (the feature
-cache, server/feature_cache.py); `image.crop` after it keeps each job's augmentation its own. E.g.
+cache, server/read/feature_cache.py); `image.crop` after it keeps each job's augmentation its own. E.g.
 `[{"op": "image.decode", "size": [256, 256]}, {"op": "image.crop", "size": [224, 224], "crop":
 "random", "hflip": true}]`.
 """

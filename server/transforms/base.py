@@ -272,7 +272,7 @@ class Transform:
 
     op: ClassVar[str]
     # Each input row's output depends on that row only (not on the other rows of its step), so a
-    # step may be transformed in parts (build.py splits steps larger than a message that way).
+    # step may be transformed in parts (server/read/build.py splits steps larger than a message that way).
     per_sample: ClassVar[bool] = True
     output_schema: pa.Schema
 
@@ -281,7 +281,7 @@ class Transform:
         """Each output row is made from one input row's values and the parameters alone — not the
         seed, epoch, position or the other rows — and an input row gives at most one output row.
         A run of such transforms at the head of a pipeline is computed once per row group and
-        shared by every stream and job of the node (server/feature_cache.py). False unless an op
+        shared by every stream and job of the node (server/read/feature_cache.py). False unless an op
         says otherwise."""
         return False
 

@@ -7,7 +7,7 @@ either a DATA_LOSS naming dataset version, shard and row (on_error="fail") or dr
 reported per step (on_error="skip"); which samples are dropped depends on their bytes only.
 
 A pipeline whose head is deterministic (prefix.py) may take that head's output from a shared source
-(`share_head`: the feature cache of server/feature_cache.py, wired by the read planner): the rows,
+(`share_head`: the feature cache of server/read/feature_cache.py, wired by the read planner): the rows,
 their order, the errors and what on_error does with them are the same as running it here.
 """
 
@@ -27,11 +27,11 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.transform_spec import ON_ERROR
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..dataset_label import OTHER
-from ..request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
+from ..read.request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
+from ..serving.dataset_label import OTHER
 from .base import BatchContext, Params, Transform, fixed_bytes
+from .ops import OPS
 from .prefix import PrefixSource, deterministic_head
-from .registry import OPS
 
 __all__ = ["ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
 
@@ -68,7 +68,7 @@ class Pipeline:
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
-        self.dataset = OTHER  # its metrics' `dataset` label (dataset_label.py; the servicer sets it)
+        self.dataset = OTHER  # its metrics' `dataset` label (server/serving/dataset_label.py; the servicer sets it)
         self._describe = describe  # (source, shard, row) -> "toy@2 shard 3 (part-3.parquet) row 17"
         # (op, parameters as canonical JSON) per transform: what a shared head's results are keyed by
         self.specs = list(specs)

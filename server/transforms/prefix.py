@@ -4,7 +4,7 @@ A pipeline's first transforms whose `deterministic` is true (decode, resize, tok
 crop or flip, not text.pack) map every input row to at most one output row that depends on that
 row's values and the parameters alone. So their output for a row is the same whichever message,
 stream or job the row travels in, and it can be computed once per row group and shared
-(server/feature_cache.py). `Prefixed` is what the head made of some rows, in the form the pipeline
+(server/read/feature_cache.py). `Prefixed` is what the head made of some rows, in the form the pipeline
 continues from: the output rows, the input row each comes from, and per transform of the head the
 input rows it could not process with the reason — the same records a transform's `Result` gives,
 in the rows' own numbering.

@@ -1,20 +1,21 @@
 """The `shardstream` command line: one module per command group, each parser beside its handler.
 
-    common.py       global options, argument types, opening a registry, help with examples, tables
-    ingest.py       ingest
-    serve.py        serve
-    datasets.py     datasets list|show|history|diff|tag|verify, and register
-    datasets_gc.py  datasets gc
-    materialize.py  materialize
-    inspect.py      inspect
-    explain.py      explain
-    cursor.py       cursor list|show|migrate
-    demo.py         demo
-    visualize.py    view (terminal UI) and web (browser UI), over shardstream.viz
+    common.py               global options, argument types, opening a registry, help with examples, tables
+    ingest_command.py       ingest
+    serve.py                serve
+    datasets.py             datasets list|show|history|diff|tag|verify, and register
+    datasets_gc.py          datasets gc
+    materialize_command.py  materialize
+    inspect_command.py      inspect
+    explain_command.py      explain
+    cursor_command.py       cursor list|show|migrate
+    demo_command.py         demo
+    visualize.py            view (terminal UI) and web (browser UI), over shardstream.viz
 
-This package and `shardstream.demo` are the only shared code that imports the client and the server
-(DESIGN §2). Handlers import their side when they run, so a client-only install runs the client-side
-commands; a command that needs the server extra says so in one line.
+This package is an entry point (DESIGN §2): with `shardstream.demo`, `shardstream.viz` and
+`shardstream.engines`, the only code that imports the client and the server. Handlers import their
+side when they run, so a client-only install runs the client-side commands; a command that needs
+the server extra says so in one line.
 
 Global options (`--root`, `--s3-endpoint`, `--store`, `--json`, `-q`) are accepted before or after
 the command; given at both places, the one after the command wins.
@@ -32,7 +33,18 @@ from collections.abc import Sequence
 from shardstream import __version__
 from shardstream.errors import ShardstreamError
 
-from . import common, cursor, datasets, demo, explain, ingest, inspect, materialize, serve, visualize
+from . import (
+    common,
+    cursor_command,
+    datasets,
+    demo_command,
+    explain_command,
+    ingest_command,
+    inspect_command,
+    materialize_command,
+    serve,
+    visualize,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -57,15 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shardstream {__version__}")
     common.add_global_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    ingest.add_commands(sub)
+    ingest_command.add_commands(sub)
     serve.add_commands(sub)
     datasets.add_commands(sub)
-    materialize.add_commands(sub)
-    inspect.add_commands(sub)
-    explain.add_commands(sub)
-    cursor.add_commands(sub)
+    materialize_command.add_commands(sub)
+    inspect_command.add_commands(sub)
+    explain_command.add_commands(sub)
+    cursor_command.add_commands(sub)
     visualize.add_commands(sub)
-    demo.add_commands(sub)
+    demo_command.add_commands(sub)
     return p
 
 

@@ -305,8 +305,8 @@ def open_registry(args: argparse.Namespace, *, must_exist: bool = True) -> Regis
     root: str = args.root
     if root.startswith("s3://"):
         # imported here first so that a client-only install stops with the server-extra hint
-        from shardstream.server import s3 as _s3  # noqa: F401
-        from shardstream.server.roots import open_registry as open_remote
+        from shardstream.server.backends import s3 as _s3  # noqa: F401
+        from shardstream.server.backends.roots import open_registry as open_remote
 
         return open_remote(root, s3_endpoint=args.s3_endpoint)
     storage = open_local_storage(root)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.schedule import parse_ranges
+from shardstream.order.schedule import parse_ranges
 
 from . import common
 
@@ -27,8 +27,8 @@ __all__ = ["add_skip_command"]
 
 
 def _cmd_cursor_skip(args: argparse.Namespace) -> int:
-    from shardstream.client.cursor import CursorRecord, NoCommittedStepError, validate_job
-    from shardstream.client.stores import DEFAULT_STORE_URL, open_store
+    from shardstream.client.cursors.records import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.cursors.stores import DEFAULT_STORE_URL, open_store
 
     validate_job(args.job)
     ranges = parse_ranges(args.steps, "--steps")

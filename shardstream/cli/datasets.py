@@ -3,8 +3,8 @@ under --root, read and maintained.
 
 The reading commands open a local root through the shared package (a client-only install runs them)
 and never create anything; `register` and `verify` read data through the server package
-(`shardstream.server.registry_ops`, needs the server extra), imported when they run. `gc` and `drop-rows` have their
-own modules (datasets_gc.py, drop_rows.py). An entry of the registry that cannot be read (registry.BadEntry) is skipped
+(`shardstream.server.writing.registry_ops`, needs the server extra), imported when they run. `gc` and `drop-rows` have their
+own modules (datasets_gc.py, drop_rows_command.py). An entry of the registry that cannot be read (registry.BadEntry) is skipped
 by `list` and `history` with a warning on stderr (and under "bad" with --json); any command that
 needs it fails naming the version. The group is one module (about 450 lines) so that its parser
 sits beside every handler; gc, whose parser and handler share nothing with the others, is apart.
@@ -22,7 +22,7 @@ from shardstream.lineage import CLAIMS, VersionDiff, diff
 from shardstream.manifest import DatasetRef
 from shardstream.registry import BadEntry, Registry
 
-from . import common, datasets_gc, drop_rows
+from . import common, datasets_gc, drop_rows_command
 
 __all__ = ["add_commands", "print_diff"]
 
@@ -130,7 +130,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_register(args: argparse.Namespace) -> int:
-    from shardstream.server.registry_ops import register
+    from shardstream.server.writing.registry_ops import register
 
     with common.open_registry(args, must_exist=False) as reg:
         m = register(
@@ -152,7 +152,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from shardstream.server.registry_ops import verify
+    from shardstream.server.writing.registry_ops import verify
 
     with common.open_registry(args) as reg:
         m = reg.resolve(args.dataset)
@@ -424,7 +424,7 @@ def add_commands(sub: Any) -> None:
     common.root_options(sp)
     common.json_option(sp)
     datasets_gc.add_command(dsub)
-    drop_rows.add_command(dsub)
+    drop_rows_command.add_command(dsub)
     common.add_global_options(ds, common.accepted_globals(list(dsub.choices.values())))
 
     sp = common.add_command(

@@ -1,8 +1,8 @@
-"""`shardstream datasets gc NAME|--all [--dry-run] [--min-age AGE]`: the command line of gc.py.
+"""`shardstream datasets gc NAME|--all [--dry-run] [--min-age AGE]`: the command line of shardstream/orphan_files.py.
 
 A subcommand of the `datasets` group (datasets.py registers it) kept in a module of its own: the
 group's module is already past 400 lines, and what gc removes and why is decided in
-`shardstream.gc`, not here. A local root runs on a client-only install; an s3:// root needs the
+`shardstream.orphan_files`, not here. A local root runs on a client-only install; an s3:// root needs the
 server extra, as every command's.
 """
 
@@ -15,8 +15,8 @@ import sys
 from typing import Any
 
 from shardstream.errors import NotFoundError
-from shardstream.gc import DEFAULT_MIN_AGE_S, GcReport, collect
 from shardstream.manifest import validate_name
+from shardstream.orphan_files import DEFAULT_MIN_AGE_S, GcReport, collect
 
 from . import common
 

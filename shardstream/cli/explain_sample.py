@@ -5,7 +5,7 @@ delivered), its position in the epoch's order (`find_position`), then the step, 
 the batch that position falls in (`place_of`). In a mixture or mixture phases (--source NAME@V):
 every time that mixture epoch takes the row — the source epochs its samples of the source come from,
 the row's place in each one's order, and that count's stream position (`position_of`, the plan's
-position -> (source, row) lookup inverted: O(phases) + one block). The command is explain.py's.
+position -> (source, row) lookup inverted: O(phases) + one block). The command is explain_command.py's.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import InvalidArgumentError, NotFoundError
-from shardstream.explain import find_position, place_of
-from shardstream.inspect import Selector, make_selector
-from shardstream.mixture import MixtureOrder, is_mixture, parse_mixture
-from shardstream.mixture_schedule import is_mixture_schedule, parse_mixture_schedule, schedule_sources
-from shardstream.plan import ShuffleSpec, StepLayout
+from shardstream.order.curriculum import is_mixture_schedule, parse_mixture_schedule, schedule_sources
+from shardstream.order.delivery import Selector, make_selector
+from shardstream.order.explain import find_position, place_of
+from shardstream.order.mixture import MixtureOrder, is_mixture, parse_mixture
+from shardstream.order.read_order import ShuffleSpec, StepLayout
 from shardstream.registry import Registry
 
 from . import common

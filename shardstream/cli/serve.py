@@ -23,7 +23,7 @@ def _seconds(text: str) -> float:
 def config_from_args(args: argparse.Namespace) -> Any:
     """The ServerConfig the parsed `serve` arguments ask for."""
     from shardstream.server.config import ServerConfig
-    from shardstream.server.workers import usable_cpus
+    from shardstream.server.serving.supervisor import usable_cpus
 
     return ServerConfig(
         root=args.root,
@@ -62,7 +62,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from shardstream.server.app import run
+    from shardstream.server.lifecycle import run
 
     run(config_from_args(args))
     return 0

@@ -91,7 +91,7 @@ def _exit_on_sigterm() -> None:
 def _cmd_view(args: argparse.Namespace) -> int:
     if not _need("textual", "view"):
         return common.EXIT_ERROR
-    from shardstream.viz.tui.app import ViewApp
+    from shardstream.viz.tui.tui_app import ViewApp
 
     _exit_on_sigterm()
     with _source(args) as source:
@@ -106,8 +106,8 @@ def _cmd_web(args: argparse.Namespace) -> int:
         return common.EXIT_ERROR
     import uvicorn
 
-    from shardstream.viz.web.app import create_app
     from shardstream.viz.web.links import step_url
+    from shardstream.viz.web.web_app import create_app
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"shardstream: warning: serving the web UI on {args.host} without TLS or authentication", file=sys.stderr)

@@ -34,7 +34,7 @@ def image_phase(work: Path, root: Path, endpoints: str) -> bool:
     import torch
 
     from shardstream.client import Loader
-    from shardstream.server.ingest import IngestOptions, ingest
+    from shardstream.server.writing.ingest import IngestOptions, ingest
 
     src = work / "images"
     make_images(src, per_class=96)

@@ -109,9 +109,9 @@ def _lines(path: Path) -> list[str]:
 
 
 def run_demo(rows: int = 20_000, workdir: str | None = None, keep: bool = False) -> int:
-    from shardstream.client.stores import open_store
-    from shardstream.server.fleet import LocalServer
-    from shardstream.server.ingest import IngestOptions, ingest
+    from shardstream.client.cursors.stores import open_store
+    from shardstream.server.local_fleet import LocalServer
+    from shardstream.server.writing.ingest import IngestOptions, ingest
 
     try:
         import torch  # noqa: F401

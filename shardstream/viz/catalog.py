@@ -210,7 +210,7 @@ class Catalog:
         """The manifests of a pinned dataset or mixture's sources (None without a registry)."""
         if self.registry is None:
             return None
-        from shardstream.mixture import is_mixture, parse_mixture
+        from shardstream.order.mixture import is_mixture, parse_mixture
 
         refs = [r for r, _ in parse_mixture(label)] if is_mixture(label) else [label]
         return [self.registry.resolve(r) for r in refs]

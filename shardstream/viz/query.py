@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.plan import ShuffleSpec
+from shardstream.order.read_order import ShuffleSpec
 from shardstream.transform_spec import to_wire
 
 __all__ = ["StepQuery", "parse_transforms"]

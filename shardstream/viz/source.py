@@ -30,12 +30,12 @@ from shardstream.client.channel import Connection, normalize_endpoints
 from shardstream.client.convert import to_numpy
 from shardstream.client.credentials import ChannelSecurity, TlsOption
 from shardstream.client.decode import decode_message
+from shardstream.client.loader_state import LoaderState
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import ReadSpec, RetryPolicy
-from shardstream.client.state import LoaderState
 from shardstream.client.target import Target, normalize_dataset, resolve_target
 from shardstream.errors import InvalidArgumentError, UnavailableError
-from shardstream.plan import StepLayout
+from shardstream.order.read_order import StepLayout
 from shardstream.registry import Registry
 from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
@@ -126,7 +126,7 @@ class DataSource:
             return cls(server.split(","), registry=registry, metrics_urls=metrics, security=security)
         if not root:
             raise InvalidArgumentError("give --server HOST:PORT (a running fleet) or --root (a registry to serve)")
-        from shardstream.server.fleet import LocalServer
+        from shardstream.server.local_fleet import LocalServer
 
         local = LocalServer(root, metrics=True).start()
         return cls(

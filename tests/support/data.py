@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.manifest import Manifest
-from shardstream.server.ingest import IngestOptions, ingest
-from shardstream.server.roots import open_storage
+from shardstream.server.backends.roots import open_storage
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 __all__ = ["N_ROWS", "make_table", "put_parquet", "write_dataset"]
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.manifest import Manifest
-from shardstream.server.ingest import IngestOptions, ingest
+from shardstream.server.writing.ingest import IngestOptions, ingest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.chaos_net import data_port_behind, free_port
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 
 __all__ = [
     "Metrics",

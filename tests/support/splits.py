@@ -8,8 +8,8 @@ as client/spec.py gives it; `round_robin` is the order DataLoader hands them to 
 
 from __future__ import annotations
 
-from shardstream.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after
-from shardstream.scheduled_layout import split_start
+from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after
+from shardstream.order.scheduled_steps import split_start
 
 __all__ = ["Step", "rank_steps", "round_robin", "worker_steps"]
 

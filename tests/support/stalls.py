@@ -25,7 +25,7 @@ import pyarrow.flight as flight
 
 from shardstream.errors import FlightStatus
 from shardstream.manifest import Manifest
-from shardstream.server.fleet import LocalServer
+from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .media import write_table

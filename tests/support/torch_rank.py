@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
-    from shardstream.client.torch import ShardStreamDataset
+    from shardstream.client.torch_dataset import ShardStreamDataset
 
     c = json.loads(sys.argv[1])
     ds = ShardStreamDataset(

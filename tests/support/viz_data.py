@@ -56,7 +56,7 @@ def make_viz_registry(root: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shardstream.server.ingest import IngestOptions, ingest
+    from shardstream.server.writing.ingest import IngestOptions, ingest
 
     if (root / "text").exists():
         return root

@@ -22,7 +22,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Label, Static
 
 from shardstream.errors import ShardstreamError
-from shardstream.plan import StepLayout
+from shardstream.order.read_order import StepLayout
 
 from ..catalog import Catalog
 from ..query import StepQuery

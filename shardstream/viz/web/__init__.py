@@ -1,6 +1,6 @@
 """`shardstream web`: the browser visualizer, a Starlette app rendered on the server.
 
-    app.py        the app: routes, the state it shares (DataSource, Catalog), errors as pages
+    web_app.py        the app: routes, the state it shares (DataSource, Catalog), errors as pages
     links.py      URLs with the state in them (every page is a link that can be shared)
     pages.py      datasets, versions, a version, a diff, jobs, a job, the fleet
     step_page.py  the step browser, the mixture view and the shuffle-quality page

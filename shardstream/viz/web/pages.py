@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..catalog import presets
-from ..fleet import job_steps, list_jobs
+from ..fleet_status import job_steps, list_jobs
 from ..query import StepQuery
 from . import links
 from .state import Viz

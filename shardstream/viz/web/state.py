@@ -9,7 +9,7 @@ from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
 from ..catalog import Catalog
-from ..fleet import FleetMonitor
+from ..fleet_status import FleetMonitor
 from ..source import DataSource
 
 __all__ = ["Viz", "viz_of"]

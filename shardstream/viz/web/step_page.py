@@ -9,9 +9,9 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from shardstream.inspect import make_selector, shuffle_stats
-from shardstream.mixture import is_mixture, parse_mixture
-from shardstream.plan import StepLayout
+from shardstream.order.delivery import make_selector, shuffle_stats
+from shardstream.order.mixture import is_mixture, parse_mixture
+from shardstream.order.read_order import StepLayout
 
 from .. import encode
 from ..catalog import presets

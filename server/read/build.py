@@ -1,0 +1,405 @@
+"""Read plan + steps -> Read messages (blocking; the data plane runs each build in a worker thread).
+
+A message covers one or more whole steps of one rank, or one part of a step larger than the
+server's cap on bytes per message (`plan.message_cap_bytes`, `serve --max-message-mib`). Building
+writes its header (per step: the rank's positions, the global range, the rows), selects the
+samples through the plan's order, takes their rows with provenance (`_shard`, `_row`; `_source` in
+a mixture), runs the request's transforms (which set each step's rows and the samples they
+skipped); the data plane sends the rows as one Flight record batch, without a copy, and the header
+as its app_metadata (server/serving/data_plane.py). The last message of an epoch says so and counts the
+samples `drop_last` left out.
+
+`MessageSteps` decides what each build covers: one step first, for a quick first batch, then as
+many steps as the last message says fit `max_message_bytes` (at most MAX_STEPS_PER_MESSAGE). A
+step whose samples would not fit the cap is built in parts of its samples, each sized from the
+bytes a sample took so far, when every transform is per-sample; a built message still over the cap
+(an estimate that was short, or text.pack, which packs a whole step) is cut at step boundaries
+and, within a step, into parts of its rows. Parts go only to a client that reassembles them
+(`split_steps`); to any other, a step over the cap is INVALID_ARGUMENT. Only a single row larger
+than the cap travels alone in a message over it.
+
+Memory (server/serving/admission.py): `Message.holds` is what a built message keeps alive — its Arrow buffers,
+counted whole even where the message is a slice of them (a zero-copy slice of a row group keeps the
+row group alive after the cache lets it go). A message that is the whole of its build and a slice
+of buffers over COMPACT_FACTOR times its size is copied out of them instead, so it never keeps a
+large row group alive for a few rows. `build_estimate` is what a stream reserves before a build.
+
+`MessageBuilder.stream(plan)` is a whole stream, in order, one message at a time and without gRPC
+or an event loop; `messages(plan)` the same as a list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from prometheus_client import Counter, Histogram
+
+from shardstream.errors import InvalidArgumentError
+from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .plan import ReadPlan
+from .selection import take_selection
+
+__all__ = [
+    "BUILD_PEAK_FACTOR",
+    "COMPACT_FACTOR",
+    "MAX_STEPS_PER_MESSAGE",
+    "Chunk",
+    "Message",
+    "MessageBuilder",
+    "MessageSteps",
+    "build_estimate",
+]
+
+MAX_STEPS_PER_MESSAGE = 4096
+_FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
+# A build takes the rows (gather.py: the pieces, their concatenation, the reordering take) before it
+# lets go of its intermediates: about twice the message at its peak, measured on block shuffle.
+BUILD_PEAK_FACTOR = 2
+COMPACT_FACTOR = 4  # a message slicing buffers over this many times its size is copied out of them
+
+BATCH_BUILD_SECONDS = Histogram(
+    "shardstream_batch_build_seconds",
+    "Time to build one Read message (read, take, encode)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+STEP_PARTS = Counter(
+    "shardstream_step_parts_sent_total",
+    "Read messages that carry a part of a step larger than the message cap",
+)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one build covers: whole `steps`, or samples [start, end) of the one step in `steps`."""
+
+    steps: range
+    samples: tuple[int, int] | None = None  # of the rank's samples of the step; None: all of each
+    last: bool = True  # the chunk ends its step (always true of whole steps)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One built Read message: its header and its rows (the Flight data plane sends the rows as a
+    record batch and the header as its app_metadata) and what it carries."""
+
+    header: pb.ReadHeader
+    batch: pa.RecordBatch
+    steps: int  # steps it completes: its whole steps, or 1 for the last part of a step
+    rows: int
+    parts: bool = False  # it carries a part of a step
+    nbytes: int = 0  # on the wire: header + IPC stream, counted (not written)
+    holds: int = 0  # of memory it keeps alive: its Arrow buffers, whole (at least nbytes)
+
+    def wire(self) -> tuple[bytes, bytes]:
+        """(header, IPC stream) as bytes: what the message is on the wire, for comparing streams."""
+        return self.header.SerializeToString(), ipc_bytes(self.batch).to_pybytes()
+
+
+def _message(
+    header: pb.ReadHeader,
+    batch: pa.RecordBatch,
+    steps: int,
+    rows: int,
+    *,
+    parts: bool = False,
+    nbytes: int | None = None,
+    compact: bool = False,
+) -> Message:
+    """`compact`: the batch is all its build made (nothing else keeps its buffers alive), so one
+    slicing much larger buffers is copied out of them."""
+    batch = plain_batch(batch)  # no extension type leaves the server (extension_types.py)
+    size = _size(header, batch) if nbytes is None else nbytes
+    holds = batch.get_total_buffer_size()
+    if compact and holds > COMPACT_FACTOR * size:
+        batch = pa.concat_batches([batch])  # a copy of the rows only
+        holds = batch.get_total_buffer_size()
+    return Message(header, batch, steps, rows, parts, size, max(size, holds))
+
+
+def build_estimate(plan: ReadPlan, last: Message | None) -> int:
+    """Bytes a stream reserves before building its next message: BUILD_PEAK_FACTOR times the
+    message it expects — the first, one step at the plan's estimated bytes per sample; later ones,
+    what the last one held, or the plan's message target if more (the builder grows messages
+    towards it) — never over BUILD_PEAK_FACTOR times the server's message cap."""
+    if last is None:
+        if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
+            expected = 0.0  # the end-of-epoch message only
+        else:
+            start, end = plan.layout.rank_range(plan.first_step, plan.rank)
+            expected = (end - start) * plan.sample_bytes
+    else:
+        expected = max(last.holds, plan.max_message_bytes)
+    return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
+
+
+class MessageSteps:
+    """The chunks of one stream, every `plan.stride`-th step from `plan.first_step`."""
+
+    def __init__(self, plan: ReadPlan) -> None:
+        self._plan = plan
+        self.step = plan.first_step  # the first step no chunk covers yet
+        self.sample = 0  # in a step built in parts: its first sample not built yet
+        self.per_message = 1  # one step first, for a quick first batch
+        self.sample_bytes = max(1.0, plan.sample_bytes)
+
+    @property
+    def remaining(self) -> bool:
+        return self.step < self._plan.end_step
+
+    def _samples(self, step: int) -> int:
+        start, end = self._plan.layout.rank_range(step, self._plan.rank)
+        return end - start
+
+    def next(self) -> Chunk:
+        """The next chunk (call only while `remaining`)."""
+        p = self._plan
+        if p.split_steps and p.per_sample:
+            n = self._samples(self.step)
+            if self.sample or (n > 1 and n * self.sample_bytes > p.message_cap_bytes):
+                k = max(1, int(p.message_cap_bytes // self.sample_bytes))
+                start, end = self.sample, min(n, self.sample + k)
+                chunk = Chunk(range(self.step, self.step + 1), (start, end), last=end == n)
+                self.sample = 0 if chunk.last else end
+                if chunk.last:
+                    self.step += p.stride
+                return chunk
+        steps = range(self.step, min(p.end_step, self.step + self.per_message * p.stride), p.stride)
+        self.step = steps[-1] + p.stride
+        return Chunk(steps)
+
+    def ahead(self, messages: int) -> range:
+        """The steps of the next `messages` messages if they are the size of the last (read-ahead's guess)."""
+        p = self._plan
+        return range(self.step, min(p.end_step, self.step + self.per_message * messages * p.stride), p.stride)
+
+    def record(self, chunk: Chunk, rows: int, nbytes: int) -> None:
+        """Size the next chunks from one built chunk of `nbytes` in all and `rows` rows."""
+        if not rows:
+            return
+        if chunk.samples is not None:
+            samples = chunk.samples[1] - chunk.samples[0]
+        else:
+            samples = sum(self._samples(s) for s in chunk.steps)
+        self.sample_bytes = max(1.0, nbytes / max(1, samples))
+        if chunk.samples is None:
+            self.per_message = max(
+                1, min(MAX_STEPS_PER_MESSAGE, self._plan.max_message_bytes * len(chunk.steps) // nbytes)
+            )
+
+
+class MessageBuilder:
+    """Builds the messages of any number of streams at once (it holds no per-stream state)."""
+
+    def __init__(self, *, transform_threads: int = 1) -> None:
+        # Per-sample transform work (Pillow, FFmpeg, the tokenizer release the GIL) runs here, apart
+        # from the threads that build messages, so a message's samples decode on every core.
+        self.transform_threads = max(1, transform_threads)
+        self._transform_pool = (
+            ThreadPoolExecutor(self.transform_threads, thread_name_prefix="transform")
+            if self.transform_threads > 1
+            else None
+        )
+
+    def stream(
+        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None
+    ) -> Iterator[Message]:
+        """Every message of the stream `plan` describes, in order, each built when asked for.
+
+        `on_chunk(steps)` is called before each build, once `steps` has moved past it (read-ahead)."""
+        if plan.nothing_left:
+            header, empty = self.end_of_epoch_batch(plan)
+            yield _message(header, empty, 0, 0)
+            return
+        steps = MessageSteps(plan)
+        part = 0  # of the step being sent in parts
+        while steps.remaining:
+            chunk = steps.next()
+            if on_chunk is not None:
+                on_chunk(steps)
+            t0 = time.perf_counter()
+            header, batch = self.build_batch(plan, chunk)
+            rows = batch.num_rows
+            encoded = self._encode(plan, chunk, header, batch, part)
+            del header, batch  # held by `encoded` only as long as it needs them
+            nbytes = 0
+            for message in encoded:
+                nbytes += message.nbytes
+                if message.parts:
+                    STEP_PARTS.inc()
+                    part = 0 if message.steps else part + 1
+                BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
+                yield message
+                t0 = time.perf_counter()
+            steps.record(chunk, rows, nbytes)
+
+    def messages(self, plan: ReadPlan) -> list[Message]:
+        """Every message of the stream `plan` describes, in order (tests, tools)."""
+        return list(self.stream(plan))
+
+    def build_batch(self, plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+        """The header and rows of `chunk` of `plan` (one StepInfo per step, whole or part)."""
+        header = pb.ReadHeader(epoch=plan.epoch)
+        ranges = []
+        for step in chunk.steps:
+            gs, ge = plan.layout.global_range(step)
+            ps, pe = plan.layout.rank_range(step, plan.rank)
+            a, b = chunk.samples if chunk.samples is not None else (0, pe - ps)
+            header.steps.add(
+                step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=b - a
+            )
+            ranges.append(np.arange(ps + a, ps + b, dtype=np.int64))
+        steps = chunk.steps
+        if (
+            steps
+            and chunk.last
+            and plan.end_step == plan.layout.num_steps
+            and steps[-1] + plan.stride >= plan.end_step
+        ):
+            header.end_of_epoch = True
+            header.dropped = plan.layout.dropped
+        positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
+        src, rows = plan.selector.select(plan.epoch, positions)
+        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
+        if plan.pipeline:
+            batch = self._transform(plan, header, batch, positions)
+        return header, batch
+
+    def end_of_epoch_batch(self, plan: ReadPlan) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+        """The one message of a stream with no step left (its header and no rows): the epoch is over."""
+        header = pb.ReadHeader(epoch=plan.epoch, end_of_epoch=True, dropped=plan.layout.dropped)
+        none = np.empty(0, np.int64)
+        empty = take_selection(plan.readers, none, none, plan.columns, mixture=plan.mixture)
+        if plan.pipeline:
+            empty = self._transform(plan, header, empty, none)
+        return header, empty
+
+    # --- at most message_cap_bytes a message ----------------------------------------------------
+    def _encode(
+        self,
+        plan: ReadPlan,
+        chunk: Chunk,
+        header: pb.ReadHeader,
+        batch: pa.RecordBatch,
+        part: int,
+    ) -> Iterator[Message]:
+        """The messages of one built chunk, each encoded when asked for (the rows are let go before
+        the last one is handed out: a stream waiting to send it holds the message only)."""
+        cap = plan.message_cap_bytes
+        size = _size(header, batch) if chunk.samples is None else cap + 1
+        if size <= cap:  # the common case: sized once
+            message = _message(header, batch, len(header.steps), batch.num_rows, nbytes=size, compact=True)
+            del batch
+            yield message
+            return
+        # Whole steps, grouped while they fit; a step that does not is cut into parts of its rows.
+        infos = list(header.steps)
+        starts = np.concatenate([[0], np.cumsum([st.rows for st in infos])]).astype(np.int64).tolist()
+
+        def group(i: int, j: int) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+            """Steps [i, j) of the chunk as one message's header and rows."""
+            return _header(header, infos[i:j], j == len(infos)), batch.slice(starts[i], starts[j] - starts[i])
+
+        i = 0
+        while i < len(infos):
+            j = i + 1  # steps [i, j) of the chunk go together
+            while j < len(infos) and _size(*group(i, j + 1)) <= cap:
+                j += 1
+            out, rows = group(i, j)
+            if chunk.samples is None and (j - i > 1 or _size(out, rows) <= cap):
+                yield _message(out, rows, j - i, rows.num_rows)
+            else:
+                yield from self._parts(plan, chunk, out, rows, part)
+            i = j
+
+    def _parts(
+        self,
+        plan: ReadPlan,
+        chunk: Chunk,
+        header: pb.ReadHeader,
+        rows: pa.RecordBatch,
+        part: int,
+    ) -> Iterator[Message]:
+        """One step's rows (all of them, or one chunk of its samples: `header` has its one StepInfo)
+        as parts under the cap, numbered from `part`."""
+        cap = plan.message_cap_bytes
+        (info,) = header.steps
+        if not plan.split_steps:
+            raise InvalidArgumentError(
+                f"step {info.step} is {_size(header, rows)} bytes, over this server's cap of {cap} bytes "
+                "per message (--max-message-mib): a client that sets split_steps receives it in parts; "
+                "or ask for a smaller batch_size"
+            )
+        pieces = _row_pieces(rows, 0, rows.num_rows, cap - header.ByteSize() - _FRAMING_BYTES)
+        for k, (a, b) in enumerate(pieces):
+            last = k == len(pieces) - 1
+            out = pb.ReadHeader()
+            out.CopyFrom(header)
+            if not last:
+                out.end_of_epoch = False
+                out.dropped = 0
+            st = out.steps[0]
+            st.rows = b - a
+            st.part = part + k
+            st.more_parts = not (last and chunk.last)
+            if k:  # the part's skipped samples travel with its first piece
+                del st.skipped[:]
+            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, parts=True)
+
+    def _transform(
+        self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray
+    ) -> pa.RecordBatch:
+        """Run the request's transforms over a message's rows; set each step's rows and skips."""
+        assert plan.pipeline is not None
+        step_ids = [st.step for st in header.steps]
+        steps = np.repeat(np.array(step_ids, np.int64), [st.rows for st in header.steps])
+        out, per_step = plan.pipeline.apply(
+            batch,
+            seed=plan.seed,
+            epoch=plan.epoch,
+            positions=positions,
+            steps=steps,
+            step_ids=step_ids,
+            pool=self._transform_pool,
+            threads=self.transform_threads,
+        )
+        for st, res in zip(header.steps, per_step, strict=True):
+            st.rows = res.rows
+            st.skipped.extend(res.skipped)
+        return out
+
+
+def _size(header: pb.ReadHeader, batch: pa.RecordBatch) -> int:
+    """Bytes of the message `header` + `batch` would make, or a little more (counted, not written)."""
+    return header.ByteSize() + _FRAMING_BYTES + ipc_size(batch)
+
+
+def _header(whole: pb.ReadHeader, infos: list[pb.StepInfo], last: bool) -> pb.ReadHeader:
+    """The header of a message carrying `infos` of `whole`; end of epoch only on the last one."""
+    out = pb.ReadHeader(epoch=whole.epoch, steps=infos)
+    if last and whole.end_of_epoch:
+        out.end_of_epoch = True
+        out.dropped = whole.dropped
+    return out
+
+
+def _row_pieces(batch: pa.RecordBatch, start: int, end: int, budget: int) -> list[tuple[int, int]]:
+    """Rows [start, end) of `batch` cut into consecutive pieces whose IPC stream fits `budget`
+    (a single row larger than it is a piece of its own)."""
+    n = end - start
+    size = ipc_size(batch.slice(start, n))
+    if n <= 1 or size <= budget:
+        return [(start, end)]
+    k = min(n, size // max(1, budget) + 1)
+    bounds = np.linspace(start, end, k + 1).astype(np.int64).tolist()
+    out: list[tuple[int, int]] = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b > a:
+            out += _row_pieces(batch, a, b, budget)
+    return out

@@ -1,0 +1,229 @@
+"""Request -> read plan: everything a stream needs to build its messages, decided before a row is read.
+
+`ReadPlanner.plan(request)` validates a `ReadRequest` against the registry and turns it into a
+`ReadPlan`: the dataset readers (one per mixture source), the sample order (DESIGN §4), the step
+layout of this slice, the columns, the steps to send and the transform pipeline. A bad request
+fails here, as the ShardstreamError that says what is wrong (INVALID_ARGUMENT, NOT_FOUND,
+FAILED_PRECONDITION), before a byte is read; a field over its limit (request_limits.py) is
+INVALID_ARGUMENT naming the field and the limit. The caller's principal (server/serving/auth.py) is checked on
+every dataset the request names — each mixture source in turn — before the registry is asked about
+it: PERMISSION_DENIED says no more than NOT_FOUND would.
+
+Blocking (manifests are read from storage, a pipeline may load a tokenizer or import a codec): the
+servicer calls it in a worker thread; tests and tools call it directly. The planner keeps what
+streams share: one DatasetReader per dataset version (its opened and checked shards) and the epoch
+orders of the last MAX_CACHED_ORDERS (dataset, seed, shuffle).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.manifest import DatasetRef, Manifest
+from shardstream.order.mixture import MixtureOrder
+from shardstream.order.read_order import DatasetOrder, ShuffleSpec
+from shardstream.order.scheduled_steps import Layout, make_layout
+from shardstream.registry import Registry
+from shardstream.v1 import shardstream_pb2 as pb
+
+from ..serving.auth import OPEN, Principal
+from ..transforms import Pipeline, build_pipeline
+from ..transforms.base import fixed_bytes
+from .feature_cache import share_head
+from .reader import DatasetReader, RowGroupCache
+from .request_limits import RequestLimits
+from .request_schedules import mixture_weights, request_mixture, request_schedule
+from .selection import check_mixture_columns
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_CACHED_ORDERS", "ReadPlan", "ReadPlanner"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 2 << 20  # several small steps travel together up to ~2 MiB
+MAX_CACHED_ORDERS = 64
+_PROVENANCE_BYTES = 16  # _shard, _row, _source per row
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """One Read stream, planned: steps `range(first_step, end_step, stride)` of `layout` for `rank`."""
+
+    readers: list[DatasetReader]  # one per source (one for a plain dataset)
+    selector: DatasetOrder | MixtureOrder
+    mixture: bool
+    layout: Layout  # a StepLayout, or a ScheduledLayout for a request with schedules
+    columns: list[str]
+    rank: int
+    epoch: int
+    first_step: int
+    end_step: int
+    stride: int
+    max_message_bytes: int  # the client's target, at most message_cap_bytes
+    seed: int = 0
+    pipeline: Pipeline | None = None
+    # The server's hard cap on one message: a step larger than it is sent in parts (split_steps) or
+    # refused. Parts of a step are built from parts of its samples when every transform is
+    # per-sample (per_sample), else cut from the built step's rows.
+    message_cap_bytes: int = 1 << 62
+    split_steps: bool = False
+    per_sample: bool = True
+    sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
+
+    @property
+    def nothing_left(self) -> bool:
+        """No step to send: the stream is one message telling the client the epoch is over."""
+        return self.first_step >= self.end_step and self.end_step == self.layout.num_steps
+
+
+class ReadPlanner:
+    """Resolves datasets and plans Read requests over one registry, for all the streams of a server."""
+
+    def __init__(
+        self, registry: Registry, cache: RowGroupCache, limits: RequestLimits | None = None
+    ) -> None:
+        self.registry = registry
+        self.limits = limits or RequestLimits()
+        self._cache = cache
+        self._readers: dict[tuple[str, int], DatasetReader] = {}
+        self._lock = threading.Lock()
+        # Epoch orders are shared by every stream of the same (dataset, seed, shuffle).
+        self._orders: OrderedDict[tuple[str, int, ShuffleSpec], DatasetOrder] = OrderedDict()
+
+    def resolve(self, dataset: str, principal: Principal = OPEN, what: str = "") -> Manifest:
+        """The manifest `dataset` (`name@version|tag`) names, if `principal` may read it; a pinned
+        version already read is not re-read."""
+        ref = DatasetRef.parse(dataset)
+        principal.check(ref, what)  # before the registry is asked: denied whether it exists or not
+        if ref.version is not None:
+            with self._lock:
+                cached = self._readers.get((ref.name, ref.version))
+            if cached is not None:
+                return cached.manifest
+        manifest = self.registry.resolve(ref)
+        if ref.version is None:  # a tag or the latest: the version it resolved to may be one not granted
+            principal.check_version(manifest.name, manifest.version, what)
+        return manifest
+
+    def latest(self) -> list[Manifest]:
+        """The latest manifest of every readable dataset of the registry (bad entries: `Registry.listing`)."""
+        return self.registry.listing().manifests
+
+    def reader(self, manifest: Manifest) -> DatasetReader:
+        key = (manifest.name, manifest.version)
+        with self._lock:
+            r = self._readers.get(key)
+            if r is None or r.manifest.fingerprint != manifest.fingerprint:
+                paths = [self.registry.shard_path(manifest, s.uri) for s in manifest.shards]
+                r = self._readers[key] = DatasetReader(manifest, paths, self._cache)
+            return r
+
+    def _order(self, reader: DatasetReader, seed: int, spec: ShuffleSpec) -> DatasetOrder:
+        key = (reader.manifest.fingerprint, seed, spec)
+        with self._lock:
+            order = self._orders.get(key)
+            if order is None:
+                order = self._orders[key] = DatasetOrder(key[0], reader.locator.block_sizes, seed, spec)
+                while len(self._orders) > MAX_CACHED_ORDERS:
+                    self._orders.popitem(last=False)
+            self._orders.move_to_end(key)
+            return order
+
+    def _pinned(self, dataset: str, fingerprint: str, principal: Principal, what: str = "") -> Manifest:
+        manifest = self.resolve(dataset, principal, what)
+        if fingerprint and fingerprint != manifest.fingerprint:
+            raise FailedPreconditionError(
+                f"{manifest.ref} has fingerprint {manifest.fingerprint[:12]}…, the request pins "
+                f"{fingerprint[:12]}…: the dataset changed under this job"
+            )
+        return manifest
+
+    def plan(self, req: pb.ReadRequest, principal: Principal = OPEN) -> ReadPlan:
+        self.limits.check(req)
+        spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
+        selector: DatasetOrder | MixtureOrder
+        if req.mixture:
+            weights = mixture_weights(req)
+            manifests = [
+                self._pinned(s.dataset, s.fingerprint, principal, f"mixture source {i}: ")
+                for i, s in enumerate(req.mixture)
+            ]
+            readers = [self.reader(m) for m in manifests]
+            mixture = request_mixture(req, manifests, weights)
+            selector = MixtureOrder(mixture, [self._order(r, req.seed, spec) for r in readers])
+            columns = check_mixture_columns(readers, list(req.columns))
+        else:
+            manifest = self._pinned(req.dataset, req.fingerprint, principal)
+            readers = [self.reader(manifest)]
+            selector = self._order(readers[0], req.seed, spec)
+            columns = readers[0].check_columns(list(req.columns))
+        pipeline = None
+        if req.transforms or req.on_error:
+            first = readers[0]
+            schema = pa.schema([first.manifest.schema.field(c) for c in columns])
+
+            def describe(source: int, shard: int, row: int) -> str:
+                m = readers[source].manifest
+                return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
+
+            pipeline = build_pipeline(
+                list(req.transforms),
+                req.on_error,
+                schema,
+                describe,
+                max_sample_bytes=self.limits.max_sample_bytes,
+            )
+            share_head(pipeline, self._cache, readers, columns)  # decode once per node (feature_cache.py)
+        layout = make_layout(
+            selector.num_rows,
+            req.start_offset,
+            req.world_size,
+            req.batch_size,
+            req.drop_last,
+            epoch=req.epoch,
+            schedule=request_schedule(req),
+        )
+        if req.first_step > layout.num_steps:
+            raise InvalidArgumentError(
+                f"first_step {req.first_step} is past the epoch's {layout.num_steps} steps"
+            )
+        end = (
+            layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
+        )
+        cap = self.limits.max_message_bytes
+        return ReadPlan(
+            readers=readers,
+            selector=selector,
+            mixture=bool(req.mixture),
+            layout=layout,
+            columns=columns,
+            rank=req.rank,
+            epoch=req.epoch,
+            first_step=req.first_step,
+            end_step=end,
+            stride=max(1, req.step_stride),
+            max_message_bytes=min(req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES, cap),
+            seed=req.seed,
+            pipeline=pipeline,
+            message_cap_bytes=cap,
+            split_steps=req.split_steps,
+            per_sample=pipeline is None or pipeline.per_sample,
+            sample_bytes=_sample_bytes(readers, columns, pipeline),
+        )
+
+
+def _sample_bytes(readers: list[DatasetReader], columns: list[str], pipeline: Pipeline | None) -> float:
+    """Bytes one sample will take in a message, before any was built: exact for fixed-size columns
+    (a decoded image), the datasets' stored bytes per row for the others (an underestimate when
+    they compress well; the messages that follow are sized from what was built)."""
+    schema = (
+        pipeline.transforms[-1].output_schema
+        if pipeline
+        else pa.schema([readers[0].manifest.schema.field(c) for c in columns])
+    )
+    sizes = [fixed_bytes(f.type) for f in schema]
+    fixed = sum(n for n in sizes if n is not None)
+    stored = max(r.manifest.num_bytes / max(1, r.manifest.num_rows) for r in readers)
+    return fixed + (stored if None in sizes else 0.0) + _PROVENANCE_BYTES

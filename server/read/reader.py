@@ -1,0 +1,265 @@
+"""Rows of a dataset version -> one Arrow record batch (blocking; run it in a worker thread).
+
+The read plan says which dataset rows a message needs; this module fetches the row groups that
+hold them (through the process-wide cache, several at once) and takes the rows in plan order
+(gather.py), adding the provenance columns `_shard` and `_row`.
+
+Shards are local files or objects of a remote storage, opened by shards.py. Integrity: the first
+time a reader opens a shard it checks it against the manifest (`open_shard`: size, the footer's
+crc32, row-group row counts; for a shard of an older manifest without checksums, the whole file's
+sha256 up to `hash_check_max_bytes` instead of the footer's crc32) and remembers the result; each row
+group fetched from storage is then checked chunk by chunk before it is decoded (shards.py). Any
+failure (and any shard that cannot be read) raises DataLossError naming the version, the shard, the
+row group and the check that failed, so no batch is built from a bad shard.
+
+Row groups read from a shard with checksums and from one without are cached apart (memory and disk
+tier), even when two versions share content: bytes read unchecked are never served as checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from prometheus_client import Counter, Histogram
+
+from shardstream.errors import DataLossError, InvalidArgumentError, ShardstreamError
+from shardstream.manifest import Manifest
+from shardstream.order.read_order import RowLocator
+from shardstream.storage import ObjectRef
+
+from .cache import LRUCache
+from .gather import empty_batch, gather
+from .shards import ShardFile, open_shard
+from .spill import SpillTier
+
+__all__ = [
+    "DEFAULT_HASH_CHECK_MAX_BYTES",
+    "PROVENANCE_COLUMNS",
+    "DatasetReader",
+    "RowGroupCache",
+    "new_row_group_cache",
+]
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_COLUMNS = ("_shard", "_row")
+DEFAULT_HASH_CHECK_MAX_BYTES = 64 << 20  # shards without checksums: hashed whole on first open up to this size
+FETCH_THREADS = 16  # row groups fetched at once for one batch
+
+STORAGE_READS = Counter("shardstream_storage_reads_total", "Row-group reads from storage")
+STORAGE_READ_ERRORS = Counter("shardstream_storage_read_errors_total", "Row-group reads that failed")
+STORAGE_READ_BYTES = Counter("shardstream_storage_read_bytes_total", "Bytes of row groups read (decoded)")
+STORAGE_READ_SECONDS = Histogram("shardstream_storage_read_seconds", "Time to read and decode one row group")
+SHARD_CHECKS = Counter(
+    "shardstream_shard_checks_total",
+    "Shards opened and checked against their manifest: ok, failed, or unhashed (an older manifest's "
+    "shard without checksums, over the whole-file hash limit: size and row counts checked only)",
+    ["result"],
+)
+
+_FETCH_POOL = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="shardstream-fetch")
+
+
+class RowGroupCache(LRUCache[pa.Table]):
+    """The process's in-memory LRU of decoded row groups, over an optional local-disk tier (spill.py)."""
+
+    def __init__(self, capacity_bytes: int, spill: SpillTier | None = None) -> None:
+        super().__init__(capacity_bytes, sizeof=lambda t: t.nbytes)
+        self.spill = spill
+
+
+def new_row_group_cache(capacity_bytes: int, spill: SpillTier | None = None) -> RowGroupCache:
+    return RowGroupCache(capacity_bytes, spill)
+
+
+class DatasetReader:
+    """Reads rows of one manifest from its shards: local paths or `ObjectRef`s of a storage."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        shard_paths: Sequence[Path | str | ObjectRef],
+        cache: RowGroupCache,
+        *,
+        hash_check_max_bytes: int = DEFAULT_HASH_CHECK_MAX_BYTES,
+    ) -> None:
+        self.manifest = manifest
+        self._paths = list(shard_paths)
+        self._cache = cache
+        self._hash_max = hash_check_max_bytes
+        # (rows a drop_rows version masks are not dataset rows: manifest.py)
+        self.locator = RowLocator(
+            [s.row_groups for s in manifest.shards], [s.masked for s in manifest.shards]
+        )
+        self._files: dict[int, ShardFile] = {}
+        self._row_bytes: dict[tuple[str, ...], float] = {}  # decoded bytes per row, for read-ahead
+        self._open_locks = [threading.Lock() for _ in manifest.shards]
+        self._checked = [s.checksums is not None for s in manifest.shards]
+        unhashed = [s for s in manifest.shards if s.checksums is None and s.bytes > hash_check_max_bytes]
+        if unhashed:
+            log.warning(
+                "%s: %d shard(s) have no row-group checksums (registered before they existed) and are over "
+                "the %d-byte whole-file hash limit: served after size and row-count checks only; register "
+                "the files again for a version with checksums (same fingerprint)",
+                manifest.ref,
+                len(unhashed),
+                hash_check_max_bytes,
+            )
+
+    def check_columns(self, columns: Sequence[str]) -> list[str]:
+        names = self.manifest.schema.names
+        if not columns:
+            return list(names)
+        unknown = [c for c in columns if c not in names]
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown column(s) {', '.join(map(repr, unknown))} in {self.manifest.ref}; "
+                f"columns are: {', '.join(names)}"
+            )
+        if len(set(columns)) != len(columns):
+            raise InvalidArgumentError(f"columns listed twice: {list(columns)}")
+        return list(columns)
+
+    def _file(self, shard: int) -> ShardFile:
+        f = self._files.get(shard)
+        if f is not None:
+            return f
+        with self._open_locks[shard]:  # one check per shard; other shards open in parallel
+            f = self._files.get(shard)
+            if f is None:
+                try:
+                    f = open_shard(
+                        self._paths[shard], self.manifest.shards[shard], hash_check_max_bytes=self._hash_max
+                    )
+                except DataLossError as exc:
+                    SHARD_CHECKS.labels("failed").inc()
+                    raise self._loss(shard, str(exc)) from exc
+                info = self.manifest.shards[shard]
+                unhashed = info.checksums is None and info.bytes > self._hash_max
+                SHARD_CHECKS.labels("unhashed" if unhashed else "ok").inc()
+                self._files[shard] = f
+            return f
+
+    def _loss(self, shard: int, what: str) -> DataLossError:
+        STORAGE_READ_ERRORS.inc()
+        return DataLossError(f"{self.manifest.ref}: shard {self.manifest.shards[shard].uri}: {what}")
+
+    def _fetcher(self, shard: int, group: int, columns: tuple[str, ...]) -> Callable[[], pa.Table]:
+        spill = self._cache.spill
+        info = self.manifest.shards[shard]
+
+        def read() -> pa.Table:
+            t0 = time.perf_counter()
+            STORAGE_READS.inc()
+            try:
+                table = self._file(shard).read_row_group(group, list(columns))
+            except DataLossError as exc:
+                if str(exc).startswith(f"{self.manifest.ref}: shard "):
+                    raise
+                raise self._loss(shard, f"row group {group}: {exc}") from exc
+            except ShardstreamError:
+                STORAGE_READ_ERRORS.inc()
+                raise
+            except (OSError, pa.ArrowException) as exc:
+                if "checksum" in str(exc).lower():  # a Parquet page checksum (pyarrow: OSError)
+                    raise self._loss(shard, f"row group {group}: a Parquet page checksum differs") from exc
+                raise self._loss(shard, f"row group {group} unreadable") from exc  # details: the server log
+            STORAGE_READ_SECONDS.observe(time.perf_counter() - t0)
+            STORAGE_READ_BYTES.inc(table.nbytes)
+            if table.num_rows:
+                self._row_bytes[columns] = table.nbytes / table.num_rows
+            return table
+
+        def fetch() -> pa.Table:
+            if spill is None:
+                return read()
+            # The disk tier: a whole file of the same content, or one read for all processes.
+            checked = info.checksums is not None
+            return spill.get_or_read(info.sha256, group, columns, info.row_groups[group], read, checked=checked)
+
+        return fetch
+
+    def _row_group(self, shard: int, group: int, columns: tuple[str, ...]) -> pa.Table:
+        key = (self.manifest.fingerprint, shard, group, columns, self._checked[shard])
+        return self._cache.get(key, self._fetcher(shard, group, columns))
+
+    def read_ahead(
+        self, rows: np.ndarray, columns: Sequence[str], budget_bytes: int
+    ) -> list[tuple[int, Callable[[], bool]]]:
+        """(estimated bytes, task) reading ahead each row group holding `rows` that the cache neither
+        holds nor is reading, in order of first use, while the estimates stay within `budget_bytes`.
+
+        Estimates use the decoded bytes per row of the last row group read with these columns (the
+        shard's stored bytes per row before any). A task returns True if it read storage.
+        """
+        cols = tuple(columns)
+        if not len(rows):
+            return []
+        shard, _, group, _ = self.locator.locate(rows)
+        keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
+        unique, first = np.unique(keys, return_index=True)
+        tasks: list[tuple[int, Callable[[], bool]]] = []
+        spent = 0
+        for k in unique[np.argsort(first)]:
+            s, g = int(k >> 32), int(k & 0xFFFFFFFF)
+            key = (self.manifest.fingerprint, s, g, cols, self._checked[s])
+            if key in self._cache:
+                continue
+            info = self.manifest.shards[s]
+            per_row = self._row_bytes.get(cols) or info.bytes / max(1, info.rows)
+            estimate = int(per_row * info.row_groups[g])
+            if spent + estimate > budget_bytes:
+                break
+            spent += estimate
+            fetch = self._fetcher(s, g, cols)
+            tasks.append((estimate, lambda key=key, fetch=fetch: self._cache.prefetch(key, fetch)))
+        return tasks
+
+    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
+        """The dataset rows `rows` (in that order) with `columns` and provenance, as one batch."""
+        cols = tuple(columns)
+        shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
+        n = len(rows)
+        if n and _one_run(shard, group, row_in_group):
+            # An unshuffled (or block-shuffled) message inside one row group: one zero-copy slice,
+            # without the sorting and grouping of the general gather (most of a message's CPU).
+            table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
+            table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
+            table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+            return table.combine_chunks().to_batches()[0]
+        keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
+        unique, inverse = np.unique(keys, return_inverse=True)
+
+        def one(k: np.int64) -> pa.Table:
+            return self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols)
+
+        # Several row groups are fetched at once (concurrent ranged reads on remote storage).
+        tables = list(_FETCH_POOL.map(one, unique)) if len(unique) > 1 else [one(k) for k in unique]
+        if tables:
+            table = gather(tables, inverse, row_in_group)
+        else:
+            schema = self.manifest.schema
+            table = pa.table({c: pa.array([], type=schema.field(c).type) for c in cols})
+        table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
+        table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+        return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
+
+
+def _one_run(shard: np.ndarray, group: np.ndarray, row_in_group: np.ndarray) -> bool:
+    """Whether the rows are consecutive rows of one row group, in order."""
+    n = len(row_in_group)
+    return bool(
+        shard[0] == shard[-1]
+        and group[0] == group[-1]
+        and row_in_group[-1] - row_in_group[0] == n - 1
+        and (n == 1 or (np.diff(row_in_group) == 1).all())
+        and (shard == shard[0]).all()
+        and (group == group[0]).all()
+    )

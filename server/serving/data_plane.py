@@ -1,0 +1,431 @@
+"""The data plane: a Read stream is an Arrow Flight DoGet (data_plane_server.py serves it on --data-port).
+
+The ticket is the serialized `ReadRequest`; each record batch of the stream is one Read message's
+rows (provenance columns and transforms included) and carries that message's serialized
+`ReadHeader` (steps, positions, skipped samples, end of epoch) as its `app_metadata`. Flight's C++
+writes a batch's buffers into gRPC without a Python copy: measured against the hand-framed grpcio
+Read it replaced, 1.12x the throughput per stream and 0.69x the server CPU per GB on 2 cores, 2.7x
+and 0.62x on 16 (loadtest/README.md, "Data plane"). The control plane (GetDataset, ListDatasets) and
+grpc.health stay on the gRPC port, which tells clients this port in `DatasetInfo.data_port`; a plain
+`pyarrow.flight.FlightClient` reads a rank's stream with nothing but a ReadRequest.
+
+What a stream needs is shared with the control plane through `ShardStreamService`: the planner
+(exactly-once positions, schedules, mixtures, transforms), the message builder (steps over the
+message cap in parts), admission (streams per server and per peer, the buffer budget:
+RESOURCE_EXHAUSTED with the retry hint), authentication (a bearer token in the `authorization`
+header, or a grant: below), the audit and stream log lines (the stream id rides in the response
+headers), the stream metrics, the redacted error texts and their status codes (errors.py
+`to_flight_error`: the exact code travels in the error's extra_info). The next message is built in
+a worker thread while Flight sends this one, when the buffer budget has room for it: each build
+reserves its bytes first and each message is released when Flight asks for the next (admission.py);
+a stream without room waits for it, holding nothing, and a new stream without room for its first
+message is refused. RPC metrics: grpc_server_* with
+grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
+
+A client that stops reading is cut (reaper.py): Flight asks for a stream's next message once the
+last one is written, so a stream not asked for --write-timeout is reaped — its connection shut
+down, which ends the blocked write — and leaves its slot and memory.
+
+A caller the --auth file knows by its certificate's subject is known here by the grant the gRPC
+port gave it, bound to that certificate by a proof of possession of its key (grants.py: pyarrow's
+Flight server does not expose the client's certificate); a call with a token is its token's. What
+this plane cannot do from Python (its server takes no gRPC server options): server keepalive pings
+(the write timeout does their work for a client that holds a stream). Certificates are followed
+by data_plane_server.py, which replaces the plane on its port when they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from shardstream.errors import (
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    ShardstreamError,
+    UnauthenticatedError,
+    to_flight_error,
+)
+from shardstream.v1 import shardstream_pb2 as pb
+
+from ..read.build import Message, MessageSteps, build_estimate
+from ..read.plan import ReadPlan
+from .admission import Ticket
+from .audit import StreamAudit
+from .auth import Principal, has_token
+from .control_plane import (
+    BATCHES_SENT,
+    BYTES_SENT,
+    MESSAGES_SENT,
+    ROWS_SENT,
+    STREAMS_ACTIVE,
+    ShardStreamService,
+)
+from .grants import GRANT_HEADER
+from .reaper import STREAMS_REAPED, shutdown_connection
+from .rpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
+from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
+
+__all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
+
+log = logging.getLogger(__name__)
+
+FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
+# 0 for the known series; UNKNOWN too: a plain Flight error without a shardstream code
+preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
+BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
+_MIDDLEWARE = "shardstream"
+_REMEMBER_SHUT_S = 60.0  # how long the streams of a connection the reaper shut down count as reaped
+
+
+class _Call(flight.ServerMiddleware):  # type: ignore[misc]
+    """One DoGet: its headers, its stream id (sent back in the response headers), its RPC metrics."""
+
+    def __init__(self, headers: dict[str, list[Any]]) -> None:
+        self.headers = headers
+        self.stream_id = new_stream_id()
+        self.t0 = time.perf_counter()
+        self.code: grpc.StatusCode | None = None  # set by do_get when it ends the stream with a status
+        STARTED.labels("server_stream", FLIGHT_SERVICE, "DoGet").inc()
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """The call's headers as gRPC metadata (auth.py reads `authorization` from it)."""
+        return [
+            (k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+            for k, values in self.headers.items()
+            for v in values
+        ]
+
+    def sending_headers(self) -> dict[str, str]:
+        return {STREAM_ID_KEY: self.stream_id}
+
+    def call_completed(self, exception: BaseException | None) -> None:
+        if exception is None:
+            code = grpc.StatusCode.OK
+        elif self.code is not None:
+            code = self.code
+        elif isinstance(exception, flight.FlightCancelledError):
+            code = grpc.StatusCode.CANCELLED
+        else:
+            code = grpc.StatusCode.UNKNOWN
+        HANDLING_SECONDS.labels("server_stream", FLIGHT_SERVICE, "DoGet").observe(
+            time.perf_counter() - self.t0
+        )
+        HANDLED.labels("server_stream", FLIGHT_SERVICE, "DoGet", code_name(code)).inc()
+
+
+@dataclass
+class _Writing:
+    """A stream as the reaper sees it: since when Flight writes its message (None: it does not)."""
+
+    peer: str
+    stream: StreamLog
+    since: float | None = None
+    reaped: bool = False
+
+    def overdue(self, now: float, timeout_s: float) -> bool:
+        since = self.since
+        return since is not None and not self.reaped and now - since > timeout_s
+
+
+class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Call | None:
+        return _Call(headers) if info.method == flight.FlightMethod.DO_GET else None
+
+
+class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
+    """DoGet(ticket = serialized ReadRequest) -> the Read stream's messages as record batches."""
+
+    def __init__(
+        self,
+        service: ShardStreamService,
+        location: str,
+        *,
+        tls_certificates: list[tuple[bytes, bytes]] | None = None,
+        client_ca: bytes | None = None,
+    ) -> None:
+        super().__init__(
+            location,
+            tls_certificates=tls_certificates,
+            verify_client=client_ca is not None,
+            root_certificates=client_ca,
+            middleware={_MIDDLEWARE: _CallFactory()},
+        )
+        self.service = service
+        # Every stream's message builds (one at a time per stream: _Messages)
+        self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
+        # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
+        # reaps those it has been writing for longer than the write timeout.
+        self._writing: dict[int, _Writing] = {}
+        self._shut: dict[str, float] = {}  # peer -> when the reaper shut its connection down
+        self._keys = iter(range(1 << 62))
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="flight-reaper", daemon=True)
+        self._sweeper.start()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._stopped.set()
+        self.builds.shutdown(wait=False, cancel_futures=True)
+
+    def _was_shut(self, peer: str) -> bool:
+        """Whether the reaper shut `peer`'s connection down lately (its streams end as reaped too)."""
+        now = time.monotonic()
+        with self._lock:
+            for old in [p for p, t in self._shut.items() if now - t > _REMEMBER_SHUT_S]:
+                del self._shut[old]
+            return peer in self._shut
+
+    def _reap(self, writing: _Writing, reason: str) -> bool:
+        """Count `writing`'s stream as reaped, once (the sweeper and its connection's end may both
+        see it): True the first time."""
+        with self._lock:
+            if writing.reaped:
+                return False
+            writing.reaped = True
+        STREAMS_REAPED.inc()
+        writing.stream.reason = reason
+        return True
+
+    def _sweep(self) -> None:
+        timeout_s = self.service.write_timeout_s
+        while not self._stopped.wait(min(1.0, timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [w for w in self._writing.values() if w.overdue(now, timeout_s)]
+            shut: set[str] = set()  # a connection's streams go together
+            for w in overdue:
+                if not self._reap(w, "reaped: nothing read for --write-timeout") or w.peer in shut:
+                    continue
+                with self._lock:  # before the shutdown: its other streams end as reaped, not gone
+                    self._shut[w.peer] = time.monotonic()
+                closed = shutdown_connection(w.peer, self.port)
+                if closed:
+                    shut.add(w.peer)
+                else:
+                    with self._lock:
+                        self._shut.pop(w.peer, None)
+                log.warning(
+                    "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
+                    w.peer or "an unknown peer",
+                    timeout_s,
+                    "connection shut down" if closed else "its connection was not found",
+                )
+
+    def _principal(self, call: _Call, ticket: bytes) -> Principal:
+        """The caller: its token's principal when it sent a token (a grant beside it is not looked
+        at: a grant never widens what a token may read), else the principal of the grant the gRPC
+        port gave its certificate, with the proof that it holds that certificate's key (grants.py)."""
+        svc = self.service
+        metadata = call.metadata()
+        if call.headers.get(GRANT_HEADER) and svc.grants is not None and svc.auth.enabled and not has_token(metadata):
+            return svc.grants.principal(call.headers, ticket, svc.auth)
+        return svc.auth.authenticate(metadata, None)
+
+    # --- DoGet ---------------------------------------------------------------------------------
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        call: _Call = context.get_middleware(_MIDDLEWARE)
+        svc = self.service
+        peer = context.peer()
+        try:
+            request: pb.ReadRequest | None = pb.ReadRequest.FromString(ticket.ticket)
+        except Exception:  # noqa: BLE001 — protobuf's DecodeError, invalid UTF-8 in a string field
+            request = None
+        stream = svc.stream_log(request, peer, call.stream_id)
+        audit = StreamAudit(peer, request)
+        try:
+            principal = self._principal(call, ticket.ticket)
+            audit.principal = principal.name
+            admitted = svc.admission.admit(peer)
+        except (ResourceExhaustedError, UnauthenticatedError) as exc:
+            audit.done(exc.grpc_code.name)
+            stream.refused(str(exc))
+            raise self._fail(call, exc, stream) from None
+        active = STREAMS_ACTIVE.labels(stream.label)
+        active.inc()
+        try:
+            if request is None:
+                raise InvalidArgumentError(
+                    "the ticket is not a ReadRequest (the Read request does not parse)"
+                )
+            plan = svc.planner.plan(request, principal)
+            audit.planned([str(r.manifest.ref) for r in plan.readers])
+            active = svc.stream_started(stream, plan, active)
+            messages = _Messages(self, plan, admitted, context.is_cancelled)
+            first = messages.first()
+        except BaseException as exc:
+            error = self._fail(call, exc, stream)  # first: the stream's end line names the error
+            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
+            self._end(admitted, active, audit, stream, outcome)
+            raise error from None
+        assert first is not None
+        schema = first.batch.schema
+        return flight.GeneratorStream(
+            schema, self._send(call, messages, first, schema, admitted, active, audit, stream)
+        )
+
+    def _send(
+        self,
+        call: _Call,
+        messages: _Messages,
+        first: Message,
+        schema: pa.Schema,
+        admitted: Ticket,
+        active: Any,
+        audit: StreamAudit,
+        stream: StreamLog,
+    ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """The stream's (batch, header) pairs; Flight asks for the next once the last is written."""
+        label = stream.label
+        messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
+        rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
+        outcome = "GONE"  # until it ends otherwise: Flight stopped asking, its client went away
+        stream.reason = "client left"
+        message: Message | None = first
+        key = next(self._keys)
+        writing = _Writing(stream.peer, stream)
+        with self._lock:
+            self._writing[key] = writing
+        try:
+            while message is not None:
+                batch = message.batch
+                if batch.schema != schema:  # e.g. a message whose samples a transform all skipped
+                    batch = _conform(batch, schema)
+                n = message.nbytes
+                messages_sent.inc()
+                batches_sent.inc(message.steps)
+                rows_sent.inc(message.rows)
+                bytes_sent.inc(n)
+                stream.sent(message.steps, message.rows, n)
+                if message is first:  # the stream's id, for the client's log lines
+                    message.header.stream_id = stream.stream_id
+                metadata = message.header.SerializeToString()
+                messages.ahead()  # the next message builds while Flight writes this one
+                writing.since = time.monotonic()
+                yield batch, metadata
+                writing.since = None
+                audit.sent(n)
+                admitted.release(message.holds)  # Flight asked for the next: this one is written
+                del batch, metadata
+                message = messages.next()
+            outcome = stream.outcome = "OK"
+            stream.reason = ""
+        except _Gone:  # its client left while it waited for room in the buffer budget
+            messages.cancel()
+        except GeneratorExit:
+            messages.cancel()
+            if self._was_shut(writing.peer):  # its connection's other streams
+                self._reap(writing, "reaped: its connection was shut down (another stream read nothing)")
+            raise
+        except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
+            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
+            stream.reason = ""
+            raise self._fail(call, exc, stream) from None
+        finally:
+            with self._lock:
+                self._writing.pop(key, None)
+            self._end(admitted, active, audit, stream, outcome)
+
+    def _end(
+        self, admitted: Ticket, active: Any, audit: StreamAudit, stream: StreamLog, outcome: str
+    ) -> None:
+        admitted.close()
+        active.dec()
+        audit.done(outcome)
+        stream.end()
+
+    def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
+        """The Flight error that ends the call (service.status_of logs and counts it)."""
+        code, details, _ = self.service.status_of("Read", exc, stream)
+        call.code = code
+        retry = exc.retry_after_s if isinstance(exc, ResourceExhaustedError) else None
+        return to_flight_error(code, details, retry, stream.stream_id)
+
+
+class _Gone(Exception):
+    """The client left while its stream waited for room in the buffer budget."""
+
+
+class _Messages:
+    """One stream's messages, each built in the plane's pool once the stream has reserved what the
+    build may take (admission.py); `ahead()` starts building the next one while Flight writes this
+    one when the budget has room for it, and `next()` waits for room otherwise."""
+
+    def __init__(
+        self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket, cancelled: Callable[[], bool]
+    ) -> None:
+        svc = plane.service
+        self._pool = plane.builds
+        self._plan = plan
+        self._admitted = admitted
+        self._cancelled = cancelled
+        self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
+        self._last: Message | None = None  # the last message built (its size sizes the next reservation)
+
+        def read_ahead(steps: MessageSteps) -> None:
+            svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
+
+        self._it = svc.builder.stream(plan, read_ahead)
+        self._pending: Future[Message | None] | None = None
+        self._pending_reserved = 0
+
+    def _build(self, reserved: int) -> Message | None:
+        """The next message, built under a reservation of `reserved` bytes that it then replaces."""
+        try:
+            with self._lock:
+                message = next(self._it, None)
+        except BaseException:
+            self._admitted.release(reserved)
+            raise
+        self._admitted.settle(reserved, message.holds if message is not None else 0)
+        if message is not None:
+            self._last = message
+        return message
+
+    def first(self) -> Message | None:
+        """The stream's first message; ResourceExhaustedError when the budget has no room for it."""
+        reserved = build_estimate(self._plan, None)
+        self._admitted.reserve_or_refuse(reserved)
+        return self._build(reserved)
+
+    def ahead(self) -> None:
+        if self._pending is not None:
+            return
+        reserved = build_estimate(self._plan, self._last)
+        if self._admitted.reserve(reserved):
+            self._pending_reserved = reserved
+            self._pending = self._pool.submit(self._build, reserved)
+
+    def next(self) -> Message | None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            return pending.result()
+        reserved = build_estimate(self._plan, self._last)
+        if not self._admitted.reserve(reserved, wait=True, cancelled=self._cancelled):
+            raise _Gone
+        return self._build(reserved)
+
+    def cancel(self) -> None:
+        if self._pending is not None and self._pending.cancel():
+            self._admitted.release(self._pending_reserved)  # it never ran
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` as the stream's schema (a Flight stream has one), or INTERNAL naming the difference."""
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise InternalError(
+            f"a message's columns ({batch.schema.names}) differ from the stream's first ({schema.names}): {exc}"
+        ) from exc

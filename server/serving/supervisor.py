@@ -1,0 +1,387 @@
+"""A server that uses every core: a supervisor of N worker processes sharing one port.
+
+Python serves one core per process, so `shardstream serve --workers N` runs N processes, each a
+complete server (`app.serve`: ShardStream, health, reflection, its own row-group cache) listening on
+the same port with SO_REUSEPORT; the kernel spreads incoming connections over them.
+
+The port is still one server's: before any worker starts, the supervisor binds it once without
+SO_REUSEPORT (a listener of anyone else — another shardstream, another program — makes that fail with
+one clear line), then holds a non-listening SO_REUSEPORT socket on it for its whole life, so nothing
+without SO_REUSEPORT can take it while workers start or restart. Port 0 is resolved then, once.
+
+Lifecycle (the supervisor's main loop):
+- ready: once every worker has written its ready file, the supervisor writes `--ready-file` with
+  port, data_port (worker 0's, as its own ready file names it: the port it bound), data_ports (every
+  worker's, by slot), metrics_port, its own pid and the workers' pids (rewritten when a worker is
+  replaced);
+- SIGTERM/SIGINT: every worker gets SIGTERM and drains (health NOT_SERVING on all of them, in-flight
+  streams get the grace period); the supervisor exits 0 once they all have stopped;
+- a worker that dies is restarted at once and the death logged. Servers are stateless and the port
+  stays reserved, so a restart loses nothing but the streams that worker carried (clients resume
+  them elsewhere). A worker that dies before it ever served, or more than MAX_RESTARTS times within
+  RESTART_WINDOW_S, stops the supervisor with exit code 1 (a crash loop is for Kubernetes to see).
+Workers stay in the supervisor's process group (killpg reaches them all) and get SIGTERM if the
+supervisor dies (PR_SET_PDEATHSIG, worker_process.py). Each worker's config, with the grant key the workers
+share (grants.py), reaches it through its stdin, a pipe the supervisor writes and closes: nothing
+secret is on a worker's command line or in its environment (any local user reads /proc/PID/cmdline).
+
+Metrics: workers write prometheus-client's multiprocess files into a private directory; the
+supervisor serves `/metrics` on `--metrics-port`, summing counters and histograms over all workers
+(dead ones included, so totals never go back) and the `livesum` gauges over live ones, plus
+`shardstream_workers`, `shardstream_worker_restarts_total`, `shardstream_build_info` and every
+process's CPU, RSS and open descriptors (`process_*{worker="0".."N-1"|"supervisor"}`,
+process_metrics.py). Its /healthz and /readyz answer for the workers (status_http.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from shardstream.errors import InvalidArgumentError, UnavailableError
+
+from ..backends.roots import open_registry
+from ..config import ServerConfig
+from ..read.spill import SpillTier
+from .grants import new_key
+from .process_metrics import WorkerProcessCollector, register_build_info
+from .ready import write_ready_file
+from .status_http import Health, start_status_server
+
+__all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise", "usable_cpus"]
+
+log = logging.getLogger("shardstream.server.serving.supervisor")
+
+MAX_RESTARTS = 5  # worker restarts tolerated within RESTART_WINDOW_S before giving up
+RESTART_WINDOW_S = 60.0
+WORKER_START_TIMEOUT_S = 120.0  # from spawn to its ready file
+STOP_MARGIN_S = 10.0  # beyond the grace period, before a draining worker is killed
+TICK_S = 0.05  # supervisor loop period
+TMP_PREFIX = "shardstream-workers-"  # + supervisor pid: ready files and metrics of its workers
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (Kubernetes limits)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def _remove_dead_supervisors_dirs() -> None:
+    """Remove the temporary directories of this user's supervisors that were killed (SIGKILL leaves them)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
+        try:
+            pid = int(d.name[len(TMP_PREFIX) :].split("-", 1)[0])
+            if d.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)  # alive (or another process reused its pid): keep
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, OSError):
+            continue
+
+
+def reserve_port(host: str, port: int, *, hold: bool = True) -> tuple[int, list[socket.socket]]:
+    """Check that `host:port` is free and (`hold`) hold it for workers that bind it with SO_REUSEPORT.
+
+    Returns the port (chosen here when 0) and the held sockets (close them to release it).
+    """
+    where = f"{host}:{port}"
+    try:
+        name = host.strip("[]") or None  # "[::]" as grpc takes it
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InvalidArgumentError(f"cannot listen on {where}: {exc.strerror}") from exc
+    held: list[socket.socket] = []
+    seen = set()
+    try:
+        for family, _, _, _, sockaddr in infos:
+            if (family, sockaddr[0]) in seen:
+                continue
+            seen.add((family, sockaddr[0]))
+            addr = (sockaddr[0], port, *sockaddr[2:])
+            # 1. The probe: anyone listening there (or holding it without SO_REUSEADDR) makes this fail.
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
+                try:
+                    probe.bind(addr)
+                except OSError as exc:
+                    raise InvalidArgumentError(
+                        f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
+                    ) from exc
+                port = probe.getsockname()[1]
+            if hold:
+                held.append(_hold(family, (sockaddr[0], port, *sockaddr[2:]), f"{host}:{port}"))
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
+    return port, held
+
+
+def _hold(family: int, addr: tuple[object, ...], where: str) -> socket.socket:
+    """A socket bound to `addr`, never listening (it gets no connections), beside which only
+    SO_REUSEPORT sockets of this user may bind. Without SO_REUSEADDR, another server's probe fails on
+    it too; but connections in TIME_WAIT left by a server without SO_REUSEPORT (a killed single
+    process) refuse such a bind, so then it takes SO_REUSEADDR (the probe above still saw no listener).
+    """
+    for reuse_addr in (False, True):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+            return s
+        except OSError as exc:
+            s.close()
+            if reuse_addr or exc.errno != errno.EADDRINUSE:
+                raise InvalidArgumentError(
+                    f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
+                ) from exc
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class _Worker:
+    slot: int
+    proc: subprocess.Popen[bytes]
+    ready_path: Path
+    spawned_s: float
+    ready: bool = False
+    data_port: int | None = None  # its data plane's, from its ready file
+
+
+class Supervisor:
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self._stop = threading.Event()
+        _remove_dead_supervisors_dirs()
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
+        self.metrics_dir = self._tmp / "metrics"
+        self.metrics_dir.mkdir()
+        self.registry = CollectorRegistry()
+        MultiProcessCollector(self.registry, path=str(self.metrics_dir))
+        self._live = Gauge("shardstream_workers", "Worker processes serving", registry=self.registry)
+        self._restarts = Counter(
+            "shardstream_worker_restarts_total",
+            "Worker processes restarted after dying",
+            registry=self.registry,
+        )
+        register_build_info(self.registry)
+        self.registry.register(WorkerProcessCollector(self._processes))
+        # /readyz: the workers serve (one at least, while a dead one is replaced) and no drain began
+        self.health = Health(serving=lambda: any(w.ready and w.proc.poll() is None for w in self._workers))
+        self._workers: list[_Worker] = []
+        self._restart_times: deque[float] = deque()
+        self._spawned = 0
+        self._restart_count = 0
+        self.port = 0
+        self.data_port = 0
+        self.grant_key = cfg.grant_key or new_key()  # the workers vouch for each other's grants
+        self.metrics_port: int | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        with open_registry(cfg.root, s3_endpoint=cfg.s3_endpoint) as registry:
+            registry.storage.check_root()  # one clear line here rather than one per worker
+        if cfg.cache_dir:
+            SpillTier(cfg.cache_dir, cfg.cache_dir_bytes)  # likewise: usable, and stale files cleaned
+        self.port, held = reserve_port(cfg.host, cfg.port)
+        if cfg.data_port:
+            # Each worker's Flight data plane has a port of its own (pyarrow's Flight server binds
+            # without SO_REUSEPORT): data_port + slot; GetDataset names the answering worker's.
+            try:
+                for slot in range(cfg.workers):
+                    reserve_port(cfg.host, cfg.data_port + slot, hold=False)
+            except BaseException:
+                for s in held:
+                    s.close()
+                raise
+            self.data_port = cfg.data_port
+        httpd = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop_signal)
+        try:
+            if cfg.metrics_port is not None:
+                httpd = start_status_server(cfg.metrics_port, cfg.host, self.registry, self.health)
+                self.metrics_port = httpd.server_port
+            self._workers = [self._spawn(slot) for slot in range(cfg.workers)]
+            failure = self._watch()
+        finally:
+            codes = self._stop_workers()
+            for s in held:
+                s.close()
+            if httpd is not None:
+                httpd.shutdown()
+            self._cleanup()
+        if failure:
+            raise UnavailableError(failure)
+        stuck = [pid for pid, code in codes.items() if code not in (0, -signal.SIGTERM, -signal.SIGINT)]
+        if stuck:
+            raise UnavailableError(f"worker(s) {stuck} did not stop cleanly: {codes}")
+        log.info("stopped")
+
+    def _on_stop_signal(self, *_: object) -> None:
+        self.health.draining = True
+        self._stop.set()
+
+    def _processes(self) -> list[tuple[str, int]]:
+        """(worker label, pid) of this supervisor and its live workers, for the process metrics."""
+        live = [(str(w.slot), w.proc.pid) for w in self._workers if w.proc.poll() is None]
+        return [("supervisor", os.getpid()), *live]
+
+    def _spawn(self, slot: int) -> _Worker:
+        self._spawned += 1
+        ready = self._tmp / f"worker-{slot}-{self._spawned}.json"
+        wcfg = dataclasses.replace(
+            self.cfg,
+            workers=1,
+            port=self.port,
+            data_port=self.data_port + slot if self.data_port else 0,
+            advertised_data_port=self.cfg.advertised_data_port + slot if self.cfg.advertised_data_port else 0,
+            grant_key=self.grant_key,
+            metrics_port=None,
+            ready_file=str(ready),
+            reuse_port=True,
+            **self.cfg.worker_shares(self.cfg.workers),  # the server's memory stays as sized
+        )
+        # The config (the grant key with it) goes through the worker's stdin, never its command line
+        # or environment: any local user reads /proc/PID/cmdline.
+        cmd = [sys.executable, "-m", "shardstream.server.serving.worker_process", str(os.getpid())]
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE)  # same process group, stdout, stderr
+        assert proc.stdin is not None
+        try:  # a few KB: the pipe's buffer takes it all, the write does not wait for the worker
+            proc.stdin.write(json.dumps(dataclasses.asdict(wcfg)).encode())
+        except BrokenPipeError:
+            pass  # it died at once: _watch sees its exit code
+        finally:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        return _Worker(slot, proc, ready, time.monotonic())
+
+    def _watch(self) -> str | None:
+        """Run until asked to stop (None) or unable to go on (what went wrong)."""
+        announced: list[int] | None = None
+        while not self._stop.is_set():
+            for i, w in enumerate(self._workers):
+                code = w.proc.poll()
+                if code is not None:
+                    if announced is None:
+                        return f"worker {w.proc.pid} exited with code {code} before serving"
+                    mark_process_dead(w.proc.pid, str(self.metrics_dir))
+                    now = time.monotonic()
+                    while self._restart_times and now - self._restart_times[0] > RESTART_WINDOW_S:
+                        self._restart_times.popleft()
+                    if len(self._restart_times) >= MAX_RESTARTS:
+                        return (
+                            f"worker {w.proc.pid} exited with code {code}: more than {MAX_RESTARTS} "
+                            f"restarts in {RESTART_WINDOW_S:g} s, giving up"
+                        )
+                    self._restart_times.append(now)
+                    log.warning("worker %d exited with code %s; starting another", w.proc.pid, code)
+                    self._restarts.inc()
+                    self._restart_count += 1
+                    self._workers[i] = self._spawn(w.slot)
+                elif not w.ready:
+                    if w.ready_path.exists():
+                        w.ready = True
+                        w.data_port = _data_port_of(w.ready_path)
+                    elif time.monotonic() - w.spawned_s > WORKER_START_TIMEOUT_S:
+                        return f"worker {w.proc.pid} not serving after {WORKER_START_TIMEOUT_S:g} s"
+            serving = [w.proc.pid for w in self._workers if w.ready]
+            self._live.set(len(serving))
+            if len(serving) == len(self._workers) and serving != announced:
+                self._announce(serving, first=announced is None)
+                announced = serving
+            self._stop.wait(TICK_S)
+        return None
+
+    def _announce(self, pids: list[int], *, first: bool) -> None:
+        self.health.started = True
+        if first:
+            log.info(
+                "serving on %s:%d with %d workers %s (metrics on %s)",
+                self.cfg.host,
+                self.port,
+                len(pids),
+                pids,
+                self.metrics_port or "-",
+            )
+        if self.cfg.ready_file:
+            # The workers' own data ports (as bound: with --data-port 0 each took a free one)
+            data_ports = [w.data_port for w in sorted(self._workers, key=lambda w: w.slot)]
+            info = {
+                "port": self.port,
+                "data_port": data_ports[0] if data_ports else None,
+                "data_ports": data_ports,
+                "metrics_port": self.metrics_port,
+                "pid": os.getpid(),
+                "workers": pids,
+                "restarts": self._restart_count,
+            }
+            write_ready_file(self.cfg.ready_file, info)
+
+    def _stop_workers(self) -> dict[int, int | None]:
+        """SIGTERM every worker (each drains), wait, kill what lingers; exit code by pid."""
+        live = [w for w in self._workers if w.proc.poll() is None]
+        if live:
+            log.info("draining %d workers: %.1f s grace for in-flight streams", len(live), self.cfg.grace_s)
+        for w in live:
+            w.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.grace_s + STOP_MARGIN_S
+        codes: dict[int, int | None] = {}
+        for w in self._workers:
+            try:
+                codes[w.proc.pid] = w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker %d still running after the grace period: killed", w.proc.pid)
+                w.proc.kill()
+                w.proc.wait()
+                codes[w.proc.pid] = None
+            mark_process_dead(w.proc.pid, str(self.metrics_dir))
+        return codes
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _data_port_of(ready_path: Path) -> int | None:
+    """The data port a worker's ready file names (ready.py; written whole, atomically)."""
+    try:
+        port = json.loads(ready_path.read_text()).get("data_port")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return port if isinstance(port, int) else None
+
+
+def supervise(cfg: ServerConfig) -> None:
+    """Run `cfg.workers` worker processes on one port until SIGTERM/SIGINT (see the module docstring)."""
+    Supervisor(cfg).run()

@@ -1,0 +1,52 @@
+"""Shuffle mode "block": permute the blocks, then permute samples within windows of blocks.
+
+1. The M blocks (row groups, across all shards) are put in a keyed random order. This shuffles the
+   shards and the row groups inside them at once: consecutive blocks of the order come from
+   anywhere in the dataset, yet each remains one contiguous storage read.
+2. The permuted blocks are cut into windows of `window` consecutive blocks; the samples of each
+   window are permuted with a key of their own. A batch therefore draws from at most a window's
+   blocks, and consecutive batches reuse them (cache hits) until the window is consumed.
+
+Lookup of a position: window by binary search over window starts (O(log M)), one keyed permutation
+inside the window (O(1)), then slot and row by binary search over the permuted blocks' cumulative
+sizes (O(log M)). Memory: three arrays of M integers, however many rows there are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardstream.order.permutation import KeyedPermutation, derive_key
+
+
+class BlockOrder:
+    def __init__(self, block_sizes: np.ndarray, key: bytes, window: int) -> None:
+        sizes = np.asarray(block_sizes, dtype=np.int64)
+        m = len(sizes)
+        self._key = key
+        self._block_start = np.concatenate([[0], np.cumsum(sizes)])[:-1].astype(np.int64)
+        # slot j of the epoch's block order holds block _slot_block[j]
+        self._slot_block = KeyedPermutation(m, derive_key(key.hex(), "blocks"))(np.arange(m, dtype=np.int64))
+        self._slot_start = np.concatenate([[0], np.cumsum(sizes[self._slot_block])]).astype(np.int64)
+        self._window_start = (
+            np.append(self._slot_start[0:m:window], self._slot_start[-1]) if m else np.zeros(1, np.int64)
+        )
+        self.num_rows = int(self._slot_start[-1])
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        p = np.asarray(positions, dtype=np.int64)
+        if p.size and (p.min() < 0 or p.max() >= self.num_rows):
+            raise IndexError(f"positions must lie in [0, {self.num_rows})")
+        win = np.searchsorted(self._window_start, p, side="right") - 1
+        mixed = np.empty_like(p)
+        for w in np.unique(win):
+            sel = win == w
+            start, end = int(self._window_start[w]), int(self._window_start[w + 1])
+            perm = KeyedPermutation(end - start, derive_key(self._key.hex(), "window", int(w)))
+            mixed[sel] = start + perm(p[sel] - start)
+        slot = np.searchsorted(self._slot_start, mixed, side="right") - 1
+        return self._block_start[self._slot_block[slot]] + (mixed - self._slot_start[slot])
+
+
+def block_order(block_sizes: np.ndarray, key: bytes, window: int) -> BlockOrder:
+    return BlockOrder(block_sizes, key, window)

@@ -1,0 +1,145 @@
+"""The server image (deploy/Dockerfile) built with Debian's podman and run as the chart runs it.
+
+Runs only where podman is installed (`make image` installs it with apt-get; `.ci/run` builds the image
+before the tests): the image tagged shardstream:VERSION is built first if it is missing
+(deploy/image/build.sh, about 2 minutes here). The container runs as the Helm chart's pod does — UID
+10001, read-only root filesystem with /tmp in memory, every capability dropped, the registry mounted
+read-only — with its ports published on loopback under their own numbers (a client dials the data
+port GetDataset names on the host it asked). Then: gRPC health SERVING on the control port and on the
+data plane's service name, /metrics 200, two Loaders on this host read a dataset served from the
+container exactly once, /metrics counts the epoch, and `podman stop` (SIGTERM) drains to exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+
+from shardstream.client import Loader
+
+from .support.chart import DOCKERFILE, probe_grpc
+from .support.data import N_ROWS, write_dataset
+from .support.servers import unused_port_outside, unused_port_range, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+PODMAN = REPO / "deploy" / "image" / "podman.sh"  # podman with the repository's containers.conf
+BUILD = REPO / "deploy" / "image" / "build.sh"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+WORKERS = 2
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None, reason="podman is not installed (Debian package podman; `make image` installs it)"
+)
+
+
+def version() -> str:
+    import tomllib
+
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def podman(*args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(PODMAN), *args], capture_output=True, text=True, timeout=timeout_s)
+    assert not check or done.returncode == 0, f"podman {' '.join(args)}: {done.stdout}{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    tag = f"shardstream:{version()}"
+    if podman("image", "exists", tag, check=False).returncode != 0:
+        done = subprocess.run([str(BUILD)], capture_output=True, text=True, timeout=900, env={**os.environ, "IMAGE": tag})
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return tag
+
+
+@contextlib.contextmanager
+def container(name: str, argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`podman run` in the foreground (its own process group, output to `log`); the container is
+    removed afterwards whatever happened (conmon keeps it running outside our process group)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(PODMAN), "run", "--name", name, *argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_the_image_runs_non_root_with_shardstream_as_entrypoint(image: str) -> None:
+    config = json.loads(podman("image", "inspect", image).stdout)[0]["Config"]
+    assert config["User"] == "10001:10001" and config["Entrypoint"] == ["shardstream"]
+    assert config.get("StopSignal") in ("SIGTERM", "15")
+    assert set(config["ExposedPorts"]) == {"7070/tcp", "7071/tcp", "9090/tcp"}
+    # nothing the final stage should not carry: no compiler, no wheels, no pip cache
+    script = "for p in /wheels /root/.cache/pip /opt/build; do [ -e $p ] && echo $p; done; command -v gcc cc g++; true"
+    assert podman("run", "--rm", "--entrypoint", "sh", image, "-c", script).stdout.strip() == ""
+    # the version installed is the one the Dockerfile pins, and it is this repository's
+    pin = f'"shardstream[server]=={version()}"'
+    assert pin in DOCKERFILE.read_text()
+    shown = podman("run", "--rm", "--entrypoint", "python3", image, "-c", "import importlib.metadata as m; print(m.version('shardstream'))")
+    assert shown.stdout.strip() == version()
+
+
+def test_the_image_serves_a_loader_on_the_host_exactly_once(image: str, tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    write_dataset(registry, "toy", N_ROWS)
+    data_port = unused_port_range(WORKERS)  # worker i's Flight data plane on data_port + i
+    port, metrics_port = unused_port_outside(data_port, WORKERS), unused_port_outside(data_port, WORKERS)
+    published = [port, metrics_port, *range(data_port, data_port + WORKERS)]
+    argv = [
+        "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        *[a for p in published for a in ("--publish", f"127.0.0.1:{p}:{p}")],
+        "--volume", f"{registry}:/data/registry:ro",
+        image,
+        "serve", "--root", "/data/registry", "--host", "0.0.0.0", "--port", str(port),
+        "--data-port", str(data_port), "--workers", str(WORKERS), "--metrics-port", str(metrics_port), "--grace", "5",
+    ]  # fmt: skip
+    name = f"shardstream-smoke-{os.getpid()}"
+    log = tmp_path / "container.log"
+    with container(name, argv, log) as proc:
+        probe = {"grpc": {"port": port}, "timeoutSeconds": 2}
+        wait_for(lambda: proc.poll() is not None or probe_grpc(port, probe) == SERVING, "health SERVING", 120)
+        assert proc.poll() is None, log.read_text()
+        data_plane = {"grpc": {"port": port, "service": "shardstream.v1.ShardStream"}, "timeoutSeconds": 2}
+        assert probe_grpc(port, data_plane) == SERVING
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+                assert reply.status == 200
+                return str(reply.read().decode())
+
+        assert "shardstream_" in scrape() and 'worker="1"' in scrape()
+        seen: list[int] = []
+        for rank in range(2):
+            with Loader(f"127.0.0.1:{port}", "toy@1", batch_size=16, rank=rank, world_size=2, seed=3, epochs=1) as ld:
+                seen += [int(i) for b in ld for i in np.asarray(b["id"])]
+        assert sorted(seen) == list(range(N_ROWS)), "every sample exactly once"
+
+        def rows_sent() -> float:
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in scrape().splitlines()
+                if line.startswith("shardstream_rows_sent_total")
+            )
+
+        wait_for(lambda: rows_sent() >= N_ROWS, "/metrics to count the epoch's rows", 30)
+        assert rows_sent() == N_ROWS
+        podman("stop", "--time", "30", name, timeout_s=60)  # SIGTERM: health NOT_SERVING, drain, exit
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        assert "stopped" in log.read_text()
