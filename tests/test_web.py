@@ -315,3 +315,49 @@ def test_a_bad_query_is_a_page_that_says_why(web: str) -> None:
     body = exc.value.read()
     exc.value.close()
     assert exc.value.code == 400 and b"rank must be in [0, 2)" in body
+
+
+# --- "Copy as Python" -----------------------------------------------------------------------------
+RUN_AND_DUMP = "\nimport pickle, sys\nwith open(sys.argv[1], 'wb') as f:\n    pickle.dump(batch, f)\n"
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        StepQuery("photos@1", world_size=4, batch_size=2, rank=3, step=5, epoch=1, seed=11, transforms=DECODE),
+        StepQuery("text@1", world_size=2, batch_size=2, rank=1, step=2, shuffle="full", transforms=PACK),
+        StepQuery(MIXTURE, world_size=2, batch_size=4, rank=1, step=3, columns="name", shuffle="none", drop_last=True),
+    ],
+    ids=["images-epoch-1", "packed-text", "mixture-columns"],
+)
+def test_copy_as_python_is_a_script_whose_batch_is_the_batch_shown(page: Page, web: str, tmp_path: Path, q: StepQuery) -> None:
+    pg = page.open("/step?" + urlencode(q.to_params()))
+    shown = summaries(pg)
+    script = pg.text_content("#reproduce")
+    assert script and "null" not in script and "from shardstream.client import Loader" in script
+    path = tmp_path / "reproduce.py"
+    path.write_text(script + RUN_AND_DUMP)
+    out = tmp_path / "batch.pickle"
+    proc = subprocess.run(
+        [sys.executable, str(path), str(out)], capture_output=True, text=True, timeout=120, start_new_session=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import pickle
+
+    batch = pickle.loads(out.read_bytes())
+    if "input_ids" in batch:
+        assert [s["tokens"] for s in shown] == (batch["document_ids"] >= 0).sum(axis=1).tolist()
+    elif "image" in batch:
+        assert [s["id"] for s in shown] == batch["id"].tolist()
+        from PIL import Image
+
+        assert len(shown) == len(batch["image"]) == 2
+        for i, pixels in enumerate(batch["image"]):
+            url = web + "/m/image?" + urlencode({**q.to_params(), "col": "image", "i": i})
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                png = np.asarray(Image.open(io.BytesIO(resp.read())).convert("RGB"))
+            assert np.array_equal(png, pixels)  # the pixels the page draws are the script's
+    else:
+        assert sorted(batch) == ["name"]  # the job's columns are kept
+        assert [s["name"] for s in shown] == batch["name"].tolist() and len(shown) == 4

@@ -95,9 +95,11 @@ class DataSource:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         owned: Any = None,
         security: ChannelSecurity | None = None,
+        tls: TlsOption = None,
     ) -> None:
         self.endpoints = normalize_endpoints(list(endpoints))
         self.security = security or ChannelSecurity()
+        self.tls = tls  # the Loader's tls= as given (file paths), for the scripts the pages show
         self.registry = registry  # manifests: history, diffs, shard names, shuffle stats (optional)
         self.metrics_urls = list(metrics_urls)  # the servers' /metrics (the fleet page)
         self.timeout_s = timeout_s
@@ -123,7 +125,7 @@ class DataSource:
         start a server over `root` and dial it."""
         if server:
             security = ChannelSecurity.from_options(tls, token)
-            return cls(server.split(","), registry=registry, metrics_urls=metrics, security=security)
+            return cls(server.split(","), registry=registry, metrics_urls=metrics, security=security, tls=tls)
         if not root:
             raise InvalidArgumentError("give --server HOST:PORT (a running fleet) or --root (a registry to serve)")
         from shardstream.server.local_fleet import LocalServer

@@ -13,7 +13,7 @@ from shardstream.order.delivery import make_selector, shuffle_stats
 from shardstream.order.mixture import is_mixture, parse_mixture
 from shardstream.order.read_order import StepLayout
 
-from .. import encode
+from .. import encode, reproduce
 from ..catalog import presets
 from ..samples import ColumnView, row_summary, views
 from ..source import StepBatch
@@ -211,8 +211,13 @@ def step(request: Request) -> Response:
         nav=nav,
         looks=looks,
         skipped=info.skipped,
-        state=json.dumps(viz.source.loader_state(q), indent=1, sort_keys=True),
-        loader=json.dumps(q.loader_kwargs(), sort_keys=True),
+        reproduce=reproduce.script(
+            q,
+            viz.source.endpoints,
+            viz.source.loader_state(q),
+            tls=viz.source.tls,
+            token=bool(viz.source.security.metadata),
+        ),
         mixture=links.mixture_url(q) if sb.target.mixture is not None else None,
         stats=links.stats_url(q) if catalog.registry is not None else None,
     )
