@@ -88,6 +88,9 @@ class ServerConfig:
     data_port: int = 0
     advertised_data_port: int = 0  # the data port GetDataset names, when clients reach it by another
     grant_key: str = ""  # hex; signs data-plane grants (server/serving/grants.py): made at start, a supervisor's shared
+    # Checkpoints (server/checkpoints/): kept under this root (a directory or s3://) and moved over the
+    # data plane (Flight DoPut/DoGet/DoAction); None: not kept
+    checkpoint_root: str | None = None
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

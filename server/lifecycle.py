@@ -32,6 +32,7 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.registry import Registry
 
 from .backends.roots import open_registry
+from .checkpoints import open_checkpoint_plane
 from .config import ServerConfig
 from .read.reader import new_row_group_cache
 from .read.spill import SpillTier
@@ -107,6 +108,10 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         write_timeout_s=cfg.write_timeout_s,
         auth=Authenticator(cfg.auth_file),
     )
+    if cfg.checkpoint_root:  # before the data plane starts: it serves them (serving/data_plane.py)
+        service.checkpoints = open_checkpoint_plane(  # type: ignore[attr-defined]
+            cfg.checkpoint_root, cache, service.auth, s3_endpoint=cfg.s3_endpoint
+        )
     server = grpc.aio.server(options=server_options(cfg), interceptors=[RpcMetrics()])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()

@@ -249,16 +249,20 @@ class Checkpointer:
         return dict(self._session.action("checkpoint.manifest", {"job": self.job, "step": step}))
 
     def follow(self, *, poll_s: float = 0.2, start: int | None = None, timeout_s: float | None = None) -> Iterator[int]:
-        """Each committed step newer than `start` (default: the latest now) as it lands, for as long as
-        the caller iterates (or until `timeout_s` passes without a new one)."""
-        seen = start if start is not None else (self.latest() if self.steps() else -1)
+        """Each committed step newer than `start` (default: the latest when follow() is called) as it
+        lands, the newest first when several landed between two looks (a reader behind skips the
+        ones in between); ends when `timeout_s` passes without a new one (None: never)."""
+        seen = start if start is not None else self.latest()
+        return self._follow(-1 if seen is None else seen, poll_s, timeout_s)
+
+    def _follow(self, seen: int, poll_s: float, timeout_s: float | None) -> Iterator[int]:
         last_new = time.monotonic()
         while True:
-            new = [s for s in self.steps() if s > (seen if seen is not None else -1)]
+            new = [s for s in self.steps() if s > seen]
             if new:
                 seen = new[-1]
                 last_new = time.monotonic()
-                yield seen  # the newest: a reader behind skips the ones in between
+                yield seen
                 continue
             if timeout_s is not None and time.monotonic() - last_new > timeout_s:
                 return

@@ -12,6 +12,18 @@ datasets its patterns match:
         mtls_subject: "CN=ci"          # the certificate's subject, its attributes in any order
         datasets: ["*"]
 
+A principal may also keep checkpoints (server/checkpoints/, `serve --checkpoint-root`): it saves and
+loads those of the jobs its `checkpoints:` globs match, and only loads those of `checkpoints_read:`
+(an evaluation host, an RL rollout worker); a principal without either has none. Without `--auth`
+every caller may save and load every job's.
+
+    principals:
+      - name: trainer
+        token_sha256: "..."
+        datasets: ["web"]
+        checkpoints: ["run-*"]
+        checkpoints_read: ["eval-*"]
+
 A pattern is `NAME_GLOB` (every version of the matching datasets) or `NAME_GLOB@N` (version N only);
 the glob is fnmatch's (`*`, `?`, `[...]`), matched case-sensitively against dataset names.
 
@@ -69,7 +81,7 @@ log = logging.getLogger("shardstream.server.serving.auth")
 AUTHORIZATION_KEY = "authorization"  # call metadata: "Bearer <token>"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9._*?\[\]!-]{1,128}(@[1-9][0-9]{0,18})?\Z")
-_PRINCIPAL_KEYS = frozenset({"name", "token_sha256", "mtls_subject", "datasets"})
+_PRINCIPAL_KEYS = frozenset({"name", "token_sha256", "mtls_subject", "datasets", "checkpoints", "checkpoints_read"})
 _NO_MATCH = b"\0" * 32  # compared against when a principal has no token, so every comparison costs the same
 
 
@@ -98,6 +110,8 @@ class Principal:
     patterns: tuple[str, ...] | None = None
     token_digest: bytes | None = None  # sha256 of its token
     subject: frozenset[str] | None = None  # its mTLS subject, normalized
+    checkpoints: tuple[str, ...] | None = None  # job globs it saves and loads (None: every job)
+    checkpoints_read: tuple[str, ...] | None = None  # job globs it loads only
 
     def _matching(self, name: str) -> list[str]:
         assert self.patterns is not None
@@ -160,9 +174,19 @@ def _principal(i: int, entry: Any) -> Principal:
     for p in patterns:
         if not isinstance(p, str) or not _PATTERN_RE.match(p):
             raise InvalidArgumentError(f"{where}: bad dataset pattern {p!r} (NAME_GLOB or NAME_GLOB@VERSION)")
+    jobs = {}
+    for key in ("checkpoints", "checkpoints_read"):
+        globs = entry.get(key, [])
+        if not isinstance(globs, Sequence) or isinstance(globs, str) or not all(
+            isinstance(g, str) and _PATTERN_RE.match(g) and "@" not in g for g in globs
+        ):
+            raise InvalidArgumentError(f"{where}: {key} must be a list of job name globs ('run-*')")
+        jobs[key] = tuple(globs)
     return Principal(
         name=name,
         patterns=tuple(patterns),
+        checkpoints=jobs["checkpoints"],
+        checkpoints_read=jobs["checkpoints_read"],
         token_digest=bytes.fromhex(digest) if digest is not None else None,
         subject=normalize_subject(subject) if subject is not None else None,
     )

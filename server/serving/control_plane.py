@@ -247,7 +247,9 @@ class ShardStreamService:
         for bad in listing.bad:
             self._report(bad)
         readable = [m for m in listing.manifests if principal.may_read(m.name, m.version)]
-        return pb.ListDatasetsResponse(datasets=[dataset_info(m, self.data_port) for m in readable])
+        return pb.ListDatasetsResponse(
+            datasets=[dataset_info(m, self.data_port) for m in readable], data_port=self.data_port
+        )
 
     def _report(self, bad: BadEntry) -> None:
         if self._log_once(f"{bad.ref}: {bad.reason}"):

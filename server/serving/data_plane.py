@@ -58,6 +58,7 @@ from shardstream.errors import (
 )
 from shardstream.v1 import shardstream_pb2 as pb
 
+from ..checkpoints import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
 from ..read.build import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
@@ -159,9 +160,11 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             tls_certificates=tls_certificates,
             verify_client=client_ca is not None,
             root_certificates=client_ca,
-            middleware={_MIDDLEWARE: _CallFactory()},
+            middleware={_MIDDLEWARE: _CallFactory(), CHECKPOINT_MIDDLEWARE: CheckpointCallFactory()},
         )
         self.service = service
+        # Checkpoints (server/checkpoints/, `serve --checkpoint-root`): None when not enabled
+        self.checkpoints: CheckpointPlane | None = getattr(service, "checkpoints", None)
         # Every stream's message builds (one at a time per stream: _Messages)
         self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
         # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
@@ -233,8 +236,27 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             return svc.grants.principal(call.headers, ticket, svc.auth)
         return svc.auth.authenticate(metadata, None)
 
+    # --- checkpoints: DoPut, DoAction, ListFlights and chunk DoGets (server/checkpoints/plane.py) ----
+    def _checkpoint_plane(self) -> CheckpointPlane:
+        if self.checkpoints is None:
+            raise to_flight_error(
+                grpc.StatusCode.FAILED_PRECONDITION, "this server keeps no checkpoints (serve --checkpoint-root URL)"
+            )
+        return self.checkpoints
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        self._checkpoint_plane().do_put(context, descriptor, reader, writer)
+
+    def do_action(self, context: Any, action: Any) -> Any:
+        return self._checkpoint_plane().do_action(context, action)
+
+    def list_flights(self, context: Any, criteria: bytes) -> Any:
+        return self._checkpoint_plane().list_flights(context, criteria)
+
     # --- DoGet ---------------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        if ticket.ticket.startswith(CHUNK_TICKET_PREFIX):
+            return self._checkpoint_plane().do_get(context, ticket.ticket)
         call: _Call = context.get_middleware(_MIDDLEWARE)
         svc = self.service
         peer = context.peer()

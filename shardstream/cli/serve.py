@@ -58,6 +58,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         reflection=args.reflection,
         data_port=args.data_port if args.data_port is not None else (args.port + 1 if args.port else 0),
         advertised_data_port=args.advertised_data_port,
+        checkpoint_root=args.checkpoint_root,
     )
 
 
@@ -259,6 +260,13 @@ def add_commands(sub: Any) -> None:
         default=600.0,
         metavar="SECONDS",
         help="close a control-port connection without calls for this long (default 600)",
+    )
+    sp.add_argument(
+        "--checkpoint-root",
+        metavar="URL",
+        default=None,
+        help="keep training checkpoints under this directory or s3://bucket/prefix and move them over the "
+        "data plane (Checkpointer; `shardstream checkpoint`); --auth principals need `checkpoints:` job globs",
     )
     sp.add_argument(
         "--transform-threads",

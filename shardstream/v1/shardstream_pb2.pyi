@@ -17,10 +17,12 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
-    __slots__ = ("datasets",)
+    __slots__ = ("datasets", "data_port")
     DATASETS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
-    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
+    data_port: int
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class Field(_message.Message):
     __slots__ = ("name", "type")

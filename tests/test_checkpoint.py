@@ -1,0 +1,193 @@
+"""Checkpoints through a real server (DESIGN §13): round trip with a torch model, Adam and a running
+Loader; incremental bytes; integrity; permissions; follow()."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.checkpoint_format import chunk_key
+from shardstream.client import Loader
+from shardstream.client.checkpoint import Checkpointer
+from shardstream.errors import (
+    DataLossError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
+
+from .support.servers import Servers
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def ckpt_server(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    with Servers(data_root) as servers:
+        yield servers.start(metrics=True, extra_args=("--checkpoint-root", str(root))), root
+
+
+def _model(seed: int) -> tuple[Any, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.ReLU(), torch.nn.Linear(16, 7))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _train_step(model: Any, opt: Any, batch: dict[str, np.ndarray]) -> None:
+    x = torch.tensor(np.asarray(batch["x"], dtype=np.float32) / 1000)
+    y = torch.tensor(np.asarray(batch["label"], dtype=np.int64))
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _same_batches(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def _flat(state: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(state, dict):
+        return {k: v for key, val in state.items() for k, v in _flat(val, f"{prefix}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, val in enumerate(state) for k, v in _flat(val, f"{prefix}/{i}").items()}
+    return {prefix: state}
+
+
+@pytest.mark.parametrize("steps_before", [1, 4])
+def test_round_trip_model_optimizer_and_loader(ckpt_server: Any, steps_before: int) -> None:
+    server, _ = ckpt_server
+    job = f"roundtrip-{steps_before}"
+    model, opt = _model(0)
+    with Loader([server.target], "toy@1", batch_size=8, seed=3) as loader, Checkpointer([server.target], job=job) as ck:
+        it = iter(loader)
+        for _ in range(steps_before):
+            _train_step(model, opt, next(it))
+        handle = ck.save(steps_before, {"model": model.state_dict(), "optim": opt.state_dict()}, loader=loader)
+        saved = {k: v.clone() if torch.is_tensor(v) else v for k, v in _flat({"model": model.state_dict(), "optim": opt.state_dict()}).items()}
+        expected_next = next(it)  # the uninterrupted run's next batch (the save does not move the stream)
+        _train_step(model, opt, expected_next)  # training goes on while the upload runs
+        assert handle.result(timeout=60) == steps_before
+        assert ck.steps() == [steps_before] and ck.latest() == steps_before
+
+    model2, opt2 = _model(1)  # other weights, an optimizer without state
+    with Loader([server.target], "toy@1", batch_size=8, seed=3) as loader2, Checkpointer([server.target], job=job) as ck2:
+        into = {"model": model2.state_dict(), "optim": opt2.state_dict()}
+        state = ck2.load("latest", into=into, loader=loader2)
+        opt2.load_state_dict(state["optim"])
+        got = _flat({"model": model2.state_dict(), "optim": opt2.state_dict()})
+        assert got.keys() == saved.keys()
+        for key, value in saved.items():
+            if torch.is_tensor(value):
+                assert value.dtype == got[key].dtype and torch.equal(value, got[key]), key  # bit-identical
+            else:
+                assert value == got[key], key
+        assert _same_batches(next(iter(loader2)), expected_next)
+
+
+def test_incremental_save_sends_what_changed(ckpt_server: Any) -> None:
+    server, _ = ckpt_server
+    state = {f"layer{i}": torch.randn(64 * 1024) for i in range(10)}  # 10 x 256 KiB
+    with Checkpointer([server.target], job="incremental", chunk_bytes=64 << 10) as ck:
+        first = ck.save(1, state)
+        first.result(60)
+        assert first.bytes_sent == first.bytes_total == 10 * 256 * 1024
+        state["layer3"].add_(1.0)  # 10% of the state changes
+        second = ck.save(2, state, blocking=True)
+        assert 0.09 <= second.bytes_sent / second.bytes_total <= 0.11
+        third = ck.save(3, state, blocking=True)  # nothing changed
+        assert third.bytes_sent == 0
+        loaded = ck.load(2)
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+        assert ck.steps() == [1, 2, 3]
+
+
+def test_a_flipped_byte_in_a_stored_chunk_is_data_loss_naming_it(ckpt_server: Any) -> None:
+    server, root = ckpt_server
+    job = "integrity"
+    state = {"model": {"w": torch.arange(50_000, dtype=torch.float32), "b": torch.ones(3)}}
+    with Checkpointer([server.target], job=job, chunk_bytes=64 << 10) as ck:
+        ck.save(7, state, blocking=True)
+        manifest = ck.manifest(7)
+        tensor = next(t for t in manifest["parts"][0]["tensors"].values() if t["path"] == "model/w")
+        h = tensor["chunks"][1][0]
+        path = root / chunk_key(job, h)
+        data = bytearray(path.read_bytes())
+        data[1234] ^= 0x20
+        path.write_bytes(bytes(data))
+        with pytest.raises(DataLossError) as err:
+            ck.load(7)
+        assert f"{job}@7" in str(err.value) and "'model/w'" in str(err.value) and h in str(err.value)
+        assert str(root) not in str(err.value)  # no server path reaches a client
+
+
+def test_load_refuses_a_tensor_of_another_shape_and_names_missing_steps(ckpt_server: Any) -> None:
+    server, _ = ckpt_server
+    with Checkpointer([server.target], job="shapes") as ck:
+        ck.save(1, {"w": torch.zeros(4)}, blocking=True)
+        with pytest.raises(InvalidArgumentError, match="w"):
+            ck.load(1, into={"w": torch.zeros(5)})
+        with pytest.raises(NotFoundError):
+            ck.load(2)
+        with pytest.raises(InvalidArgumentError, match="job"):
+            Checkpointer([server.target], job="../etc")
+
+
+def test_follow_yields_each_new_commit(ckpt_server: Any) -> None:
+    server, _ = ckpt_server
+    with Checkpointer([server.target], job="follow") as writer, Checkpointer([server.target], job="follow") as reader:
+        writer.save(1, {"w": torch.zeros(4)}, blocking=True)
+        follow = reader.follow(poll_s=0.01, timeout_s=30)
+        for step in (2, 3):
+            writer.save(step, {"w": torch.full((4,), float(step))}, blocking=True)
+            assert next(follow) == step
+            assert torch.equal(reader.load(step)["w"], torch.full((4,), float(step)))
+
+
+# --- permissions ------------------------------------------------------------------------------------
+TOKENS = {"trainer": "trainer-token-1", "rollout": "rollout-token-2", "other": "other-token-3"}
+
+
+@pytest.fixture(scope="module")
+def auth_server(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from shardstream.server.serving.auth import token_sha256
+
+    tmp = tmp_path_factory.mktemp("ckauth")
+    grants = {
+        "trainer": {"checkpoints": ["run-*"]},
+        "rollout": {"checkpoints_read": ["run-*"]},
+        "other": {"checkpoints": ["mine-*"]},
+    }
+    lines = ["principals:"]
+    for name, extra in grants.items():
+        lines += [f"  - name: {name}", f"    token_sha256: \"{token_sha256(TOKENS[name])}\"", "    datasets: []"]
+        lines += [f"    {k}: {v!r}" for k, v in extra.items()]
+    (tmp / "auth.yaml").write_text("\n".join(lines) + "\n")
+    with Servers(data_root) as servers:
+        yield servers.start(extra_args=("--checkpoint-root", str(tmp / "ck"), "--auth", str(tmp / "auth.yaml")))
+
+
+def test_writers_readers_and_others(auth_server: Any) -> None:
+    target = [auth_server.target]
+    ck: Callable[..., Checkpointer] = lambda who, job="run-1": Checkpointer(target, job=job, token=TOKENS[who])  # noqa: E731
+    with ck("trainer") as trainer:
+        trainer.save(1, {"w": torch.ones(8)}, blocking=True)
+        assert trainer.steps() == [1]
+    with ck("rollout") as rollout:  # a principal that may read no dataset still finds the data plane
+        assert torch.equal(rollout.load("latest")["w"], torch.ones(8))
+        with pytest.raises(PermissionDeniedError, match="not writable"):
+            rollout.save(2, {"w": torch.zeros(8)}).result(30)
+    with ck("other") as other:
+        with pytest.raises(PermissionDeniedError) as existing:
+            other.steps()
+    with ck("other", "run-404") as other:
+        with pytest.raises(PermissionDeniedError) as missing:
+            other.steps()
+    assert str(existing.value).replace("run-1", "J") == str(missing.value).replace("run-404", "J")
+    with Checkpointer(target, job="run-1", token="wrong-token") as nobody, pytest.raises(UnauthenticatedError):
+        nobody.steps()
