@@ -1,8 +1,8 @@
 """A trainer that saves checkpoints and is killed with SIGKILL at a chosen point of one save.
 
-    python -m tests.support.checkpoint_saver ENDPOINT JOB STEPS CRASH_STEP CRASH_CALL
+    python -m tests.support.checkpoint_saver ENDPOINT JOB FIRST LAST CRASH_STEP CRASH_CALL
 
-saves steps 1..STEPS of `state_at(step)` (a numpy state: no torch import, so each run starts fast);
+saves steps FIRST..LAST of `state_at(step)` (a numpy state: no torch import, so each run starts fast);
 during the save of CRASH_STEP it kills itself with SIGKILL just before its CRASH_CALL-th call to the
 server (0: the first `has`; then each DoPut of chunks, the part, each commit), and, with CRASH_CALL
 -1, in the middle of a DoPut after half its chunks were written. The process really dies by SIGKILL:
@@ -41,7 +41,8 @@ def state_at(step: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    endpoint, job, steps, crash_step, crash_call = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    endpoint, job = argv[0], argv[1]
+    first, last, crash_step, crash_call = (int(a) for a in argv[2:6])
     calls = [0]
     saving = [0]
 
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> None:
     CheckpointSession.action = counted(CheckpointSession.action)  # type: ignore[method-assign]
     CheckpointSession.put_chunks = counted(put_half)  # type: ignore[method-assign]
     with Checkpointer([endpoint], job=job, rank=0, world_size=1, chunk_bytes=CHUNK_BYTES) as ckpt:
-        for step in range(1, steps + 1):
+        for step in range(first, last + 1):
             saving[0] = step
             ckpt.save(step, state_at(step), blocking=True)
             print(f"committed {step}", flush=True)

@@ -1,0 +1,85 @@
+"""Crash safety of checkpoint saves (DESIGN §13): a trainer killed with SIGKILL at any point of a save
+leaves the previous commit as `latest`, complete and loadable; nothing partial is listed; the job
+resumed saves on; `gc` reclaims what the dead save left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.checkpoint_format import chunks_of
+from shardstream.client.checkpoint import Checkpointer
+from shardstream.server.checkpoints import collect, open_checkpoint_store
+
+from .support.checkpoint_saver import state_at
+from .support.servers import Servers
+
+REPO = Path(__file__).resolve().parent.parent
+LAST = 4
+
+
+@pytest.fixture(scope="module")
+def ckpt_server(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    root = tmp_path_factory.mktemp("crash-checkpoints")
+    with Servers(data_root) as servers:
+        yield servers.start(extra_args=("--checkpoint-root", str(root))), root
+
+
+def _saver(target: str, job: str, first: int, crash_step: int, crash_call: int) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.checkpoint_saver", target, job, str(first), str(LAST), str(crash_step), str(crash_call)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _loads_exactly(ck: Checkpointer, step: int) -> None:
+    got = ck.load(step)
+    want = state_at(step)
+    assert got["step"] == want["step"] and got["lr"] == want["lr"]
+    for name, value in want["model"].items():
+        assert got["model"][name].dtype == value.dtype and np.array_equal(got["model"][name], value), name
+
+
+@pytest.mark.parametrize("crash_step", [1, 3])
+@pytest.mark.parametrize("crash_call", [-1, 0, 1, 2, 3])  # mid-DoPut, before has / DoPut / part / commit
+def test_a_save_killed_anywhere_leaves_the_previous_commit(ckpt_server: Any, crash_step: int, crash_call: int) -> None:
+    server, root = ckpt_server
+    job = f"crash-{crash_step}-{crash_call + 1}"
+    killed = _saver(server.target, job, 1, crash_step, crash_call)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Checkpointer([server.target], job=job) as ck:
+        assert ck.steps() == list(range(1, crash_step))  # nothing partial listed
+        if crash_step > 1:
+            assert ck.latest() == crash_step - 1
+            _loads_exactly(ck, crash_step - 1)
+        resumed = _saver(server.target, job, crash_step, 0, 0)  # the job restarted: saves on
+        assert resumed.returncode == 0, resumed.stderr
+        assert ck.steps() == list(range(1, LAST + 1))
+        for step in ck.steps():
+            _loads_exactly(ck, step)
+    store = open_checkpoint_store(root)
+    report = collect(store, job, keep=1, min_age_s=0)
+    assert store.steps(job) == [LAST] and report.removed_steps == list(range(1, LAST))
+    assert store.storage.list(f"{job}/parts/") == []
+    left = {k.rpartition("/")[2] for k in store.storage.list(f"{job}/chunks/")}
+    assert left == chunks_of(store.manifest(job, LAST))  # the dead save's and the old steps' chunks: gone
+    assert store.verify(job, LAST) == []
