@@ -9,6 +9,7 @@
     inspect_command.py      inspect
     explain_command.py      explain
     cursor_command.py       cursor list|show|migrate
+    checkpoint_command.py   checkpoint list|show|verify|pull|gc
     demo_command.py         demo
     visualize.py            view (terminal UI) and web (browser UI), over shardstream.viz
 
@@ -34,6 +35,7 @@ from shardstream import __version__
 from shardstream.errors import ShardstreamError
 
 from . import (
+    checkpoint_command,
     common,
     cursor_command,
     datasets,
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_command.add_commands(sub)
     explain_command.add_commands(sub)
     cursor_command.add_commands(sub)
+    checkpoint_command.add_commands(sub)
     visualize.add_commands(sub)
     demo_command.add_commands(sub)
     return p

@@ -1,0 +1,204 @@
+"""`shardstream checkpoint list|show|verify|pull|gc`: a checkpoint root, as an operator sees it.
+
+They read the root itself (`--checkpoint-root`, a directory or s3://; what `serve --checkpoint-root`
+serves), so they run beside the fleet with the storage's credentials, not through it:
+
+    list    [--job J]                  jobs, or a job's committed steps (size, age, data position)
+    show    --job J [--step S]         one checkpoint: ranks, tensors, bytes, chunks, Loader state
+    verify  --job J [--step S]         re-read every chunk and check it against its name (exit 1 on a problem)
+    pull    --job J [--step S] --to D  write a plain torch.distributed.checkpoint directory (dcp.load reads
+                                       it without shardstream): for evaluation and inference hosts
+    gc      --job J --keep N           keep the newest N, reclaim the rest (server/checkpoints/gc.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from shardstream.errors import InvalidArgumentError, NotFoundError
+
+from . import common
+from .datasets_gc import duration
+
+__all__ = ["add_commands", "load_state"]
+
+DEFAULT_ROOT_ENV = "SHARDSTREAM_CHECKPOINT_ROOT"
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from shardstream.server.checkpoints import open_checkpoint_store
+
+    root = args.checkpoint_root or os.environ.get(DEFAULT_ROOT_ENV)
+    if not root:
+        raise InvalidArgumentError(f"name the checkpoint root: --checkpoint-root URL or ${DEFAULT_ROOT_ENV}")
+    if not root.startswith("s3://") and not Path(root).is_dir():
+        raise NotFoundError(f"--checkpoint-root {Path(root).resolve()}: no such directory")
+    return open_checkpoint_store(root, s3_endpoint=args.s3_endpoint)
+
+
+def _step(store: Any, job: str, step: int | None) -> int:
+    if step is not None:
+        return step
+    latest = store.latest(job)
+    if latest is None:
+        raise NotFoundError(f"checkpoint job {job} has no committed checkpoint")
+    return int(latest)
+
+
+def _position(part: dict[str, Any]) -> str:
+    loader = part.get("loader") or {}
+    return f"epoch {loader['epoch']} offset {loader['offset']}" if "offset" in loader else "-"
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if not args.job:
+        jobs = store.jobs()
+        if args.json:
+            print(json.dumps({"jobs": [{"job": j, "steps": store.steps(j)} for j in jobs]}))
+        else:
+            common.print_table([["JOB", "CHECKPOINTS", "LATEST"]] + [[j, str(len(s := store.steps(j))), str(s[-1]) if s else "-"] for j in jobs])
+        return 0
+    rows, out = [["STEP", "RANKS", "BYTES", "AGE", "DATA POSITION"]], []
+    for step in store.steps(args.job):
+        m = store.manifest(args.job, step)
+        age = time.time() - m["committed_s"]
+        out.append({"step": step, "world_size": m["world_size"], "bytes": m["bytes"], "committed_s": m["committed_s"]})
+        rows.append([str(step), str(m["world_size"]), common.human_bytes(m["bytes"]), f"{age:.0f}s", _position(m["parts"][0])])
+    if args.json:
+        print(json.dumps({"job": args.job, "checkpoints": out}))
+    else:
+        common.print_table(rows)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    m = store.manifest(args.job, _step(store, args.job, args.step))
+    if args.json:
+        print(json.dumps(m))
+        return 0
+    print(f"checkpoint {args.job}@{m['step']}: {m['world_size']} rank(s), {common.human_bytes(m['bytes'])} in {m['chunks']} chunks")
+    for part in m["parts"]:
+        print(f"rank {part['rank']}: {len(part['tensors'])} tensors, data position {_position(part)}")
+        for t in sorted(part["tensors"].values(), key=lambda t: t["path"]):
+            print(f"  {t['path']}  {t['dtype']}{t['shape']}  {common.human_bytes(t['nbytes'])}  {len(t['chunks'])} chunk(s)")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    store = _store(args)
+    step = _step(store, args.job, args.step)
+    problems = store.verify(args.job, step)
+    for p in problems:
+        print(f"checkpoint {args.job}@{step}: {p}")
+    if not problems:
+        print(f"checkpoint {args.job}@{step}: every chunk present and verified")
+    return common.EXIT_ERROR if problems else 0
+
+
+def load_state(store: Any, job: str, step: int, rank: int = 0) -> dict[str, Any]:
+    """The state tree one rank saved at `job@step`, its tensors read from the root and verified."""
+    from shardstream.checkpoint_format import decode_value
+    from shardstream.client.checkpoint.state_tree import new_array, restore
+
+    part = store.manifest(job, step)["parts"][rank]
+    tensors = {}
+    for name, t in part["tensors"].items():
+        tensor, view = new_array(t["kind"], t["dtype"], t["shape"])
+        offset = 0
+        for h, size in t["chunks"]:
+            view[offset : offset + size] = store.read_chunk(job, h)
+            offset += size
+        tensors[name] = tensor
+    state = restore(decode_value(part["objects"]), tensors.__getitem__)
+    return {"state": state, "loader": part.get("loader")}
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError as exc:
+        raise InvalidArgumentError(f"checkpoint pull writes a torch.distributed.checkpoint directory: pip install torch ({exc})") from exc
+    store = _store(args)
+    step = _step(store, args.job, args.step)
+    m = store.manifest(args.job, step)
+    if m["world_size"] != 1:
+        raise InvalidArgumentError(
+            f"checkpoint {args.job}@{step} has {m['world_size']} parts: pull writes single-rank checkpoints "
+            "(load a sharded one with Checkpointer.storage_reader under torchrun)"
+        )
+    loaded = load_state(store, args.job, step)
+    target = Path(args.to)
+    if target.exists() and any(target.iterdir()):
+        raise InvalidArgumentError(f"--to {target}: not empty (pull writes a new directory)")
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.save(loaded, storage_writer=dcp.FileSystemWriter(str(target)), no_dist=True)
+    if not args.quiet:
+        print(f"checkpoint {args.job}@{step}: {common.human_bytes(m['bytes'])} written to {target} (torch.distributed.checkpoint)")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from shardstream.server.checkpoints import collect
+
+    store = _store(args)
+    report = collect(store, args.job, keep=args.keep, min_age_s=args.min_age, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    if args.json:
+        print(json.dumps(report.__dict__))
+    else:
+        print(
+            f"checkpoint job {args.job}: kept steps {report.kept_steps}; {verb} steps {report.removed_steps}, "
+            f"{report.removed_parts} part(s), {report.removed_chunks} chunk(s), {common.human_bytes(report.freed_bytes)}"
+        )
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    group = common.add_command(
+        sub,
+        "checkpoint",
+        None,
+        help="training checkpoints under a checkpoint root: list, show, verify, pull, gc",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog=common.examples(
+            "shardstream checkpoint list --checkpoint-root ./checkpoints",
+            "shardstream checkpoint show --job run-42 --checkpoint-root s3://bucket/ckpt",
+            "shardstream checkpoint pull --job run-42 --step 1000 --to ./run-42-1000",
+            "shardstream checkpoint gc --job run-42 --keep 3",
+        ),
+    )
+    cmds = group.add_subparsers(dest="checkpoint_command", metavar="COMMAND", required=True)
+
+    def command(name: str, fn: Any, help: str, *, job: str = "required", step: bool = False) -> argparse.ArgumentParser:
+        sp = common.add_command(cmds, name, fn, help=help)
+        sp.add_argument(
+            "--checkpoint-root",
+            metavar="URL",
+            help=f"the root `serve --checkpoint-root` serves: a directory or s3://BUCKET/PREFIX (default: ${DEFAULT_ROOT_ENV})",
+        )
+        sp.add_argument("--job", required=job == "required", help="the checkpoint job (Checkpointer(job=...))")
+        if step:
+            sp.add_argument("--step", type=int, default=None, help="the step (default: the latest committed)")
+        common._add_global(sp, "s3_endpoint", None, "S3 endpoint URL for s3:// roots (default: $AWS_ENDPOINT_URL)")
+        common.json_option(sp)
+        return sp
+
+    command("list", _cmd_list, "jobs, or a job's committed checkpoints", job="optional")
+    command("show", _cmd_show, "one checkpoint: ranks, tensors, bytes, Loader state", step=True)
+    command("verify", _cmd_verify, "re-check every chunk of a checkpoint against its checksum", step=True)
+    pull = command("pull", _cmd_pull, "write a plain torch.distributed.checkpoint directory", step=True)
+    pull.add_argument("--to", required=True, metavar="DIR", help="the directory to write (new or empty)")
+    common.quiet_option(pull)
+    gc = command("gc", _cmd_gc, "keep the newest N checkpoints, reclaim the rest")
+    gc.add_argument("--keep", type=common.positive_int, required=True, help="committed checkpoints to keep")
+    gc.add_argument("--min-age", type=duration, default=3600.0, help="keep unreferenced chunks and parts younger than this (default 1h: a save may be running)")
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
