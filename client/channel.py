@@ -24,6 +24,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .credentials import ChannelSecurity
 from .flight_call import FlightCall
+from .port_probe import wrong_port
 
 __all__ = ["Connection", "normalize_endpoints"]
 
@@ -170,7 +171,7 @@ class Connection:
                 pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata
             )
         except grpc.RpcError as exc:
-            raise from_grpc_error(exc, target=self.target) from exc
+            raise self._error(exc) from exc
         if not self._dns:  # a dns:/// name's answer may be any address's: streams ask their own
             self._remember(info, self._host)
         return info
@@ -179,7 +180,13 @@ class Connection:
         try:
             return self._list(pb.ListDatasetsRequest(), timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise from_grpc_error(exc, target=self.target) from exc
+            raise self._error(exc) from exc
+
+    def _error(self, exc: grpc.RpcError) -> Exception:
+        """The error of a failed control-plane call: one saying what answers at the target instead when
+        it is not a control port (a data or metrics port: port_probe.py), else the mapped status."""
+        wrong = wrong_port(self.target, exc, self._security)
+        return InvalidArgumentError(wrong) if wrong else from_grpc_error(exc, target=self.target)
 
     def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> FlightCall:
         """A Read stream: a Flight DoGet on the server's data plane (its port from GetDataset), an

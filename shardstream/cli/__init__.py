@@ -10,6 +10,7 @@
     explain_command.py      explain
     cursor_command.py       cursor list|show|migrate
     checkpoint_command.py   checkpoint list|show|verify|pull|gc
+    ping_command.py         ping (what answers at HOST:PORT)
     demo_command.py         demo
     visualize.py            view (terminal UI) and web (browser UI), over shardstream.viz
 
@@ -44,6 +45,7 @@ from . import (
     ingest_command,
     inspect_command,
     materialize_command,
+    ping_command,
     serve,
     visualize,
 )
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain_command.add_commands(sub)
     cursor_command.add_commands(sub)
     checkpoint_command.add_commands(sub)
+    ping_command.add_commands(sub)
     visualize.add_commands(sub)
     demo_command.add_commands(sub)
     return p
