@@ -46,8 +46,7 @@ import numpy as np
 from prometheus_client import REGISTRY
 
 from shardstream.client import Loader
-from shardstream.client.cursors.records import CursorStoreBehindError, NoCommittedStepError
-from shardstream.errors import ShardstreamError
+from shardstream.errors import CursorStoreBehindError, NoCommittedStepError, ShardstreamError
 
 __all__ = ["KEY_STRIDE", "TrainerConfig", "main", "packed_keys"]
 

@@ -3,13 +3,22 @@
     ShardstreamError
     ├── InvalidArgumentError (also ValueError)   INVALID_ARGUMENT   a malformed request or bad input
     ├── NotFoundError (also LookupError)         NOT_FOUND          unknown dataset, version or tag
+    │   └── NoCommittedStepError                                    a job has no step all its ranks committed
     ├── FailedPreconditionError                  FAILED_PRECONDITION  state made on another fingerprint
+    │   ├── CursorStoreBehindError                                  the cursor store lost commits
+    │   └── StaleRunError                                           a newer run of the job holds this rank
     ├── ResourceExhaustedError                   RESOURCE_EXHAUSTED  server overloaded
     ├── DataLossError                            DATA_LOSS          a shard failed a check
+    │   └── CorruptCursorError                                      a stored cursor record is unreadable
     ├── UnavailableError                         UNAVAILABLE        no server / storage reachable
+    │   └── UnclaimedError                                          the cursor store holds no run of the job
     ├── UnauthenticatedError                     UNAUTHENTICATED
     ├── PermissionDeniedError                    PERMISSION_DENIED
     └── InternalError                            INTERNAL / anything unmapped
+
+A subclass has its base's code. The five drawn under a base are the job cursors' (client/cursors/:
+records, runs and fencing, resume): raised where the cursor store is read or written — a trainer, the
+`shardstream cursor` commands — never sent by a server, so `from_grpc_error` maps each code to a base.
 
 gRPC itself never produces INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE or
 DATA_LOSS, so when a client sees one the server sent it on purpose. `RETRYABLE_CODES` are the codes
@@ -39,11 +48,14 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 __all__ = [
+    "CorruptCursorError",
+    "CursorStoreBehindError",
     "DataLossError",
     "EXCERPT_CHARS",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
+    "NoCommittedStepError",
     "NotFoundError",
     "PermissionDeniedError",
     "RETRYABLE_CODES",
@@ -52,8 +64,10 @@ __all__ = [
     "FlightStatus",
     "ResourceExhaustedError",
     "ShardstreamError",
+    "StaleRunError",
     "UnauthenticatedError",
     "UnavailableError",
+    "UnclaimedError",
     "excerpt",
     "from_grpc_error",
     "retry_pushback_s",
@@ -125,6 +139,28 @@ class PermissionDeniedError(ShardstreamError):
 
 class InternalError(ShardstreamError):
     grpc_code = grpc.StatusCode.INTERNAL
+
+
+# --- job cursors (client/cursors/) ---------------------------------------------------------------
+class NoCommittedStepError(NotFoundError):
+    """The job has no step committed by all of its ranks (or not the one asked for)."""
+
+
+class CursorStoreBehindError(FailedPreconditionError):
+    """The store's latest committed step is older than the checkpoint being restored: it lost commits."""
+
+
+class StaleRunError(FailedPreconditionError):
+    """A newer run of the job holds this rank: this process may not commit its cursors any more."""
+
+
+class CorruptCursorError(DataLossError):
+    """A stored cursor is garbage, truncated, of another format or of another job."""
+
+
+class UnclaimedError(UnavailableError):
+    """The store holds no run of the job at all (it was wiped, or restarted without persistence): the
+    writer claims its rank again and retries, since no newer run can have taken it."""
 
 
 _BY_CODE: dict[grpc.StatusCode, type[ShardstreamError]] = {

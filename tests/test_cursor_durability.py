@@ -18,11 +18,16 @@ import redis
 from prometheus_client import REGISTRY
 
 from shardstream.client import Loader
-from shardstream.client.cursors.fence import StaleRunError, UnclaimedError
-from shardstream.client.cursors.records import CursorRecord, CursorStoreBehindError
+from shardstream.client.cursors.records import CursorRecord
 from shardstream.client.cursors.redis_store import Persistence, RedisStore
 from shardstream.client.cursors.stores import open_store
-from shardstream.errors import InvalidArgumentError, UnavailableError
+from shardstream.errors import (
+    CursorStoreBehindError,
+    InvalidArgumentError,
+    StaleRunError,
+    UnavailableError,
+    UnclaimedError,
+)
 
 from .support.data import N_ROWS
 from .support.rank_worker import RankProcs, steps_logged

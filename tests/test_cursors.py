@@ -13,10 +13,16 @@ from pathlib import Path
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.cursors.records import CorruptCursorError, CursorRecord, NoCommittedStepError
+from shardstream.client.cursors.records import CursorRecord
 from shardstream.client.cursors.stores import MemoryStore, SqliteStore, open_store
 from shardstream.client.loader_state import LoaderState
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from shardstream.errors import (
+    CorruptCursorError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NoCommittedStepError,
+    UnavailableError,
+)
 
 from .support.data import N_ROWS
 from .support.rank_worker import RankProcs, steps_logged

@@ -21,10 +21,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from shardstream.errors import ShardstreamError, UnavailableError
+from shardstream.errors import ShardstreamError, StaleRunError, UnavailableError, UnclaimedError
 
 from .. import metrics
-from .fence import StaleRunError, UnclaimedError, process_token
+from .fence import process_token
 from .stores import CursorStore
 
 __all__ = ["Committer", "PendingCommit"]

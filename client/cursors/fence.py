@@ -18,7 +18,7 @@ store, and every write says which claim it comes from.
     * the slot is held by this process: its generation is kept;
     * otherwise the slot is taken over with a new generation (a restarted rank, or a new run).
 - A write carries its generation and is refused with `StaleRunError` unless its process still holds
-  the slot. A store that holds no run of the job at all (wiped, or restarted without persistence)
+  the slot (both errors are shardstream/errors.py's). A store that holds no run of the job at all (wiped, or restarted without persistence)
   answers `UnclaimedError` instead: the writer claims again and retries. So does a store whose run of
   the job never issued that generation: a run state is created with its counter at a random `base`
   (`new_run_base`), so the generations of one run state are (base, counter] and a generation from a
@@ -46,15 +46,11 @@ import socket
 import time
 from dataclasses import dataclass
 
-from shardstream.errors import FailedPreconditionError, UnavailableError
-
 __all__ = [
     "RUN_FORMAT",
     "Claim",
     "Run",
     "Slot",
-    "StaleRunError",
-    "UnclaimedError",
     "decide_claim",
     "issued_by",
     "new_run_base",
@@ -74,15 +70,6 @@ def process_token() -> str:
     if _token is None or _token[0] != pid:
         _token = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
     return _token[1]
-
-
-class StaleRunError(FailedPreconditionError):
-    """A newer run of the job holds this rank: this process may not commit its cursors any more."""
-
-
-class UnclaimedError(UnavailableError):
-    """The store holds no run of the job at all (it was wiped, or restarted without persistence): the
-    writer claims its rank again and retries, since no newer run can have taken it."""
 
 
 @dataclass(frozen=True)

@@ -23,35 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream.errors import DataLossError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from shardstream.errors import CorruptCursorError, InvalidArgumentError
 
 from ..loader_state import LoaderState
 
-__all__ = [
-    "CURSOR_FORMAT",
-    "CorruptCursorError",
-    "CursorRecord",
-    "CursorStoreBehindError",
-    "Migration",
-    "NoCommittedStepError",
-    "validate_job",
-]
+__all__ = ["CURSOR_FORMAT", "CursorRecord", "Migration", "validate_job"]
 
 CURSOR_FORMAT = 1
 _KIND = "shardstream.Cursor"
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
-
-
-class CorruptCursorError(DataLossError):
-    """A stored cursor is garbage, truncated, of another format or of another job."""
-
-
-class NoCommittedStepError(NotFoundError):
-    """The job has no step committed by all of its ranks (or not the one asked for)."""
-
-
-class CursorStoreBehindError(FailedPreconditionError):
-    """The store's latest committed step is older than the checkpoint being restored: it lost commits."""
 
 
 def validate_job(job: str) -> str:

@@ -40,9 +40,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from shardstream.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    StaleRunError,
+    UnavailableError,
+    UnclaimedError,
+)
 
-from .fence import RUN_FORMAT, Run, Slot, StaleRunError, UnclaimedError, new_run_base, stale_message
+from .fence import RUN_FORMAT, Run, Slot, new_run_base, stale_message
 
 __all__ = ["REDIS_TIMEOUT_S", "WAITAOF_TIMEOUT_MS", "Persistence", "RedisStore"]
 

@@ -14,11 +14,16 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from shardstream.errors import FailedPreconditionError
+from shardstream.errors import (
+    CorruptCursorError,
+    CursorStoreBehindError,
+    FailedPreconditionError,
+    NoCommittedStepError,
+)
 
 from ..loader_state import LoaderState
 from ..target import Target
-from .records import CorruptCursorError, CursorRecord, CursorStoreBehindError, Migration, NoCommittedStepError
+from .records import CursorRecord, Migration
 from .stores import CursorStore
 
 __all__ = ["committed_state"]

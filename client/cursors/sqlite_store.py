@@ -15,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError, StaleRunError, UnclaimedError
 
-from .fence import RUN_FORMAT, Run, Slot, StaleRunError, UnclaimedError, decide_claim, stale_message
+from .fence import RUN_FORMAT, Run, Slot, decide_claim, stale_message
 
 __all__ = ["SqliteStore", "sqlite_path"]
 

@@ -26,18 +26,9 @@ import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import InvalidArgumentError, StaleRunError, UnclaimedError
 
-from .fence import (
-    Run,
-    Slot,
-    StaleRunError,
-    UnclaimedError,
-    decide_claim,
-    issued_by,
-    new_run_base,
-    stale_message,
-)
+from .fence import Run, Slot, decide_claim, issued_by, new_run_base, stale_message
 from .redis_store import RedisStore
 from .sqlite_store import SqliteStore, sqlite_path
 

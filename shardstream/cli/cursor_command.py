@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NoCommittedStepError
 from shardstream.manifest import DatasetRef
 from shardstream.order.mixture import is_mixture
 
@@ -73,7 +73,7 @@ def _cmd_cursor_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_cursor_show(args: argparse.Namespace) -> int:
-    from shardstream.client.cursors.records import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.cursors.records import CursorRecord, validate_job
 
     validate_job(args.job)
     store, url = _open_for_reading(args.store)
@@ -137,7 +137,7 @@ def _cmd_cursor_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_cursor_migrate(args: argparse.Namespace) -> int:
-    from shardstream.client.cursors.records import CursorRecord, Migration, NoCommittedStepError, validate_job
+    from shardstream.client.cursors.records import CursorRecord, Migration, validate_job
 
     validate_job(args.job)
     store, url = _open_for_reading(args.store)

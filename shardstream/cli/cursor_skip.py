@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import InvalidArgumentError, NoCommittedStepError
 from shardstream.order.schedule import parse_ranges
 
 from . import common
@@ -27,7 +27,7 @@ __all__ = ["add_skip_command"]
 
 
 def _cmd_cursor_skip(args: argparse.Namespace) -> int:
-    from shardstream.client.cursors.records import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.cursors.records import CursorRecord, validate_job
     from shardstream.client.cursors.stores import DEFAULT_STORE_URL, open_store
 
     validate_job(args.job)

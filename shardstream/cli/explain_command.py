@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NoCommittedStepError
 from shardstream.order.curriculum import is_mixture_schedule, parse_mixture_schedule, schedule_sources
 from shardstream.order.delivery import Selector, make_selector, step_samples
 from shardstream.order.explain import Cursor, StepPlace, parse_shuffle, place_scheduled_step, place_step
@@ -58,7 +58,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 # --- a job's step ----------------------------------------------------------------------------------
 def _records(args: argparse.Namespace) -> tuple[str, list[tuple[int, Any, dict[str, Any]]]]:
     """(store URL, [(checkpoint step, CursorRecord, its raw state dict)]) of the job, one per step."""
-    from shardstream.client.cursors.records import CursorRecord, NoCommittedStepError, validate_job
+    from shardstream.client.cursors.records import CursorRecord, validate_job
 
     from .cursor_command import _open_for_reading
 
