@@ -178,8 +178,10 @@ def add_commands(sub: Any) -> None:
     )
     cmds = group.add_subparsers(dest="checkpoint_command", metavar="COMMAND", required=True)
 
-    def command(name: str, fn: Any, help: str, *, job: str = "required", step: bool = False) -> argparse.ArgumentParser:
-        sp = common.add_command(cmds, name, fn, help=help)
+    def command(
+        name: str, fn: Any, help: str, example: str, *, job: str = "required", step: bool = False
+    ) -> argparse.ArgumentParser:
+        sp = common.add_command(cmds, name, fn, help=help, epilog=common.examples(f"shardstream checkpoint {name} {example}"))
         sp.add_argument(
             "--checkpoint-root",
             metavar="URL",
@@ -192,13 +194,18 @@ def add_commands(sub: Any) -> None:
         common.json_option(sp)
         return sp
 
-    command("list", _cmd_list, "jobs, or a job's committed checkpoints", job="optional")
-    command("show", _cmd_show, "one checkpoint: ranks, tensors, bytes, Loader state", step=True)
-    command("verify", _cmd_verify, "re-check every chunk of a checkpoint against its checksum", step=True)
-    pull = command("pull", _cmd_pull, "write a plain torch.distributed.checkpoint directory", step=True)
+    root = "--checkpoint-root ./checkpoints"
+    command("list", _cmd_list, "jobs, or a job's committed checkpoints", f"--job run-42 {root}", job="optional")
+    command("show", _cmd_show, "one checkpoint: ranks, tensors, bytes, Loader state", f"--job run-42 {root}", step=True)
+    command(
+        "verify", _cmd_verify, "re-check every chunk of a checkpoint against its checksum", f"--job run-42 --step 1000 {root}", step=True
+    )
+    pull = command(
+        "pull", _cmd_pull, "write a plain torch.distributed.checkpoint directory", f"--job run-42 --to ./run-42 {root}", step=True
+    )
     pull.add_argument("--to", required=True, metavar="DIR", help="the directory to write (new or empty)")
     common.quiet_option(pull)
-    gc = command("gc", _cmd_gc, "keep the newest N checkpoints, reclaim the rest")
+    gc = command("gc", _cmd_gc, "keep the newest N checkpoints, reclaim the rest", f"--job run-42 --keep 3 {root}")
     gc.add_argument("--keep", type=common.positive_int, required=True, help="committed checkpoints to keep")
     gc.add_argument("--min-age", type=duration, default=3600.0, help="keep unreferenced chunks and parts younger than this (default 1h: a save may be running)")
     gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
