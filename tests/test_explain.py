@@ -73,7 +73,7 @@ def run(server: LocalServer, dataset: Any, steps: int, commits: tuple[int, ...],
         for i, _ in enumerate(ld):
             got[first + i] = ld.last_batch
             if first + i + 1 in commits:
-                ld.commit(first + i + 1)
+                ld.commit(first + i + 1, wait=True)  # every checkpoint lands (a lagging committer writes only the newest)
             if i + 1 == steps:
                 break
         ld.flush_commits()
