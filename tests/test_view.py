@@ -19,7 +19,7 @@ from rich.console import Console
 
 from shardstream.client import Loader
 from shardstream.registry import Registry
-from shardstream.viz.query import StepQuery
+from shardstream.viz.query import StepQuery, step_of
 from shardstream.viz.source import DataSource
 from shardstream.viz.tui.step_screen import SamplePane, StepScreen
 from shardstream.viz.tui.tui_app import DatasetsScreen, VersionsScreen, ViewApp
@@ -235,3 +235,38 @@ def test_datasets_versions_then_steps_and_the_keys(source: DataSource) -> None:
             assert [s["id"] for s in summaries] == want["batch"]["id"].tolist()
 
     asyncio.run(run())
+
+
+# --- quitting, an unreachable server, the step count ----------------------------------------------
+def test_q_quits_on_every_screen(source: DataSource) -> None:
+    async def quit_on(depth: int) -> type:
+        app = ViewApp(source, defaults={"batch_size": 2})
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.pause()
+            for _ in range(depth):  # datasets -> versions -> steps
+                await pilot.press("enter")
+                await pilot.pause()
+            screen = app.screen
+            if isinstance(screen, StepScreen):
+                await settle(pilot, screen)
+                status = str(screen.query_one("#status").render())
+                assert step_of(screen.step_query.step, source.steps_in_epoch(screen.step_query)) in status
+            assert app.return_code is None  # still running
+            await pilot.press("q")
+            await pilot.pause()
+            assert app.return_code == 0, type(screen)
+        return type(screen)
+
+    screens = [asyncio.run(quit_on(depth)) for depth in range(3)]
+    assert screens == [DatasetsScreen, VersionsScreen, StepScreen]
+
+
+@pytest.mark.parametrize("command", ["view", "web"])
+def test_an_unreachable_server_is_one_line_and_exit_1(command: str, tmp_path: Any) -> None:
+    from .support.processes import run_cli
+    from .support.servers import unused_port
+
+    target = f"127.0.0.1:{unused_port()}"
+    proc = run_cli(command, "--server", target, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"shardstream: error: no shardstream server reachable: {target}: nothing listens there (connection refused)"]

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from shardstream.client import Loader
-from shardstream.viz.query import StepQuery
+from shardstream.viz.query import StepQuery, step_of
 
 from .support.servers import Servers, unused_port, wait_for
 from .support.viz_data import MIXTURE, make_viz_registry
@@ -279,6 +279,9 @@ def test_the_url_of_rank_3_step_7_shows_what_a_loader_received_there(
     pg = page.open("/step?" + urlencode(q.to_params()))
     batch = loader_batch(endpoint, q)
     got = summaries(pg)
+    with Loader([endpoint], q.dataset, **q.loader_kwargs()) as loader:
+        steps = len(loader)  # the epoch's steps
+    assert pg.inner_text("#step-of") == step_of(7, steps) == f"step 7 of {steps} (0..{steps - 1})"  # as view says
     if "input_ids" in batch:
         assert [s["tokens"] for s in got] == (batch["document_ids"] >= 0).sum(axis=1).tolist()
     else:

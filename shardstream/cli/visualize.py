@@ -46,6 +46,21 @@ def _source(args: argparse.Namespace) -> Any:
     )
 
 
+def _reachable(source: Any) -> None:
+    """Ask the fleet for its datasets once before any UI starts: an unreachable server, a data or
+    metrics port, TLS or a token missing is one line and exit 1 (not a UI that fails inside)."""
+    from shardstream.client.port_probe import probe
+    from shardstream.errors import UnavailableError
+
+    try:
+        source.list_datasets()
+    except UnavailableError as exc:
+        said = [probe(e, source.security).line for e in source.endpoints if not e.startswith("dns:")]
+        if not said:
+            raise
+        raise UnavailableError(f"no shardstream server reachable: {'; '.join(said)}") from exc
+
+
 def _start(args: argparse.Namespace, source: Any) -> Any:
     """The step the user asked to open (None without DATASET): transforms default to the modality's."""
     from shardstream.viz.catalog import Catalog, default_transforms
@@ -95,10 +110,12 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
     _exit_on_sigterm()
     with _source(args) as source:
+        _reachable(source)
         start = _start(args, source)
         defaults = {k: v for k, v in _plan(args).items() if k in ("seed", "shuffle", "window", "world_size", "batch_size")}
-        ViewApp(source, start, defaults).run()
-    return 0
+        app = ViewApp(source, start, defaults)
+        app.run()
+    return 0 if not app.return_code else common.EXIT_ERROR
 
 
 def _cmd_web(args: argparse.Namespace) -> int:
@@ -113,6 +130,7 @@ def _cmd_web(args: argparse.Namespace) -> int:
         print(f"shardstream: warning: serving the web UI on {args.host} without TLS or authentication", file=sys.stderr)
     _exit_on_sigterm()
     with _source(args) as source:
+        _reachable(source)
         start = _start(args, source)
         base = f"http://{'localhost' if args.host in ('127.0.0.1', '::1') else args.host}:{args.port}"
         print(f"shardstream web: {base}/{step_url(start)[1:] if start else ''}", flush=True)
@@ -153,7 +171,7 @@ def add_commands(sub: Any) -> None:
         description="Browse datasets -> versions (history, diff, schema, modality) -> steps, in the terminal: each "
         "rank's batch exactly as the trainer receives it (after shuffling, mixing and server-side transforms), with "
         "the provenance of every sample. Keys in the step browser: left/right step, up/down rank, e epoch, t edit "
-        "transforms, / jump to a step or @position, esc back. Needs the view extra (textual).",
+        "transforms, / jump to a step or @position, esc back, q quit (on every screen). Needs the view extra (textual).",
         epilog=common.examples(
             "shardstream view --root ./datasets",
             "shardstream view photos@1 --root ./datasets --world-size 4 --rank 3 --step 12",

@@ -16,7 +16,7 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.order.read_order import ShuffleSpec
 from shardstream.transform_spec import to_wire
 
-__all__ = ["StepQuery", "parse_transforms"]
+__all__ = ["StepQuery", "parse_transforms", "step_of"]
 
 # Keys in URLs (short, stable: links are shared) -> field names.
 _URL_KEYS = {
@@ -35,6 +35,11 @@ _URL_KEYS = {
     "drop_last": "drop_last",
 }
 _INTS = ("seed", "window", "world_size", "batch_size", "rank", "step", "epoch")
+
+
+def step_of(step: int, steps_in_epoch: int) -> str:
+    """How both visualizers say where a step is in its epoch: 'step 3 of 7 (0..6)' (steps count from 0)."""
+    return f"step {step} of {steps_in_epoch} (0..{steps_in_epoch - 1})"
 
 
 def parse_transforms(text: str) -> tuple[dict[str, Any], ...]:

@@ -3,7 +3,7 @@
     ← →  step        ↑ ↓  rank        e / E  next / previous epoch
     t    edit the transforms (JSON, as Loader(transforms=...))
     /    jump: a step number, or @P for the sample at global position P
-    esc  back to the versions
+    esc  back to the versions        q  quit
 
 A step is read in a worker thread (the fleet may take a moment); the panes show what the read
 returned, and `SamplePane.summary` states it (ids, token counts, image sizes) for tests and the
@@ -25,7 +25,7 @@ from shardstream.errors import ShardstreamError
 from shardstream.order.read_order import StepLayout
 
 from ..catalog import Catalog
-from ..query import StepQuery
+from ..query import StepQuery, step_of
 from ..samples import row_summary, views
 from ..source import DataSource, StepBatch
 from .panes import render_row
@@ -77,6 +77,7 @@ class StepScreen(Screen[None]):
         Binding("t", "transforms", "transforms"),
         Binding("slash", "jump", "jump"),
         Binding("escape", "app.pop_screen", "back"),
+        Binding("q", "app.quit", "quit"),
     ]
 
     def __init__(self, source: DataSource, catalog: Catalog, query: StepQuery) -> None:
@@ -128,7 +129,7 @@ class StepScreen(Screen[None]):
         info = result.info
         skipped = f", {len(info.skipped)} skipped by a transform" if info.skipped else ""
         status.update(
-            f"[b]{query.dataset}[/b]  epoch {query.epoch}  step {query.step}/{self.steps_in_epoch - 1}  "
+            f"[b]{query.dataset}[/b]  epoch {query.epoch}  {step_of(query.step, self.steps_in_epoch)}  "
             f"rank {query.rank}/{query.world_size}  batch {query.batch_size}  seed {query.seed}  "
             f"shuffle {query.shuffle_spec}\npositions [{info.position_start}, {info.position_end}) of global "
             f"[{info.global_start}, {info.global_end}); {result.num_rows} row(s){skipped}\n"

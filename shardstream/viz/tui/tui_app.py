@@ -45,7 +45,7 @@ class DatasetsScreen(Screen[None]):
 class VersionsScreen(Screen[None]):
     """Every version of a dataset; the highlighted one's schema, modality, lineage and diff."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "back")]
+    BINDINGS = [Binding("escape", "app.pop_screen", "back"), Binding("q", "app.quit", "quit")]
     DEFAULT_CSS = "#versions { width: 50%; } #detail { width: 50%; padding: 0 1; }"
 
     def __init__(self, catalog: Catalog, name: str, defaults: dict[str, Any]) -> None:

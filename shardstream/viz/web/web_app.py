@@ -21,6 +21,7 @@ from shardstream.errors import InvalidArgumentError, NotFoundError, ShardstreamE
 
 from ..catalog import Catalog
 from ..fleet_status import FleetMonitor
+from ..query import step_of
 from ..source import DataSource
 from . import links, media, pages, step_page
 from .state import Viz
@@ -32,7 +33,7 @@ HERE = Path(__file__).parent
 
 def create_app(source: DataSource, *, store: str | None = None) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(links=links, version=__version__)
+    templates.env.globals.update(links=links, version=__version__, step_of=step_of)
     viz = Viz(source, Catalog(source), store, FleetMonitor(source.endpoints, source.metrics_urls, source.security), templates)
 
     async def on_error(request: Request, exc: Exception) -> Response:
