@@ -333,18 +333,58 @@ def test_workers_and_cache_follow_the_resources(rendered: dict[str, Rendered], c
     workers, cache = flag(c["args"], "--workers"), flag(c["args"], "--cache-mib")
     if values["workers"]:
         assert workers == str(values["workers"])
-    else:  # the rule server/workers.py applies to a cgroup quota: ceil(limit)
+    else:  # the rule server/serving/supervisor.py applies to a cgroup quota: ceil(limit)
         assert workers == str(math.ceil(cpu_millis(limits["cpu"]) / 1000))
     if values["cacheMib"]:
         assert cache == str(values["cacheMib"])
-    else:
-        assert cache == str(int(memory_mib(limits["memory"]) * values["cacheMemoryPercent"] / 100))
+    else:  # the memory rule: what the limit leaves after 2 x the stream buffer and the workers
+        beside = 2 * values["limits"]["streamBufferMib"] + int(workers) * values["workerMemoryMib"]
+        assert cache == str(int(memory_mib(limits["memory"])) - beside)
     assert int(cache) < memory_mib(limits["memory"]), "the cache must leave memory for the processes"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_memory_limit_covers_cache_buffer_and_workers(rendered: dict[str, Rendered], case: str) -> None:
+    """deploy/RUNBOOK.md "Memory limit": cache + 2 x stream buffer + workers x workerMemoryMib fits in
+    resources.limits.memory, as rendered (the flags the server gets), and the notes print the sum."""
+    c, values = rendered[case].container, merged(case)["server"]
+    cache, buffer = int(flag(c["args"], "--cache-mib")), int(flag(c["args"], "--stream-buffer-mib"))
+    need = cache + 2 * buffer + int(flag(c["args"], "--workers")) * values["workerMemoryMib"]
+    limit = int(memory_mib(c["resources"]["limits"]["memory"]))
+    assert cache >= 256 and need <= limit, (cache, buffer, need, limit)
+    assert f"= {need} of the {limit} MiB limit" in rendered[case].notes
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"server": {"cacheMib": 2048}},
+            r"resources.limits.memory \(4096 MiB\) is below server.cacheMib \(2048\) \+ 2 x server.limits.streamBufferMib"
+            r" \(1024\) \+ 2 workers x server.workerMemoryMib \(512\) = 3072 MiB: .* at least 5120Mi",
+        ),
+        (
+            {"resources": {"limits": {"cpu": "4", "memory": "4Gi"}}},
+            r"resources.limits.memory \(4096 MiB\) leaves 0 MiB for the cache after .* = 4096 MiB: raise the limit to at least 4352Mi",
+        ),
+        (
+            {"resources": {"limits": {"cpu": None, "memory": "8Gi"}}},
+            r"resources.limits.memory needs a known worker count",
+        ),
+    ],
+    ids=["explicit-cache", "derived-cache", "unknown-workers"],
+)
+def test_a_memory_limit_too_small_for_the_rule_fails_the_render(values: dict[str, Any], message: str) -> None:
+    with helm_python.Chart.load(CHART) as chart, pytest.raises(helm_python.HelmRenderError, match=message):
+        chart.render(values, name="shardstream", namespace=NAMESPACE)
+    # the same limit with a smaller buffer fits: the check is the rule, not a fixed minimum
+    server = {**values.get("server", {}), "workers": 1, "limits": {"streamBufferMib": 256}}
+    assert render({**values, "server": server}).container
 
 
 def test_workers_follow_millicores_and_fractions() -> None:
     for cpu, workers in [("1500m", "2"), ("0.5", "1"), (3, "3"), ("250m", "1"), ("8", "8")]:
-        c = render({"resources": {"limits": {"cpu": cpu, "memory": "1Gi"}}}).container
+        c = render({"resources": {"limits": {"cpu": cpu, "memory": "16Gi"}}}).container
         assert flag(c["args"], "--workers") == workers, cpu
     c = render({"resources": {"requests": {"cpu": "1"}, "limits": None}}).container
     assert flag(c["args"], "--workers") is None and flag(c["args"], "--cache-mib") is None
@@ -430,6 +470,31 @@ def test_notes_print_the_client_endpoint_of_the_headless_service(rendered: dict[
     (headless,) = [s for s in r.of_kind("Service") if s["spec"].get("clusterIP") == "None"]
     port = headless["spec"]["ports"][0]["port"]
     assert f"dns:///{headless['metadata']['name']}.{NAMESPACE}.svc:{port}" in r.notes
+
+
+def test_the_default_install_needs_nothing_the_chart_does_not_create(rendered: dict[str, Rendered]) -> None:
+    """`helm install` with no values schedules on a plain cluster: the only volumes are emptyDirs (no
+    claim, Secret or host path someone must make first), and the notes say the registry is empty and
+    what to set instead."""
+    r = rendered["default"]
+    for dep in r.of_kind("Deployment"):
+        for volume in dep["spec"]["template"]["spec"]["volumes"]:
+            assert set(volume) == {"name", "emptyDir"}, volume
+    assert r.container["resources"]["requests"]["memory"] == r.container["resources"]["limits"]["memory"]
+    assert "the registry is an empty emptyDir" in r.notes
+    assert "--set registry.root=s3://BUCKET/PREFIX --set s3.existingSecret=SECRET" in r.notes
+    assert "ReadOnlyMany or ReadWriteMany" in r.notes
+
+
+@pytest.mark.parametrize(("replicas", "access_mode_named"), [(1, False), (3, True)])
+def test_notes_name_the_claims_access_mode_when_replicas_share_it(replicas: int, access_mode_named: bool) -> None:
+    volume = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}, "emptyDir": None}
+    r = render({"replicaCount": replicas, "registry": {"volume": volume}})
+    assert "The registry is the PersistentVolumeClaim datasets, which must exist in ml" in r.notes
+    assert ("ReadOnlyMany or ReadWriteMany" in r.notes) is access_mode_named
+    assert "empty emptyDir" not in r.notes
+    s3 = render({"registry": {"root": "s3://bucket/registry"}})
+    assert "emptyDir" not in s3.notes and "PersistentVolumeClaim" not in s3.notes
 
 
 def test_the_default_endpoint_is_the_one_the_readme_gives(rendered: dict[str, Rendered]) -> None:

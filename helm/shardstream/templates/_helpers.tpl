@@ -117,7 +117,7 @@ resources.limits.cpu in millicores ("" without a CPU limit): 2, "2", "1.5" and "
 
 {{/*
 --workers: server.workers, else ceil(CPU limit) - the rule the server itself applies to a cgroup
-CPU quota (server/workers.py usable_cpus) - else "" (flag left out: the server counts its CPUs).
+CPU quota (server/serving/supervisor.py usable_cpus) - else "" (flag left out: the server counts its CPUs).
 */}}
 {{- define "shardstream.workers" -}}
 {{- if .Values.server.workers }}
@@ -160,16 +160,54 @@ resources.limits.memory in MiB ("" without a memory limit); Mi and Gi are accept
 {{- end }}
 
 {{/*
---cache-mib: server.cacheMib, else cacheMemoryPercent of the memory limit, else "" (the server's
-default). The RUNBOOK's rule for the size: see values.yaml, server.cacheMib.
+The memory rule (values.yaml, server.cacheMib; deploy/RUNBOOK.md "Memory limit"): MiB the pod needs
+besides its cache, 2 x the stream buffer (what gRPC and the allocators keep around the counted bytes)
+plus workerMemoryMib per worker. "" when the worker count is left to the server.
+*/}}
+{{- define "shardstream.memoryBesideCacheMib" -}}
+{{- $workers := include "shardstream.workers" . }}
+{{- if $workers }}
+{{- add (mul 2 (int64 .Values.server.limits.streamBufferMib)) (mul (int64 $workers) (int64 .Values.server.workerMemoryMib)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+--cache-mib: server.cacheMib, else what the memory limit leaves after the stream buffer and the
+workers (the memory rule), else "" (no memory limit: the server's default). The RUNBOOK's rule for
+the cache's own size: see values.yaml, server.cacheMib.
 */}}
 {{- define "shardstream.cacheMib" -}}
 {{- if .Values.server.cacheMib }}
 {{- .Values.server.cacheMib | int }}
 {{- else }}
 {{- $mib := include "shardstream.memoryLimitMib" . }}
+{{- $beside := include "shardstream.memoryBesideCacheMib" . }}
+{{- if and $mib $beside }}
+{{- sub (int64 $mib) (int64 $beside) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Refuses a memory limit the memory rule does not fit in: the cache, 2 x the stream buffer and the
+workers must all be inside resources.limits.memory, and a derived cache gets at least 256 MiB.
+*/}}
+{{- define "shardstream.validateMemory" -}}
+{{- $mib := include "shardstream.memoryLimitMib" . }}
 {{- if $mib }}
-{{- max 1 (divf (mulf (float64 $mib) .Values.server.cacheMemoryPercent) 100 | floor | int) }}
+{{- $beside := include "shardstream.memoryBesideCacheMib" . }}
+{{- if not $beside }}
+{{- fail "resources.limits.memory needs a known worker count (server.workers, or resources.limits.cpu): each worker takes server.workerMemoryMib of the limit" }}
+{{- end }}
+{{- $workers := include "shardstream.workers" . }}
+{{- $parts := printf "2 x server.limits.streamBufferMib (%v) + %v workers x server.workerMemoryMib (%v) = %v MiB" (int64 .Values.server.limits.streamBufferMib) $workers (int64 .Values.server.workerMemoryMib) $beside }}
+{{- if .Values.server.cacheMib }}
+{{- $need := add (int64 .Values.server.cacheMib) (int64 $beside) }}
+{{- if gt $need (int64 $mib) }}
+{{- fail (printf "resources.limits.memory (%v MiB) is below server.cacheMib (%v) + %s: the pod would be OOM-killed under load; raise the limit to at least %vMi, or lower the cache, the buffer or the workers" $mib (int64 .Values.server.cacheMib) $parts $need) }}
+{{- end }}
+{{- else if lt (sub (int64 $mib) (int64 $beside)) 256 }}
+{{- fail (printf "resources.limits.memory (%v MiB) leaves %v MiB for the cache after %s: raise the limit to at least %vMi (256 MiB of cache), or lower the buffer or the workers" $mib (sub (int64 $mib) (int64 $beside)) $parts (add (int64 $beside) 256)) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -240,6 +278,7 @@ Checks across values that the schema cannot express; each fails with the value t
 {{- if gt $last 65535 }}
 {{- fail (printf "the data ports run past 65535 (server.dataPort %v + %v workers): lower server.dataPort" $first (include "shardstream.dataPortCount" .)) }}
 {{- end }}
+{{- include "shardstream.validateMemory" . }}
 {{- if and .Values.networkPolicy.enabled (not (include "shardstream.workers" .)) }}
 {{- fail "networkPolicy.enabled needs a known worker count (server.workers, or resources.limits.cpu): worker i serves server.dataPort + i, and the policy opens each of those ports" }}
 {{- end }}
