@@ -1,4 +1,4 @@
-"""deploy/: the Dockerfile (hadolint and its structure; no container daemon here, so it is not built),
+"""deploy/: the Dockerfile (hadolint and its structure; tests/test_image.py builds and runs it with podman),
 compose.yaml (its commands parse as the CLI's), and the SLURM example run for real on one node with
 Slurm's own commands (srun, scontrol) replaced by STUBS that run the step here."""
 
