@@ -10,13 +10,15 @@
 step's whole stall. A background thread then hashes the bytes into content-addressed chunks
 (checkpoint_format.CHUNK_BYTES), asks the server which it has, sends only the others (an
 incremental save sends what changed), sends this rank's part record, and commits. Its memory is the
-staged copy, released when the step is committed; a **second save while one is uploading waits**
-for it first (so at most one staged copy exists). With several ranks each rank saves its part
+staged copy (one host copy of the state, kept for the next save to copy into, as DCP's async
+staging does: fresh pages are most of a copy's cost); a **second save while one is uploading
+waits** for it first (so at most one staged copy exists). With several ranks each rank saves its part
 (same step, same `save_id`: broadcast by rank 0 when torch.distributed is initialized, else from the
 launcher's run id), and the step is committed when the last part lands; `result()` waits for that.
 
-**load** reads the manifest, then the chunks (verified: a byte that differs from its name is
-DataLossError naming the checkpoint, the tensor and the chunk), writes them straight into the
+**load** reads the manifest, then the chunks — verified by the server when it read them from storage,
+as row groups are (a byte that differs from its name is DataLossError naming the checkpoint, the
+tensor and the chunk), and again here with `verify=True` (end to end, at a sha256 per byte) —, writes them straight into the
 matching tensors of `into` (in place) or into new CPU tensors, and positions the Loader with the
 state its rank saved (rank 0's when this rank has none: a Loader's state resumes any world size).
 The returned tree is the saved state with these tensors.
@@ -109,6 +111,7 @@ class Checkpointer:
         self._session = CheckpointSession(endpoints, self.job, ChannelSecurity.from_options(tls, token))
         self._pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="checkpoint")
         self._saving: SaveHandle | None = None
+        self._staging: dict[str, Any] = {}  # path -> the last save's staged tensor (reused once it is sent)
         self._save_lock = threading.Lock()
         self._closed = False
 
@@ -147,10 +150,11 @@ class Checkpointer:
             t0 = time.perf_counter()
             handle = SaveHandle(step)
             loader_state = loader.state_dict() if loader is not None else None
-            staged = stage(state)
+            staged = stage(state, self._staging)
             save_id = _save_id(step, self.world_size)
             handle.stall_s = time.perf_counter() - t0
             handle.bytes_total = staged.nbytes
+            self._staging = {t.path: t for t in staged.tensors}
             self._saving = handle
             threading.Thread(
                 target=self._upload,
@@ -269,14 +273,14 @@ class Checkpointer:
             time.sleep(poll_s)
 
     # --- load --------------------------------------------------------------------------------------
-    def load(self, step: int | str = "latest", *, into: Any = None, loader: Any = None) -> Any:
+    def load(self, step: int | str = "latest", *, into: Any = None, loader: Any = None, verify: bool = False) -> Any:
         """Load `step` (or "latest"): tensors into `into`'s where it has them, the Loader's state into
         `loader`; the saved state tree, with its tensors."""
         manifest = self.manifest(step)
         parts = manifest["parts"]
         part = next((p for p in parts if p["rank"] == self.rank and len(parts) == self.world_size), parts[0])
         where = f"checkpoint {self.job}@{manifest['step']}"
-        loaded = self._fetch(part, into, where)
+        loaded = self._fetch(part, into, where, verify)
         tree = decode_value(part["objects"])
         state = restore(tree, lambda name: loaded[name])
         if loader is not None:
@@ -286,7 +290,7 @@ class Checkpointer:
             loader.load_state_dict(mine)
         return state
 
-    def _fetch(self, part: Mapping[str, Any], into: Any, where: str) -> dict[str, Any]:
+    def _fetch(self, part: Mapping[str, Any], into: Any, where: str, verify: bool) -> dict[str, Any]:
         """name -> tensor of the part, its bytes fetched, verified and written in place."""
         out: dict[str, Any] = {}
         dest: dict[str, memoryview] = {}
@@ -319,7 +323,7 @@ class Checkpointer:
                 if h not in owners:
                     raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
                 data = memoryview(buf).cast("B")
-                if hashlib.sha256(data).hexdigest() != h:
+                if verify and hashlib.sha256(data).hexdigest() != h:
                     name = owners[h][0][0]
                     raise DataLossError(
                         f"{where}: tensor {paths[name]!r} chunk {h} is corrupt (its bytes hash differently)"

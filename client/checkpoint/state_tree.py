@@ -58,14 +58,17 @@ def _is_torch(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def stage(state: Any) -> Staged:
-    """Copy every tensor of `state` to host memory; the rest of the tree as it is."""
+def stage(state: Any, reuse: Mapping[str, StagedTensor] | None = None) -> Staged:
+    """Copy every tensor of `state` to host memory; the rest of the tree as it is. A torch tensor is
+    copied into `reuse[path]`'s buffer when it has the same dtype and shape (the last save's, whose
+    upload is over): no fresh pages to fault in, which is most of a copy's cost into new memory."""
     tensors: list[StagedTensor] = []
     cuda: list[Any] = []
+    reuse = reuse or {}
 
     def walk(value: Any, path: str) -> Any:
         if _is_torch(value):
-            tensors.append(_stage_torch(value, path, cuda))
+            tensors.append(_stage_torch(value, path, cuda, reuse.get(path)))
             return TensorRef(str(len(tensors) - 1))
         if isinstance(value, np.ndarray):
             copy = np.ascontiguousarray(value).copy()
@@ -85,11 +88,19 @@ def stage(state: Any) -> Staged:
     return Staged(tree, tensors)
 
 
-def _stage_torch(t: Any, path: str, cuda: list[Any]) -> StagedTensor:
+def _stage_torch(t: Any, path: str, cuda: list[Any], old: StagedTensor | None) -> StagedTensor:
     torch = _torch()
     if t.layout != torch.strided or t.is_quantized:
         raise InvalidArgumentError(f"{path}: only dense tensors can be checkpointed (got layout {t.layout})")
     src = t.detach()
+    buffer = old.holder if old is not None and old.kind == "torch" else None
+    if buffer is not None and buffer.dtype == src.dtype and buffer.shape == src.shape and (
+        buffer.is_pinned() or not src.is_cuda
+    ):
+        buffer.copy_(src, non_blocking=src.is_cuda)
+        if src.is_cuda:
+            cuda.append(buffer)
+        return StagedTensor(path, "torch", old.dtype, list(src.shape), old.data, buffer)
     if src.is_cuda:
         staged = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         staged.copy_(src, non_blocking=True)
