@@ -6,7 +6,11 @@ Loader with a job, a transform and cursor commits, exposing its client metrics w
 deploy/prometheus/prometheus.yml (targets and intervals replaced) with deploy/prometheus/rules.yaml.
 Every panel expression of deploy/grafana/*.json and every recording rule must return data through
 Prometheus' HTTP API (the test names those that do not, and prints the panels it checked); every
-dashboard variable must have values. Then one server is killed and the fleet's panels say so. The
+dashboard variable must have values, and every panel applies the dashboard's filters (pod and job on
+the servers' series, dataset where the series has one, the job on the trainers'). The panels of pods
+against their limits read the kubelet's cAdvisor series: no kubelet runs here, so KubeletStandIn serves
+them for the two server pods (the chart's default limits, the working set and CPU of the servers' real
+processes, CFS periods none of which were throttled). Then one server is killed and the fleet's panels say so. The
 chart's ServiceMonitor scrapes the same port and path these servers serve. The Read streams are the
 data plane's Arrow Flight DoGets: the rules' service matcher is checked to count them.
 
@@ -16,6 +20,8 @@ series, build info, and /healthz and /readyz through a drain.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -24,14 +30,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 import yaml
 
@@ -40,7 +49,7 @@ from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
-from .support.chart import CHART, flag, load_values, render
+from .support.chart import CHART, cpu_millis, flag, load_values, memory_mib, render
 from .support.data import N_ROWS, write_dataset
 from .support.servers import Servers, unused_port, wait_for
 
@@ -125,15 +134,90 @@ def recording_rules() -> list[str]:
     return [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
 
 
-def prometheus_config(servers: list[LocalServer], trainer_port: int) -> dict[str, Any]:
-    """deploy/prometheus/prometheus.yml with these targets, a 1 s scrape and evaluation, the rules."""
+def prometheus_config(servers: list[LocalServer], trainer_port: int, kubelet_port: int) -> dict[str, Any]:
+    """deploy/prometheus/prometheus.yml with these targets, a 1 s scrape and evaluation, the rules,
+    and the kubelet stand-in scraped as kube-prometheus-stack scrapes cAdvisor (its labels kept)."""
     cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     cfg["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
     cfg["rule_files"] = [str(DEPLOY / "prometheus" / "rules.yaml")]
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     jobs["shardstream"]["static_configs"] = [{"targets": [f"127.0.0.1:{s.metrics_port}" for s in servers]}]
     jobs["trainer"]["static_configs"] = [{"targets": [f"127.0.0.1:{trainer_port}"]}]
+    cfg["scrape_configs"].append(
+        {
+            "job_name": "kubelet",
+            "honor_labels": True,
+            "metrics_path": "/metrics/cadvisor",
+            "static_configs": [{"targets": [f"127.0.0.1:{kubelet_port}"]}],
+        }
+    )
     return cfg
+
+
+class KubeletStandIn:
+    """STAND-IN for the kubelet's /metrics/cadvisor (no kubelet here): for each server, named as the
+    servers' `pod` label names it, the series of its `server` container that the Fleet dashboard
+    reads. The limits are the chart's defaults (resources.limits: cpu 2, memory 4Gi); the working set
+    is the RSS of the server's real processes (supervisor and workers, read with psutil); CFS periods
+    count 100 ms of wall time each, none throttled."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, servers: list[LocalServer]) -> None:
+        limits = render().container["resources"]["limits"]
+        self.cpu_cores = cpu_millis(limits["cpu"]) / 1000
+        self.memory_bytes = int(memory_mib(limits["memory"])) << 20
+        self.servers = servers
+        self.started = time.monotonic()
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> KubeletStandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+    def exposition(self) -> str:
+        periods = int((time.monotonic() - self.started) * 1e6 / self.PERIOD_US)
+        lines = []
+        for s in self.servers:
+            labels = f'namespace="ml",pod="127.0.0.1:{s.metrics_port}",container="server"'
+            try:
+                root = psutil.Process(s.pid)
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            except psutil.NoSuchProcess:
+                continue  # a killed pod has no container series
+            lines += [
+                f"container_spec_cpu_quota{{{labels}}} {int(self.cpu_cores * self.PERIOD_US)}",
+                f"container_spec_cpu_period{{{labels}}} {self.PERIOD_US}",
+                f"container_spec_memory_limit_bytes{{{labels}}} {self.memory_bytes}",
+                f"container_memory_working_set_bytes{{{labels}}} {rss}",
+                f"container_cpu_cfs_periods_total{{{labels}}} {periods}",
+                f"container_cpu_cfs_throttled_periods_total{{{labels}}} 0",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        standin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = standin.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
 
 
 def servicemonitor_scrapes_what_the_server_serves() -> tuple[str, str]:
@@ -170,12 +254,14 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
                 stderr=subprocess.STDOUT,
             )
         prom = None
+        stack = contextlib.ExitStack()
         try:
             wait_for(
                 lambda: (out / "port").exists() or trainer.poll() is not None, "the trainer's metrics port"
             )
             assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()
-            cfg = prometheus_config([a, b], int((out / "port").read_text()))
+            kubelet = stack.enter_context(KubeletStandIn([a, b]))
+            cfg = prometheus_config([a, b], int((out / "port").read_text()), kubelet.port)
             (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
             port = unused_port()
             base = f"http://127.0.0.1:{port}"
@@ -194,7 +280,7 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
                 )
             wait_for(lambda: ready(base) or prom.poll() is not None, "Prometheus to be ready", 30)
             assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()
-            wait_for(lambda: sum(float(r["value"][1]) for r in query(base, "up")) == 3, "3 targets up", 30)
+            wait_for(lambda: sum(float(r["value"][1]) for r in query(base, "up")) == 4, "4 targets up", 30)
 
             checks = [
                 *panels(DEPLOY / "grafana" / "fleet.json"),
@@ -215,6 +301,13 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
             for dashboard in ("fleet.json", "training.json"):
                 for name, label, selector in variables(DEPLOY / "grafana" / dashboard):
                     assert label_values(base, label, selector), f"{dashboard}: variable {name} has no values"
+            unfiltered = [
+                f"{where}: {metric}{{{matchers}}} lacks {missing}"
+                for where, metric, matchers, missing in unfiltered_selectors(
+                    DEPLOY / "grafana", lambda metric: bool(query(base, f'count({metric}{{dataset!=""}})'))
+                )
+            ]
+            assert unfiltered == [], "\n".join(unfiltered)
             assert {r["metric"]["pod"] for r in query(base, "shardstream_build_info")} == {
                 f"127.0.0.1:{a.metrics_port}",
                 f"127.0.0.1:{b.metrics_port}",
@@ -247,6 +340,7 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
             )
             assert total(base, 'sum(up{job="shardstream"})') == 1  # the "Servers up" panel
         finally:
+            stack.close()
             (out / "stop").touch()
             for proc in (trainer, prom):
                 if proc is not None:
@@ -259,6 +353,47 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
                     except ProcessLookupError:
                         pass
                     proc.wait()
+
+
+def raw_panels(dashboard: Path) -> Iterator[tuple[str, str]]:
+    """(dashboard title / panel title, PromQL as written, variables unsubstituted) of every target."""
+    d = json.loads(dashboard.read_text())
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            yield f"{d['title']} / {p['title']} [{t['refId']}]", t["expr"]
+
+
+def unfiltered_selectors(grafana: Path, has_dataset: Callable[[str], bool]) -> Iterator[tuple[str, str, str, str]]:
+    """Selectors of panel targets that ignore a filter of their dashboard: on Fleet, a series without
+    pod=~"$pod" (and job=~"$job" unless it is the kubelet's), or of a metric whose series carry a
+    `dataset` label (`has_dataset`) without dataset=~"$dataset"; on Training, a series without
+    job_name=~"$job_name". Yields (where, metric, matchers, the missing matcher)."""
+    for dashboard, needs in (("fleet.json", ['pod=~"$pod"']), ("training.json", ['job_name=~"$job_name"'])):
+        for where, expr in raw_panels(grafana / dashboard):
+            for metric, matchers in re.findall(r"\b([a-z_]+)\{([^}]*)\}", expr):
+                required = list(needs)
+                if dashboard == "fleet.json" and not metric.startswith("container_"):
+                    required.append('job=~"$job"')
+                    if has_dataset(metric):
+                        required.append('dataset=~"$dataset"')
+                yield from ((where, metric, matchers, m) for m in required if m not in matchers)
+
+
+def test_the_filter_check_names_panels_that_ignore_the_filters(tmp_path: Path) -> None:
+    """unfiltered_selectors can fail: a Fleet panel without the pod filter, and one over a series
+    with a `dataset` label but no dataset filter, are named."""
+    fleet = json.loads((DEPLOY / "grafana" / "fleet.json").read_text())
+    fleet["panels"] = [
+        {"title": "no pod", "targets": [{"refId": "A", "expr": 'rate(shardstream_storage_reads_total{job=~"$job"}[5m])'}]},
+        {"title": "no dataset", "targets": [{"refId": "A", "expr": 'sum(shardstream_streams_active{job=~"$job", pod=~"$pod"})'}]},
+    ]
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    shutil.copy(DEPLOY / "grafana" / "training.json", tmp_path / "training.json")
+    found = {
+        (where.split(" / ")[-1], missing)
+        for where, _, _, missing in unfiltered_selectors(tmp_path, lambda m: m == "shardstream_streams_active")
+    }
+    assert found == {("no pod [A]", 'pod=~"$pod"'), ("no dataset [A]", 'dataset=~"$dataset"')}
 
 
 def ready(base: str) -> bool:

@@ -7,8 +7,12 @@ Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, ad
 and Training (trainers: data stall, waits, failovers, cursor commits). Each dashboard has a
 `datasource` variable (any Prometheus), and variables for its series: `job` (the servers' scrape
 job; on Kubernetes the chart's Service name), `pod`, `dataset` on Fleet; `job_name` and `rank` on
-Training. Heavy expressions read the recording rules of deploy/prometheus/rules.yaml (series named
-`shardstream:…`), so Prometheus must load those rules. Import: Grafana > Dashboards > New > Import,
+Training; every panel applies them (Training's aggregates take every rank of the picked jobs, its
+drill-down row the picked ranks). Panels read raw series, not the recording rules of
+deploy/prometheus/rules.yaml (the alerts use those), so they work on any Prometheus that scrapes the
+servers, the trainers and, for "Pods against their limits", the kubelet's cAdvisor endpoint. Training
+panels aggregate over ranks (worst, median, top 10) so that they stay readable at hundreds of ranks;
+its Rank variable drills down into a few. Import: Grafana > Dashboards > New > Import,
 upload the file, pick the Prometheus data source. tests/test_prometheus.py evaluates every panel's
 expression against a real Prometheus scraping real servers and a trainer; tests/test_monitoring.py
 checks the files are this script's output.
@@ -25,7 +29,13 @@ HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SERVERS = 'job=~"$job", pod=~"$pod"'
 DATASETS = f'{SERVERS}, dataset=~"$dataset"'
-RANKS = 'job_name=~"$job_name", rank=~"$rank"'
+JOBS = 'job_name=~"$job_name"'
+RANKS = f'{JOBS}, rank=~"$rank"'
+# The kubelet's cAdvisor series of the server container (kube-prometheus-stack scrapes them as job
+# "kubelet"): the pod's CPU and memory limits, its working set and CPU throttling. They carry the pod
+# and namespace but not the servers' job, so the pod variable selects them.
+CONTAINER = 'container="server"'
+POD = 'pod=~"$pod"'
 # The RPC metrics' services: the control plane (GetDataset, ListDatasets) and the data plane, whose
 # Read streams are Arrow Flight DoGet calls (grpc_method="DoGet", grpc_type="server_stream").
 CONTROL_PLANE = 'grpc_service="shardstream.v1.ShardStream"'
@@ -155,6 +165,11 @@ def dashboard(
 def fleet() -> dict[str, Any]:
     rate = "[$__rate_interval]"
     control, rpcs = f"{SERVERS}, {CONTROL_PLANE}", f"{SERVERS}, {BOTH_PLANES}"
+    pods = f"{CONTAINER}, {POD}"
+
+    def quantile(q: float, metric: str, by: str, selector: str = SERVERS) -> str:
+        return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{selector}}}{rate})))"
+
     # fmt: off
     panels = [
         row("Load"),
@@ -169,33 +184,38 @@ def fleet() -> dict[str, Any]:
               description="Read streams in progress (dataset: name, at most 64 per process; the rest as _other)."),
         panel("Streams started/s by dataset",
               (f"sum by (dataset) (rate(shardstream_streams_total{{{DATASETS}}}{rate}))", "{{dataset}}"), unit="ops"),
-        panel("Rows/s by dataset", ("sum by (dataset) (shardstream:rows_sent:rate1m{" + DATASETS + "})", "{{dataset}}"),
+        panel("Rows/s by dataset", (f"sum by (dataset) (rate(shardstream_rows_sent_total{{{DATASETS}}}{rate}))", "{{dataset}}"),
               unit="short"),
         panel("Bytes/s sent by dataset",
-              ("sum by (dataset) (shardstream:bytes_sent:rate1m{" + DATASETS + "})", "{{dataset}}"), unit="Bps"),
+              (f"sum by (dataset) (rate(shardstream_bytes_sent_total{{{DATASETS}}}{rate}))", "{{dataset}}"), unit="Bps"),
         row("Latency"),
         panel("Batch build time p50 / p99",
-              ("shardstream:batch_build_seconds:p50_rate5m{" + SERVERS + "}", "p50 {{pod}}"),
-              ("shardstream:batch_build_seconds:p99_rate5m{" + SERVERS + "}", "p99 {{pod}}"), unit="s",
+              (quantile(0.5, "shardstream_batch_build_seconds", "pod"), "p50 {{pod}}"),
+              (quantile(0.99, "shardstream_batch_build_seconds", "pod"), "p99 {{pod}}"), unit="s",
               description="Time to read, take and encode one Read message; a rising p99 = storage or CPU saturation."),
         panel("Control-plane RPC time p99",
               (f'histogram_quantile(0.99, sum by (grpc_method, le) (rate(grpc_server_handling_seconds_bucket{{{control}, grpc_type="unary"}}{rate})))',
                "{{grpc_method}}"), unit="s"),
         row("Cache and storage"),
-        panel("Cache hit ratio", ("shardstream:cache_hit:ratio_rate5m{" + SERVERS + "}", "{{pod}}"), unit="percentunit",
-              thresholds=[("red", None), ("green", 0.5)]),
+        panel("Cache hit ratio",
+              (f"sum by (pod) (rate(shardstream_cache_hits_total{{{SERVERS}}}{rate})) / sum by (pod) "
+               f"(rate(shardstream_cache_hits_total{{{SERVERS}}}{rate}) + rate(shardstream_cache_misses_total{{{SERVERS}}}{rate}))",
+               "{{pod}}"), unit="percentunit", thresholds=[("red", None), ("green", 0.5)]),
         panel("Cache bytes", (f"sum by (pod) (shardstream_cache_bytes{{{SERVERS}}})", "used {{pod}}"),
               (f"sum by (pod) (shardstream_cache_capacity_bytes{{{SERVERS}}})", "capacity {{pod}}"), unit="bytes"),
         panel("Storage reads/s", (f"sum by (pod) (rate(shardstream_storage_reads_total{{{SERVERS}}}{rate}))", "{{pod}}"),
               unit="ops"),
-        panel("Storage fetch time p99", ("shardstream:storage_read_seconds:p99_rate5m{" + SERVERS + "}", "{{pod}}"),
-              unit="s"),
-        panel("Read amplification", ("shardstream:storage_read:ratio_rate5m{" + SERVERS + "}", "{{pod}}"),
+        panel("Storage fetch time p99", (quantile(0.99, "shardstream_storage_read_seconds", "pod"), "{{pod}}"), unit="s"),
+        panel("Read amplification",
+              (f"sum by (pod) (rate(shardstream_storage_read_bytes_total{{{SERVERS}}}{rate})) / sum by (pod) "
+               f"(rate(shardstream_cache_hit_bytes_total{{{SERVERS}}}{rate}) + rate(shardstream_cache_miss_bytes_total{{{SERVERS}}}{rate}))",
+               "{{pod}}"),
               description="Bytes read from storage per byte looked up in the cache (1 = every lookup read storage)."),
         panel("Bytes/s read from storage",
               (f"sum by (pod) (rate(shardstream_storage_read_bytes_total{{{SERVERS}}}{rate}))", "{{pod}}"), unit="Bps"),
         row("Transforms"),
-        panel("Transform time p99 by op", ('shardstream:transform_seconds:p99_rate5m{job=~"$job"}', "{{op}}"), unit="s"),
+        panel("Transform time p99 by op", (quantile(0.99, "shardstream_transform_seconds", "op", DATASETS), "{{op}}"),
+              unit="s", description="p99 of one transform's time, on the pods and datasets selected above."),
         panel("Transform CPU by op and dataset",
               (f"sum by (op, dataset) (rate(shardstream_transform_seconds_sum{{{DATASETS}}}{rate}))", "{{op}} {{dataset}}"),
               unit="s", description="Seconds per second spent in each server-side transform (about cores busy)."),
@@ -212,12 +232,30 @@ def fleet() -> dict[str, Any]:
               description="RESOURCE_EXHAUSTED at the admission limits (server, peer, buffer)."),
         panel("Stream buffer bytes", (f"sum by (pod) (shardstream_stream_buffer_bytes{{{SERVERS}}})", "{{pod}}"),
               unit="bytes"),
+        row("Pods against their limits"),
+        panel("CPU used / limit",
+              (f"sum by (pod) (rate(process_cpu_seconds_total{{{SERVERS}}}{rate}))", "used {{pod}}"),
+              (f"sum by (pod) (container_spec_cpu_quota{{{pods}}} / container_spec_cpu_period{{{pods}}})", "limit {{pod}}"),
+              description="Cores used by every process of the pod (supervisor and workers) against the container's "
+                          "CPU limit (the kubelet's cAdvisor series; the chart sizes --workers from the limit)."),
+        panel("CPU throttled (share of periods)",
+              (f"sum by (pod) (rate(container_cpu_cfs_throttled_periods_total{{{pods}}}{rate})) / sum by (pod) "
+               f"(rate(container_cpu_cfs_periods_total{{{pods}}}{rate}))", "{{pod}}"),
+              unit="percentunit", thresholds=[("green", None), ("red", 0.25)],
+              description="CFS periods in which the container hit its CPU quota: batches are built late, trainers stall."),
+        panel("Memory used / limit",
+              (f"sum by (pod) (container_memory_working_set_bytes{{{pods}}})", "working set {{pod}}"),
+              (f"sum by (pod) (process_resident_memory_bytes{{{SERVERS}}})", "RSS {{pod}}"),
+              (f"sum by (pod) (container_spec_memory_limit_bytes{{{pods}}})", "limit {{pod}}"), unit="bytes",
+              description="The working set is what the OOM killer weighs against the limit; size the limit by "
+                          "deploy/RUNBOOK.md \"Memory limit\" (cache + 2 x stream buffer + workers)."),
+        panel("Memory headroom (working set / limit)",
+              (f"max by (pod) (container_memory_working_set_bytes{{{pods}}} / container_spec_memory_limit_bytes{{{pods}}})",
+               "{{pod}}"), unit="percentunit", thresholds=[("green", None), ("orange", 0.8), ("red", 0.9)],
+              description="Near 1 the pod is about to be OOM-killed (ShardstreamWorkerCrashLoop follows)."),
         row("Processes"),
         panel("Worker restarts (15 min)",
               (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}")),
-        panel("CPU per pod", ("shardstream:process_cpu_seconds:rate1m{" + SERVERS + "}", "{{pod}}"), unit="short",
-              description="Cores used by every process of the pod (supervisor and workers)."),
-        panel("RSS per pod", ("shardstream:process_resident_memory_bytes:sum{" + SERVERS + "}", "{{pod}}"), unit="bytes"),
         panel("Open file descriptors per pod", (f"sum by (pod) (process_open_fds{{{SERVERS}}})", "{{pod}}")),
     ]
     # fmt: on
@@ -226,48 +264,88 @@ def fleet() -> dict[str, Any]:
         query_variable("pod", "Pod", 'label_values(shardstream_build_info{job=~"$job"}, pod)'),
         query_variable("dataset", "Dataset", 'label_values(shardstream_streams_total{job=~"$job"}, dataset)'),
     ]
-    about = "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, processes."
+    about = "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, pods against their limits."
     return dashboard("shardstream-fleet", "shardstream / Fleet", about, variables, panels)
 
 
 def training() -> dict[str, Any]:
     rate = "[$__rate_interval]"
+    per_rank = "sum by (job_name, rank)"
+
+    def stall(selector: str) -> str:  # a rank's share of wall time spent waiting for its next batch
+        return f"{per_rank} (rate(shardstream_client_wait_seconds_sum{{{selector}}}{rate}))"
+
+    def batches(selector: str) -> str:
+        return f"{per_rank} (rate(shardstream_client_batches_total{{{selector}}}{rate}))"
+
+    commit_age = f"time() - max by (job_name, rank) (shardstream_client_cursor_last_commit_timestamp_seconds{{{JOBS}}} > 0)"
     who = "{{job_name}} rank {{rank}}"
     # fmt: off
     panels = [
-        row("Data"),
-        panel("Data stall (share of time waiting for data)", ("shardstream:client_stall:ratio_rate5m{" + RANKS + "}", who),
+        row("Data: every rank of the job, aggregated"),
+        panel("Data stall: worst rank and median rank",
+              (f"max by (job_name) ({stall(JOBS)})", "max {{job_name}}"),
+              (f"quantile by (job_name) (0.5, {stall(JOBS)})", "p50 {{job_name}}"),
               unit="percentunit", thresholds=[("green", None), ("red", 0.05)],
-              description="Fraction of wall time the training loop waited for its next batch; the SLO is 5%."),
-        panel("Wait for a batch p99", ("shardstream:client_wait_seconds:p99_rate5m{" + RANKS + "}", who), unit="s"),
-        panel("Batches/s", (f"sum by (job_name, rank) (rate(shardstream_client_batches_total{{{RANKS}}}{rate}))", who),
-              unit="ops"),
-        panel("Bytes/s received", (f"sum by (job_name, rank) (rate(shardstream_client_bytes_total{{{RANKS}}}{rate}))", who),
-              unit="Bps"),
+              description="Fraction of wall time a training loop waited for its next batch: the slowest rank sets "
+                          "the pace of a synchronous job. The SLO is 5%."),
+        panel("Ranks stalling most (top 10)", (f"topk(10, {stall(JOBS)})", ""), kind="table",
+              unit="percentunit",
+              description="The ranks with the largest stall now: pick them in the Rank variable to drill down."),
+        panel("Wait for a batch p99 (all ranks)",
+              (f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_wait_seconds_bucket{{{JOBS}}}{rate})))",
+               "{{job_name}}"), unit="s"),
+        panel("Batches/s: job total and slowest rank",
+              (f"sum by (job_name) ({batches(JOBS)})", "total {{job_name}}"),
+              (f"min by (job_name) ({batches(JOBS)})", "slowest rank {{job_name}}"), unit="ops"),
+        panel("Bytes/s received (job)",
+              (f"sum by (job_name) (rate(shardstream_client_bytes_total{{{JOBS}}}{rate}))", "{{job_name}}"), unit="Bps"),
+        panel("Ranks reporting", (f"count by (job_name) ({batches(JOBS)})", "{{job_name}}"), kind="stat",
+              description="Trainer processes scraped per job (one per rank)."),
         row("Failover"),
         panel("Failovers/s",
-              (f"sum by (job_name, rank) (rate(shardstream_client_failovers_total{{{RANKS}}}{rate}))", "failovers " + who),
-              (f"sum by (job_name, rank) (rate(shardstream_client_stream_retries_total{{{RANKS}}}{rate}))", "retries " + who),
-              unit="ops", description="Streams reopened after an error; failovers moved to another server."),
+              (f"sum by (job_name) (rate(shardstream_client_failovers_total{{{JOBS}}}{rate}))", "{{job_name}}"),
+              unit="ops", description="Stream restarts that moved to another server (a server died, drained or refused)."),
+        panel("Stream retries/s",
+              (f"sum by (job_name) (rate(shardstream_client_stream_retries_total{{{JOBS}}}{rate}))", "{{job_name}}"),
+              unit="ops", description="Every Read stream reopened after an error, on the same server or another one "
+                                      "(failovers are the part that moved)."),
         row("Cursor commits"),
-        panel("Commit lag (time since the last commit)", ("shardstream:client_commit_age_seconds{" + RANKS + "}", who),
-              unit="s"),
+        panel("Commit lag: oldest rank", (f"max by (job_name) ({commit_age})", "{{job_name}}"), unit="s",
+              description="Seconds since the rank that committed longest ago last committed its cursor."),
         panel("Commit time p99",
-              (f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_cursor_commit_seconds_bucket{{{RANKS}}}{rate})))",
+              (f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_cursor_commit_seconds_bucket{{{JOBS}}}{rate})))",
                "{{job_name}}"), unit="s"),
         panel("Commits and failures/s",
-              (f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{RANKS}}}{rate}))", "commits {{job_name}}"),
-              (f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{RANKS}}}{rate}))",
+              (f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{JOBS}}}{rate}))", "commits {{job_name}}"),
+              (f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{JOBS}}}{rate}))",
                "failures {{job_name}}"), unit="ops"),
+        row("Rank drill-down (the ranks picked in the Rank variable)"),
+        panel("Data stall of the picked ranks", (stall(RANKS), who), unit="percentunit",
+              thresholds=[("green", None), ("red", 0.05)]),
+        panel("Wait for a batch p99 of the picked ranks",
+              (f"histogram_quantile(0.99, sum by (job_name, rank, le) (rate(shardstream_client_wait_seconds_bucket{{{RANKS}}}{rate})))",
+               who), unit="s"),
+        panel("Batches/s of the picked ranks", (batches(RANKS), who), unit="ops"),
+        panel("Failovers and retries/s of the picked ranks",
+              (f"{per_rank} (rate(shardstream_client_failovers_total{{{RANKS}}}{rate}))", "failovers " + who),
+              (f"{per_rank} (rate(shardstream_client_stream_retries_total{{{RANKS}}}{rate}))", "retries " + who),
+              unit="ops"),
+        panel("Commit lag of the picked ranks",
+              (f"time() - max by (job_name, rank) (shardstream_client_cursor_last_commit_timestamp_seconds{{{RANKS}}} > 0)", who),
+              unit="s"),
     ]
     # fmt: on
-    variables = [
-        query_variable("job_name", "Job", "label_values(shardstream_client_batches_total, job_name)"),
-        query_variable(
-            "rank", "Rank", 'label_values(shardstream_client_batches_total{job_name=~"$job_name"}, rank)'
-        ),
-    ]
-    about = "Trainers' view of shardstream: data stall, waits, failovers and cursor commits per job and rank."
+    rank = query_variable("rank", "Rank", 'label_values(shardstream_client_batches_total{job_name=~"$job_name"}, rank)')
+    # a drill-down: a few ranks at a time (the first by default), never all of them in one panel
+    rank.update(includeAll=False, current={})
+    rank.pop("allValue")
+    variables = [query_variable("job_name", "Job", "label_values(shardstream_client_batches_total, job_name)"), rank]
+    about = (
+        "Trainers' view of shardstream at any number of ranks: the job's worst and median rank, the ranks "
+        "stalling most, failovers and retries, cursor commits, and a drill-down into picked ranks. The client "
+        "exports no first-batch latency: the wait histogram counts the first batch's wait with the others."
+    )
     return dashboard("shardstream-training", "shardstream / Training", about, variables, panels)
 
 
