@@ -103,6 +103,18 @@ class LRUCache(Generic[V]):
         CACHE_MISS_BYTES.inc(self._sizeof(value))
         return value
 
+    def held(self, key: Hashable) -> V | None:
+        """The value of `key` if held (a hit, as `get` counts it), else None: nothing is read."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            self._used(key, hit[1])
+        CACHE_HITS.inc()
+        CACHE_HIT_BYTES.inc(hit[1])
+        return hit[0]
+
     def prefetch(self, key: Hashable, fetch: Callable[[], V]) -> bool:
         """Read `key` ahead of need unless held or being read (then only refresh it); True if it read.
 

@@ -231,25 +231,40 @@ class DatasetReader:
             # An unshuffled (or block-shuffled) message inside one row group: one zero-copy slice,
             # without the sorting and grouping of the general gather (most of a message's CPU).
             table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
-            table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-            table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-            return table.combine_chunks().to_batches()[0]
+            return _with_provenance(table, shard, row_in_shard)
         keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
         unique, inverse = np.unique(keys, return_inverse=True)
-
-        def one(k: np.int64) -> pa.Table:
-            return self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols)
-
-        # Several row groups are fetched at once (concurrent ranged reads on remote storage).
-        tables = list(_FETCH_POOL.map(one, unique)) if len(unique) > 1 else [one(k) for k in unique]
+        tables = self._row_groups(unique, cols)
         if tables:
             table = gather(tables, inverse, row_in_group)
         else:
             schema = self.manifest.schema
             table = pa.table({c: pa.array([], type=schema.field(c).type) for c in cols})
-        table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-        table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-        return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
+        return _with_provenance(table, shard, row_in_shard)
+
+    def _row_groups(self, keys: np.ndarray, cols: tuple[str, ...]) -> list[pa.Table]:
+        """The row groups `keys` (shard << 32 | group): those the cache holds at once, the others
+        fetched several at a time (concurrent ranged reads on remote storage)."""
+        fp = self.manifest.fingerprint
+        places = [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys.tolist()]
+        tables: list[pa.Table | None] = [
+            self._cache.held((fp, s, g, cols, self._checked[s])) for s, g in places
+        ]
+        missing = [i for i, t in enumerate(tables) if t is None]
+        if len(missing) > 1:
+            fetched = _FETCH_POOL.map(lambda i: self._row_group(*places[i], cols), missing)
+            for i, t in zip(missing, fetched, strict=True):
+                tables[i] = t
+        elif missing:
+            tables[missing[0]] = self._row_group(*places[missing[0]], cols)
+        return tables  # type: ignore[return-value]
+
+
+def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:
+    """`table`'s rows and the provenance columns `_shard`, `_row` as one record batch."""
+    table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
+    table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+    return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
 
 
 def _one_run(shard: np.ndarray, group: np.ndarray, row_in_group: np.ndarray) -> bool:
