@@ -48,12 +48,18 @@ from shardstream.checkpoint_format import (
     decode_value,
     encode_value,
 )
-from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError, UnavailableError
+from shardstream.errors import (
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 
 from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
 from .state_tree import Staged, find, new_array, restore, stage, writable_view
-from .transport import CheckpointSession
+from .transport import GET_BATCH_CHUNKS, CheckpointSession
 
 __all__ = ["Checkpointer", "SaveHandle"]
 
@@ -61,7 +67,6 @@ log = logging.getLogger("shardstream.client.checkpoint")
 
 HASH_THREADS = 4  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
 PUT_BATCH_BYTES = 64 << 20  # chunks per DoPut, by bytes
-GET_BATCH_CHUNKS = 16  # chunks per DoGet
 COMMIT_POLL_S = (0.01, 1.0)  # waiting for the other ranks' parts: first and longest wait between polls
 
 
@@ -174,26 +179,55 @@ class Checkpointer:
         else:
             handle._finish()
 
+    def _store(self, views: Sequence[memoryview]) -> tuple[list[list[list[Any]]], int, dict[str, memoryview]]:
+        """Chunk, hash and store byte ranges: per view its [[sha256, size], ...], the bytes sent
+        (those the server did not have), and the chunks by name (until the commit: one a gc took
+        meanwhile is sent again)."""
+        pieces: list[tuple[int, memoryview]] = []  # (view, bytes)
+        for i, data in enumerate(views):
+            for start in range(0, data.nbytes, self.chunk_bytes):
+                pieces.append((i, data[start : start + self.chunk_bytes]))
+        hashes = list(self._pool.map(lambda p: hashlib.sha256(p[1]).hexdigest(), pieces))
+        by_hash = {h: p[1] for h, p in zip(hashes, pieces, strict=True)}
+        names = list(by_hash)
+        present: set[str] = set()
+        for start in range(0, len(names), 4096):
+            body = {"job": self.job, "hashes": names[start : start + 4096]}
+            present |= set(self._session.action("checkpoint.has", body)["present"])
+        sent = self._put([h for h in names if h not in present], by_hash)
+        chunks: list[list[list[Any]]] = [[] for _ in views]
+        for (i, data), h in zip(pieces, hashes, strict=True):
+            chunks[i].append([h, data.nbytes])
+        return chunks, sent, by_hash
+
+    def _commit(self, step: int, save_id: str, world_size: int, by_hash: Mapping[str, memoryview]) -> int:
+        """Commit once every rank's part is in (polling for the others'); the bytes sent again."""
+        sent = 0
+        wait = COMMIT_POLL_S[0]
+        while True:
+            body = {"job": self.job, "step": step, "world_size": world_size, "save_id": save_id}
+            out = self._session.action("checkpoint.commit", body)
+            if out["committed"]:
+                return sent
+            if out["missing"]:  # reclaimed by a gc since the server said it had them: send again
+                resend = [h for h in out["missing"] if h in by_hash]
+                if not resend:
+                    raise FailedPreconditionError(
+                        f"checkpoint {self.job}@{step}: {len(out['missing'])} chunk(s) its parts name are not stored "
+                        "(removed by a gc during the save?): save the step again"
+                    )
+                sent += self._put(resend, by_hash)
+                continue
+            time.sleep(wait)  # the other ranks' parts: the last one to land commits
+            wait = min(wait * 2, COMMIT_POLL_S[1])
+
     def _send(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
         step = handle.step
-        pieces: list[tuple[int, int, memoryview]] = []  # (tensor, chunk index, bytes)
-        for i, t in enumerate(staged.tensors):
-            size = t.data.nbytes
-            for j, start in enumerate(range(0, size, self.chunk_bytes)):
-                pieces.append((i, j, t.data[start : start + self.chunk_bytes]))
-        hashes = list(self._pool.map(lambda p: hashlib.sha256(p[2]).hexdigest(), pieces))
-        by_hash = {h: p[2] for h, p in zip(hashes, pieces, strict=True)}
-        present: set[str] = set()
-        names = list(by_hash)
-        for start in range(0, len(names), 4096):
-            present |= set(self._session.action("checkpoint.has", {"job": self.job, "hashes": names[start : start + 4096]})["present"])
-        handle.bytes_sent += self._put([h for h in names if h not in present], by_hash)
+        chunks, handle.bytes_sent, by_hash = self._store([t.data for t in staged.tensors])
         tensors: dict[str, Any] = {
-            str(i): {"path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": t.shape, "nbytes": t.data.nbytes, "chunks": []}
-            for i, t in enumerate(staged.tensors)
+            str(i): {"path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": t.shape, "nbytes": t.data.nbytes, "chunks": c}
+            for i, (t, c) in enumerate(zip(staged.tensors, chunks, strict=True))
         }
-        for (i, _, data), h in zip(pieces, hashes, strict=True):
-            tensors[str(i)]["chunks"].append([h, data.nbytes])
         part = {
             "kind": PART_KIND,
             "format": FORMAT,
@@ -208,19 +242,7 @@ class Checkpointer:
             "loader": loader_state,
         }
         self._session.action("checkpoint.put-part", {"job": self.job, "step": step, "rank": self.rank, "part": part})
-        wait = COMMIT_POLL_S[0]
-        while True:
-            out = self._session.action(
-                "checkpoint.commit",
-                {"job": self.job, "step": step, "world_size": self.world_size, "save_id": save_id},
-            )
-            if out["committed"]:
-                return
-            if out["missing"]:  # reclaimed by a gc since the server said it had them: send again
-                handle.bytes_sent += self._put([h for h in out["missing"] if h in by_hash], by_hash)
-                continue
-            time.sleep(wait)  # the other ranks' parts: the last one to land commits
-            wait = min(wait * 2, COMMIT_POLL_S[1])
+        handle.bytes_sent += self._commit(step, save_id, self.world_size, by_hash)
 
     def _put(self, hashes: list[str], by_hash: Mapping[str, memoryview]) -> int:
         sent = 0
@@ -271,6 +293,22 @@ class Checkpointer:
             if timeout_s is not None and time.monotonic() - last_new > timeout_s:
                 return
             time.sleep(poll_s)
+
+    # --- torch.distributed.checkpoint ---------------------------------------------------------------
+    def storage_writer(self, step: int, *, loader: Any = None) -> Any:
+        """A DCP StorageWriter saving `step` of this job: `dcp.save(state, storage_writer=...)` on every
+        rank (or `dcp.async_save`); committed when DCP's coordinator finishes (dcp.py)."""
+        from .dcp import FleetStorageWriter  # torch, only for those who use DCP
+
+        return FleetStorageWriter(self, step, loader)
+
+    def storage_reader(self, step: int | str = "latest", *, loader: Any = None) -> Any:
+        """A DCP StorageReader of `step`: `dcp.load(state, storage_reader=...)` with any world size."""
+        from .dcp import FleetStorageReader
+
+        reader = FleetStorageReader(self, step, loader)
+        reader.read_metadata()  # a step that is not a DCP checkpoint fails here, in one line, not inside dcp.load
+        return reader
 
     # --- load --------------------------------------------------------------------------------------
     def load(self, step: int | str = "latest", *, into: Any = None, loader: Any = None, verify: bool = False) -> Any:

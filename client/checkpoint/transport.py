@@ -25,7 +25,7 @@ from shardstream.errors import FlightStatus, InvalidArgumentError, UnavailableEr
 from ..channel import Connection, normalize_endpoints
 from ..credentials import ChannelSecurity
 
-__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "CheckpointSession"]
+__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "GET_BATCH_CHUNKS", "CheckpointSession"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,7 @@ CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"  # the server's (plane.
 CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 DISCOVERY_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0  # one action or one batch of chunks
+GET_BATCH_CHUNKS = 16  # chunks per DoGet of a load
 FLIGHT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 
 
