@@ -376,6 +376,8 @@ class Loader:
             on_error=self.on_error,
             mixture_block=self.mixture_block,
             mixture_epoch_samples=self.mixture_epoch_samples,
+            columns=None if self.columns is None else tuple(self.columns),
+            epochs=self.epochs,
         ).to_dict()
 
     def split_steps(self, worker: int, workers: int) -> None:

@@ -3,6 +3,7 @@ Loader; incremental bytes; integrity; permissions; follow()."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,77 @@ def test_writers_readers_and_others(auth_server: Any) -> None:
     assert str(existing.value).replace("run-1", "J") == str(missing.value).replace("run-404", "J")
     with Checkpointer(target, job="run-1", token="wrong-token") as nobody, pytest.raises(UnauthenticatedError):
         nobody.steps()
+
+
+def test_two_ranks_commit_together_and_load_on_one(ckpt_server: Any) -> None:
+    server, _ = ckpt_server
+    job = "two-ranks"
+    loaders = [Loader([server.target], "toy@1", batch_size=4, rank=r, world_size=2, seed=1) for r in range(2)]
+    ranks = [Checkpointer([server.target], job=job, rank=r, world_size=2) for r in range(2)]
+    try:
+        streams = [iter(ld) for ld in loaders]
+        for s in streams:
+            next(s), next(s)
+        first = ranks[0].save(3, {"w": torch.full((5,), 0.0), "rank": 0}, loader=loaders[0])
+        assert ranks[0].steps() == []  # rank 1 has not saved: nothing committed
+        second = ranks[1].save(3, {"w": torch.full((5,), 1.0), "rank": 1}, loader=loaders[1])
+        assert first.result(60) == second.result(60) == 3
+        expected = [next(s) for s in streams]  # each rank's next batch of the uninterrupted run
+        manifest = ranks[0].manifest(3)
+        assert manifest["world_size"] == 2 and [p["rank"] for p in manifest["parts"]] == [0, 1]
+        for r in range(2):  # each rank reads back its own part
+            got = ranks[r].load(3)
+            assert got["rank"] == r and torch.equal(got["w"], torch.full((5,), float(r)))
+    finally:
+        for c in ranks:
+            c.close()
+        for ld in loaders:
+            ld.close()
+    # one rank now (world size 1 resumes the same global position: both ranks' batches, in order)
+    with Loader([server.target], "toy@1", batch_size=8, seed=1) as one, Checkpointer([server.target], job=job) as ck:
+        ck.load(3, loader=one)
+        batch = next(iter(one))
+        both = {k: np.concatenate([np.asarray(expected[0][k]), np.asarray(expected[1][k])]) for k in batch}
+        assert _same_batches(batch, both)
+
+
+def test_ranks_loading_one_checkpoint_read_storage_once(ckpt_server: Any) -> None:
+    from .support.servers import scrape
+
+    server, _ = ckpt_server
+    state = {f"t{i}": torch.randn(100_000) for i in range(4)}
+    with Checkpointer([server.target], job="shared-load", chunk_bytes=128 << 10) as ck:
+        ck.save(1, state, blocking=True)
+        total = ck.manifest(1)["bytes"]
+    before = scrape(server)["shardstream_checkpoint_storage_read_bytes_total"]
+    errors: list[BaseException] = []
+
+    def rank() -> None:
+        try:
+            with Checkpointer([server.target], job="shared-load") as mine:
+                got = mine.load(1)
+                assert all(torch.equal(got[k], state[k]) for k in state)
+        except BaseException as exc:  # noqa: BLE001 — re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    read = scrape(server)["shardstream_checkpoint_storage_read_bytes_total"] - before
+    assert read == total  # 4 loads, one storage read of each chunk (the rest from the server's cache)
+
+
+def test_an_s3_checkpoint_root(data_root: Path, s3_root: str) -> None:
+    with Servers(data_root) as servers:
+        server = servers.start(extra_args=("--checkpoint-root", s3_root))
+        state = {"w": torch.arange(70_000, dtype=torch.float64), "meta": {"epoch": 2}}
+        with Checkpointer([server.target], job="on-s3", chunk_bytes=64 << 10) as ck:
+            ck.save(1, state, blocking=True)
+            state["w"][:10] = -1
+            assert ck.save(2, state, blocking=True).bytes_sent == 64 << 10  # one chunk changed
+            got = ck.load("latest", verify=True)
+            assert torch.equal(got["w"], state["w"]) and got["meta"] == {"epoch": 2}
+            assert ck.steps() == [1, 2]
