@@ -7,8 +7,9 @@ a Loader's schedules — batch-size phases, mixture phases, skip ranges — are 
 "schedule" key only such a Loader writes (schedule_state.py).
 
 So are the rest of what decides a step's samples besides the order — drop_last, the transforms and
-on_error, a mixture's block and epoch samples — so that `shardstream explain` can replay any step of
-a job from its cursors. States of older clients lack them and read as the defaults (format 1 still:
+on_error, a mixture's block and epoch samples, the columns — and the epochs the job runs, so that
+`shardstream explain` and the web's job pages can replay any step of a job from its cursors (and say
+when a step is past the job's end). States of older clients lack them and read as the defaults (format 1 still:
 older clients ignore them).
 """
 
@@ -45,10 +46,14 @@ class LoaderState:
     on_error: str = "fail"
     mixture_block: int = 0  # 0: the default block
     mixture_epoch_samples: int = 0  # 0: the sources' total rows
+    # What the job reads and for how long (informational: the web's job links, `explain`'s end of job)
+    columns: tuple[str, ...] | None = None  # None: every column
+    epochs: int | None = 0  # the epochs the job runs (None: endless; 0: not recorded)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["transforms"] = [dict(t) for t in self.transforms]
+        d["columns"] = None if self.columns is None else list(self.columns)
         if d["schedule"] is None:  # only a Loader with a schedule writes the key
             del d["schedule"]
         return {"kind": _KIND, "format": STATE_FORMAT, **d}
@@ -80,6 +85,8 @@ class LoaderState:
                 on_error=str(d.get("on_error", "fail")),
                 mixture_block=int(d.get("mixture_block", 0)),
                 mixture_epoch_samples=int(d.get("mixture_epoch_samples", 0)),
+                columns=_columns(d.get("columns")),
+                epochs=_epochs(d.get("epochs", 0)),
             )
         except KeyError as exc:
             raise InvalidArgumentError(f"Loader state is missing {exc.args[0]!r}") from None
@@ -107,6 +114,20 @@ class LoaderState:
             raise InvalidArgumentError(
                 f"the state's offset {self.offset} is past the epoch of {num_rows} samples"
             )
+
+
+def _columns(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(isinstance(c, str) for c in value):
+        raise InvalidArgumentError(f"Loader state field 'columns' must be a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _epochs(value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidArgumentError(f"Loader state field 'epochs' must be an integer >= 0 or None, got {value!r}")
+    return value
 
 
 def _schedule(value: object) -> Mapping[str, Any] | None:

@@ -364,3 +364,73 @@ def test_copy_as_python_is_a_script_whose_batch_is_the_batch_shown(page: Page, w
     else:
         assert sorted(batch) == ["name"]  # the job's columns are kept
         assert [s["name"] for s in shown] == batch["name"].tolist() and len(shown) == 4
+
+
+# --- a job's steps --------------------------------------------------------------------------------
+def run_job(
+    endpoint: str, store: str, world: int, batch: int, steps: int, commit_after: int, resume: str | None
+) -> dict[int, list[list[int]]]:
+    """`world` ranks of job `resized` on text@1 take `steps` steps, committing the steps done after
+    `commit_after` of them; the ids each rank received, by the job's step (counted from 0)."""
+    loaders = [
+        Loader([endpoint], "text@1", batch_size=batch, rank=r, world_size=world, seed=5, columns=["id", "name"],
+               job="resized", cursor_store=store, resume=resume)
+        for r in range(world)
+    ]
+    try:
+        first = loaders[0].resumed_from or 0
+        iters = [iter(loader) for loader in loaders]
+        got = {}
+        for k in range(steps):
+            got[first + k] = [next(it)["id"].tolist() for it in iters]
+            if k + 1 == commit_after:
+                for loader in loaders:
+                    loader.commit(first + k + 1, wait=True)
+    finally:
+        for loader in loaders:
+            loader.close()
+    return got
+
+
+def test_job_links_open_the_step_each_rank_received_across_a_world_size_change(
+    page: Page, store: str, endpoint: str, root: Path, tmp_path: Path
+) -> None:
+    # 2 ranks x 3 take steps 0..3 and commit 3 (offset 18); resumed there on 4 ranks x 2, steps 3..6,
+    # committing 5 (offset 34, which is no multiple of 8: step 5 is not at 5 x 8)
+    received = run_job(endpoint, store, world=2, batch=3, steps=4, commit_after=3, resume=None)
+    again = run_job(endpoint, store, world=4, batch=2, steps=4, commit_after=2, resume="latest")
+    pg = page.open("/jobs/resized")
+    rows = {
+        int(tr.query_selector("td").inner_text()): [
+            (a.get_attribute("href"), a.get_attribute("data-positions")) for a in tr.query_selector_all("a")
+        ]
+        for tr in pg.query_selector_all("#job tr")[1:]
+    }
+    assert sorted(rows) == [3, 5]
+    assert [p for _, p in rows[3]] == ["18,21", "21,24"]  # the 2 ranks that committed 3
+    assert [p for _, p in rows[5]] == ["34,36", "36,38", "38,40", "40,42"]  # the 4 that committed 5
+
+    def explain(*args: str) -> subprocess.CompletedProcess[str]:
+        from .support.processes import run_cli
+
+        return run_cli("explain", "--job", "resized", *args, "--store", store, "--root", str(root), cwd=tmp_path)
+
+    for checkpoint, links in rows.items():
+        took = received if checkpoint == 3 else again  # the run that committed the checkpoint
+        for rank, (href, positions) in enumerate(links):
+            proc = explain("--step", str(checkpoint), "--rank", str(rank), "--json")
+            assert proc.returncode == 0, proc.stderr
+            said = json.loads(proc.stdout)["ranks"][0]["positions"]
+            assert said == [int(p) for p in positions.split(",")], (checkpoint, rank)
+            pg = page.open(href)
+            assert [s["id"] for s in summaries(pg)] == took[checkpoint][rank]  # what that rank's Loader handed over
+            assert sorted(summaries(pg)[0]) == ["id", "name", "row"]  # the job's columns
+            assert pg.inner_text("#step-of").startswith(f"job step {checkpoint} ")
+            if checkpoint + 1 in took:
+                pg.click("#next")  # the job's next step, on the same rank
+                pg.wait_for_load_state("networkidle")
+                assert [s["id"] for s in summaries(pg)] == took[checkpoint + 1][rank]
+    # past the job's end (it runs one epoch): said, not placed in a later epoch
+    proc = explain("--step", "500")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("shardstream: error: step 500 is past the job's end: job 'resized' runs 1 epoch(s)")

@@ -23,10 +23,21 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError, NoCommittedStepError
+from shardstream.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NoCommittedStepError,
+    NotFoundError,
+)
 from shardstream.order.curriculum import is_mixture_schedule, parse_mixture_schedule, schedule_sources
 from shardstream.order.delivery import Selector, make_selector, step_samples
-from shardstream.order.explain import Cursor, StepPlace, parse_shuffle, place_scheduled_step, place_step
+from shardstream.order.explain import (
+    Cursor,
+    StepPlace,
+    parse_shuffle,
+    place_scheduled_step,
+    place_step,
+)
 from shardstream.order.mixture import is_mixture, parse_mixture
 from shardstream.order.schedule import Schedule
 from shardstream.registry import Registry
@@ -152,6 +163,7 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
         else min(records, key=lambda r: r[1].state.steps)
     )
     st = rec.state
+    newest = max(records, key=lambda r: r[1].state.steps)[1].state
     with common.open_registry(args) as reg:
         sel = _selector(reg, st)
         cursor = Cursor(st.epoch, st.offset, st.steps, st.world_size, st.batch_size, st.drop_last)
@@ -162,9 +174,22 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
             if not before:
                 cursor = Cursor(0, 0, 0, st.world_size, st.batch_size, st.drop_last)
             place = place_scheduled_step(sel.num_rows, cursor, schedule, args.step)
-    ranks = [args.rank] if args.rank is not None else list(range(st.world_size))
-    if any(not 0 <= r < st.world_size for r in ranks):
-        raise InvalidArgumentError(f"--rank must be in [0, {st.world_size}) (the job's world size then)")
+    if newest.epochs and place.epoch >= newest.epochs:
+        raise NotFoundError(
+            f"step {args.step} is past the job's end: job {args.job!r} runs {newest.epochs} epoch(s) "
+            f"(0..{newest.epochs - 1}) and step {args.step} would be in epoch {place.epoch}; its newest "
+            f"checkpoint is step {newest.steps} (epoch {newest.epoch})"
+        )
+    note = None
+    if args.step > newest.steps and newest.epochs is not None and not newest.epochs:
+        note = (
+            f"step {args.step} is after the job's newest checkpoint (step {newest.steps}, epoch {newest.epoch}): "
+            "this is where the plan puts it if the job ran on (its cursors do not say how many epochs it runs)"
+        )
+    world = cursor.world_size
+    ranks = [args.rank] if args.rank is not None else list(range(world))
+    if any(not 0 <= r < world for r in ranks):
+        raise InvalidArgumentError(f"--rank must be in [0, {world}) (the job's world size then)")
     recorded = "transforms" in raw  # states of older clients did not record them
     skipping = bool(st.transforms) and st.on_error == "skip"
     skipped = _read_skipped(args, st, place, ranks) if skipping and args.server else {}
@@ -179,8 +204,8 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
         "fingerprint": st.fingerprint,
         "seed": st.seed,
         "shuffle": st.shuffle,
-        "world_size": st.world_size,
-        "batch_size": st.batch_size,
+        "world_size": cursor.world_size,
+        "batch_size": cursor.batch_size,
         "schedule": raw.get("schedule"),  # batch-size phases, skip ranges (None: none)
         "drop_last": st.drop_last,
         "epoch": place.epoch,
@@ -189,6 +214,8 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
         "on_error": st.on_error if recorded else None,
         "ranks": [],
     }
+    if note:
+        out["note"] = note
     for r in ranks:
         smp = step_samples(sel, place.layout, place.epoch, place.index, r)
         samples = []
@@ -284,6 +311,8 @@ def _print(out: dict[str, Any]) -> None:
     )
     g = out["global_positions"]
     print(f"  epoch {out['epoch']}, global positions [{g[0]}, {g[1]})")
+    if out.get("note"):
+        print(f"  note: {out['note']}")
     tf = out["transforms"]
     if tf is None:
         print("  transforms: not recorded (a cursor of an older client)")
@@ -328,7 +357,12 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument("dataset", nargs="?", help="NAME@VERSION, with --sample")
     sp.add_argument("--job", help="the job's name (Loader(job=...))")
-    sp.add_argument("--step", type=int, help="the job's step T, counted from 0 since the job began")
+    sp.add_argument(
+        "--step",
+        type=int,
+        help="the job's step T, counted from 0 since the job began: the number of steps before it, as the "
+        "Loader's state and commit(T) after T steps count (the README's loop logs it with the batch)",
+    )
     sp.add_argument("--rank", type=int, help="only this rank (default: every rank)")
     common.store_option(sp)
     sp.add_argument("--cursor-store", metavar="URL", help="the same as --store")

@@ -11,7 +11,12 @@ servers run.
 
 Going backwards from a cursor assumes the job ran with that world and batch size from the start of
 the epochs it walks back over (a job resumed with other sizes is only exact from a cursor of the
-new run on): the CLI starts from the newest cursor at or before T whenever there is one.
+new run on): the CLI and the web's job pages start from the newest cursor at or before T whenever
+there is one, with the world and batch size of the run that committed it.
+
+Step numbers count from 0 everywhere: a job's step S is the number of steps it took before it — the
+Loader state's `steps`, what `commit(S)` after S steps records, `explain --job --step S`, the web's
+job links — and step t of an epoch (inspect, web, view) covers [t·W·B, (t+1)·W·B).
 
 A sample's place (`find_position`, `place_of`) inverts the epoch's order by scanning it in chunks —
 the same order function the servers evaluate, so exact for every shuffle mode, at O(N) time and

@@ -116,7 +116,7 @@ class FleetMonitor:
 class JobStep:
     step: int
     committed: bool
-    ranks: list[dict[str, Any]]  # CursorRecord.describe() + seed, shuffle (for links to the step)
+    ranks: list[dict[str, Any]]  # CursorRecord.describe() + seed, shuffle and the LoaderState (links to the step)
 
 
 def _open(url: str | None) -> Any:
@@ -156,7 +156,7 @@ def job_steps(url: str | None, job: str, limit: int = 20) -> list[JobStep]:
             ranks = []
             for rank, raw in sorted(store.read(job, step).items()):
                 rec = CursorRecord.from_bytes(raw, where=f"job {job!r} step {step} rank {rank}")
-                ranks.append({**rec.describe(), "seed": rec.state.seed, "shuffle": rec.state.shuffle})
+                ranks.append({**rec.describe(), "seed": rec.state.seed, "shuffle": rec.state.shuffle, "state": rec.state})
             out.append(JobStep(step, step in committed, ranks))
         return out
     finally:

@@ -33,12 +33,16 @@ _URL_KEYS = {
     "tf": "transforms",
     "on_error": "on_error",
     "drop_last": "drop_last",
+    "cur": "cursor",
 }
 _INTS = ("seed", "window", "world_size", "batch_size", "rank", "step", "epoch")
 
 
-def step_of(step: int, steps_in_epoch: int) -> str:
-    """How both visualizers say where a step is in its epoch: 'step 3 of 7 (0..6)' (steps count from 0)."""
+def step_of(step: int, steps_in_epoch: int, job: bool = False) -> str:
+    """How both visualizers say where a step is: 'step 3 of 7 (0..6)' in its epoch (steps count from
+    0), or for a job's step 'job step 286 (the epoch's last: job step 299)'."""
+    if job:
+        return f"job step {step} (the epoch's last: job step {steps_in_epoch - 1})"
     return f"step {step} of {steps_in_epoch} (0..{steps_in_epoch - 1})"
 
 
@@ -75,6 +79,10 @@ class StepQuery:
     transforms: str = ""  # JSON list, as the Loader's transforms=
     on_error: str = "fail"
     drop_last: bool = False
+    # 'S:E:O': a job's cursor (its step S starts at offset O of epoch E). Set, `step` is the job's step
+    # (the steps the job took before it) placed from that cursor with this world and batch size, as
+    # `explain --job` places it; empty, `step` counts from the start of `epoch`.
+    cursor: str = ""
 
     def __post_init__(self) -> None:
         for name in _INTS:
@@ -88,6 +96,7 @@ class StepQuery:
         if self.on_error not in ("fail", "skip"):
             raise InvalidArgumentError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
         self.shuffle_spec  # noqa: B018 - validates the mode and window
+        self.job_cursor  # noqa: B018 - validates the cursor
         parse_transforms(self.transforms)
 
     # --- what the Loader is given -----------------------------------------------------------------
@@ -104,12 +113,24 @@ class StepQuery:
         return parse_transforms(self.transforms)
 
     @property
+    def job_cursor(self) -> tuple[int, int, int] | None:
+        """(job step, epoch, offset) of `cursor`, or None."""
+        if not self.cursor:
+            return None
+        parts = self.cursor.split(":")
+        if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
+            raise InvalidArgumentError(f"cursor must be STEP:EPOCH:OFFSET (integers >= 0), got {self.cursor!r}")
+        step, epoch, offset = map(int, parts)
+        return step, epoch, offset
+
+    @property
     def global_batch(self) -> int:
         return self.world_size * self.batch_size
 
     @property
     def offset(self) -> int:
-        """The global sample offset where this step starts (the Loader's cursor before it)."""
+        """The global sample offset where this step starts (the Loader's cursor before it), without a
+        job cursor (with one, DataSource.place says where the step is)."""
         return self.step * self.global_batch
 
     def loader_kwargs(self) -> dict[str, Any]:
@@ -167,8 +188,9 @@ class StepQuery:
 
     def describe(self) -> str:
         tf = ", ".join(t.get("op", "?") for t in self.transform_list)
+        step = f"job step {self.step}" if self.cursor else f"step {self.step}"
         return (
-            f"{self.dataset} epoch {self.epoch} step {self.step} rank {self.rank}/{self.world_size} "
+            f"{self.dataset} epoch {self.epoch} {step} rank {self.rank}/{self.world_size} "
             f"batch {self.batch_size} seed {self.seed} shuffle {self.shuffle_spec}"
             f"{' drop_last' if self.drop_last else ''}{f' transforms {tf}' if tf else ''}"
         )

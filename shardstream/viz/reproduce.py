@@ -39,20 +39,20 @@ def script(
 ) -> str:
     """The Python program whose variable `batch` ends up holding `query`'s step (see the module docstring)."""
     kwargs = {k: v for k, v in query.loader_kwargs().items() if v is not None or k == "columns"}
-    kwargs["epochs"] = query.epoch + 1  # epochs count from 0: run until the step's epoch is done
+    kwargs["epochs"] = int(state["epoch"]) + 1  # epochs count from 0: run until the step's epoch is done
     kwargs["output"] = "numpy"
     if tls:
         kwargs["tls"] = dict(tls) if isinstance(tls, Mapping) else tls
     args = "\n".join(f"    {k}={_literal(v, 4 + len(k) + 1)}," for k, v in kwargs.items())
     need_token = "# the fleet needs a token: the Loader reads $SHARDSTREAM_TOKEN (or pass token=...)\n" if token else ""
-    prev = f"after step {query.step - 1}" if query.step else "at the start of the epoch"
     return (
         f'"""{query.describe()}: the batch `shardstream web` showed."""\n'
         "from shardstream.client import Loader\n"
         "\n"
         f"endpoints = {_literal(list(endpoints), 12)}\n"
         f"dataset = {query.dataset!r}\n"
-        f"# Loader.state_dict() {prev} of epoch {query.epoch}: the next batch is step {query.step}\n"
+        f"# Loader.state_dict() just before step {query.step} (epoch {state['epoch']}, offset {state['offset']}): "
+        "its next batch is that step\n"
         f"state = {_literal(dict(state), 8)}\n"
         f"{need_token}"
         "\n"

@@ -3,8 +3,9 @@
 A step is read through shardstream servers with the client's own pieces — the pinned `Target`
 (client/target.py), the `ReadSpec` a Loader builds (client/spec.py), one `StreamSession` with its
 retries and failover (client/session.py) and the message decoder (client/decode.py) — starting at
-the step's global offset `step * world_size * batch_size`, which is where a Loader whose state says
-that offset starts (`loader_state()` returns that state). Only that one step is asked for
+the step's global offset `step * world_size * batch_size` (or, for a job's step, where the job's
+cursor walks to: `place()`), which is where a Loader whose state says that offset starts
+(`loader_state()` returns that state). Only that one step is asked for
 (`num_steps = 1`): looking at step 12,345 reads step 12,345, not the epoch before it. Nothing is
 decoded differently for display; the panes draw the arrays the trainer would get.
 
@@ -35,6 +36,7 @@ from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import ReadSpec, RetryPolicy
 from shardstream.client.target import Target, normalize_dataset, resolve_target
 from shardstream.errors import InvalidArgumentError, UnavailableError
+from shardstream.order.explain import Cursor, place_step
 from shardstream.order.read_order import StepLayout
 from shardstream.registry import Registry
 from shardstream.transform_spec import to_wire
@@ -42,11 +44,20 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .query import StepQuery
 
-__all__ = ["DEFAULT_TIMEOUT_S", "DataSource", "StepBatch"]
+__all__ = ["DEFAULT_TIMEOUT_S", "DataSource", "Placed", "StepBatch"]
 
 DEFAULT_TIMEOUT_S = 30.0
 READ_DEADLINE_S = 300.0  # one step of large samples (64 videos) may take a while on a busy server
 CACHED_STEPS = 8  # a page's media requests reuse the step its page read
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a query's step is: its epoch, the global offset it starts at, the epoch's last step."""
+
+    epoch: int
+    start: int
+    last: int  # the number of the epoch's last step (in the job's numbering for a job's step)
 
 
 @dataclass(frozen=True)
@@ -188,20 +199,40 @@ class DataSource:
                 self._targets[key] = found
         return found
 
+    def place(self, query: StepQuery) -> Placed:
+        """Where the query's step is: its epoch, the offset it starts at and the epoch's last step
+        (a job's step from its cursor, as `explain --job` walks it: shardstream/order/explain.py)."""
+        num_rows = self.target(query).num_rows
+        anchor = query.job_cursor
+        if anchor is None:
+            layout = StepLayout(num_rows, 0, query.world_size, query.batch_size, query.drop_last)
+            if query.step >= layout.num_steps:
+                raise InvalidArgumentError(
+                    f"step {query.step} is past the end of the epoch: {self.target(query).label} has "
+                    f"{layout.num_steps} steps of {query.world_size} x {query.batch_size} samples (0..{layout.num_steps - 1})"
+                )
+            return Placed(query.epoch, query.offset, layout.num_steps - 1)
+        steps, epoch, offset = anchor
+        cursor = Cursor(epoch, offset, steps, query.world_size, query.batch_size, query.drop_last)
+        at = place_step(num_rows, cursor, query.step)
+        start = at.layout.global_range(at.index)[0]
+        return Placed(at.epoch, start, query.step + at.layout.num_steps - 1 - at.index)
+
     def steps_in_epoch(self, query: StepQuery) -> int:
-        layout = StepLayout(self.target(query).num_rows, 0, query.world_size, query.batch_size, query.drop_last)
-        return layout.num_steps
+        """The epoch's steps (a job's step: the job's number of the epoch's last step + 1)."""
+        return self.place(query).last + 1
 
     def loader_state(self, query: StepQuery) -> dict[str, Any]:
         """The `Loader.state_dict()` after which the query's step is the next one (any rank)."""
         target = self.target(query)
+        placed = self.place(query)
         return LoaderState(
             dataset=target.label,
             fingerprint=target.fingerprint,
             seed=query.seed,
             shuffle=str(query.shuffle_spec),
-            epoch=query.epoch,
-            offset=query.offset,
+            epoch=placed.epoch,
+            offset=placed.start,
             world_size=query.world_size,
             batch_size=query.batch_size,
             steps=query.step,
@@ -258,18 +289,15 @@ class DataSource:
 
     def _read(self, query: StepQuery) -> StepBatch:
         target = self.target(query)
-        total = self.steps_in_epoch(query)
-        if query.step >= total:
-            raise InvalidArgumentError(
-                f"step {query.step} is past the end of the epoch: {target.label} has {total} steps of "
-                f"{query.world_size} x {query.batch_size} samples (0..{total - 1})"
-            )
-        spec = self._spec(query, target)
-        # The Loader's cursor at this step: offset step*W*B of the epoch, read from its first step.
-        layout = StepLayout(target.num_rows, query.offset, query.world_size, query.batch_size, query.drop_last)
+        placed = self.place(query)
+        total = placed.last + 1
+        epoch, offset = placed.epoch, placed.start
+        spec = self._spec(query.moved(epoch=epoch), target)
+        # The Loader's cursor at this step: the offset where it starts, read from there.
+        layout = StepLayout(target.num_rows, offset, query.world_size, query.batch_size, query.drop_last)
 
         def request_at(first: int) -> pb.ReadRequest:
-            request = spec.request(query.epoch, query.offset, first, 1)
+            request = spec.request(epoch, offset, first, 1)
             request.num_steps = 1
             return request
 
@@ -282,7 +310,7 @@ class DataSource:
             first_step=0,
             step_stride=1,
             retry=spec.retry,
-            what=f"{target.label} epoch {query.epoch} step {query.step}",
+            what=f"{target.label} epoch {epoch} step {query.step}",
         )
         try:
             message = session.next_message()
@@ -292,7 +320,7 @@ class DataSource:
         if message is None:
             raise UnavailableError(f"the stream of {query.describe()} ended without its step")
         header, rows = message
-        items = [i for i in decode_message(spec, query.epoch, layout, 0, 1, header, rows) if i.info]
+        items = [i for i in decode_message(spec, epoch, layout, 0, 1, header, rows) if i.info]
         if len(items) != 1:
             raise UnavailableError(f"expected one step for {query.describe()}, got {len(items)}")
         item = items[0]

@@ -129,7 +129,7 @@ class StepScreen(Screen[None]):
         info = result.info
         skipped = f", {len(info.skipped)} skipped by a transform" if info.skipped else ""
         status.update(
-            f"[b]{query.dataset}[/b]  epoch {query.epoch}  {step_of(query.step, self.steps_in_epoch)}  "
+            f"[b]{query.dataset}[/b]  epoch {query.epoch}  {step_of(query.step, self.steps_in_epoch, bool(query.cursor))}  "
             f"rank {query.rank}/{query.world_size}  batch {query.batch_size}  seed {query.seed}  "
             f"shuffle {query.shuffle_spec}\npositions [{info.position_start}, {info.position_end}) of global "
             f"[{info.global_start}, {info.global_end}); {result.num_rows} row(s){skipped}\n"

@@ -3,8 +3,14 @@ it) and diffs; jobs from the cursor store; the fleet's health and load."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
+
+from shardstream.order.explain import Cursor
+from shardstream.order.read_order import StepLayout
 
 from ..catalog import presets
 from ..fleet_status import job_steps, list_jobs
@@ -69,29 +75,63 @@ def _shuffle(text: str) -> tuple[str, int]:
     return text, 0
 
 
+def _cursor(state: Any) -> Cursor:
+    return Cursor(state.epoch, state.offset, state.steps, state.world_size, state.batch_size, state.drop_last)
+
+
 def job(request: Request) -> Response:
+    """Each checkpoint's step as the job counts it: the step the checkpoint's cursor starts (the job's
+    step S, counted from 0 like `explain --job --step S`) on the ranks of the run that committed it,
+    each rank's positions and a link to what it received there, with the job's columns and transforms."""
     viz = _viz(request)
     name = request.path_params["job"]
     steps = job_steps(viz.store, name)
     rows = []
     for st in steps:
+        if not st.ranks:
+            continue
+        s = st.ranks[0]["state"]
+        mode, window = _shuffle(s.shuffle)
+        base = StepQuery(
+            s.dataset,
+            seed=s.seed,
+            shuffle=mode,
+            window=window,
+            epoch=s.epoch,
+            columns=",".join(s.columns or ()),
+            transforms=json.dumps(list(s.transforms)) if s.transforms else "",
+            on_error=s.on_error,
+            drop_last=s.drop_last,
+        )
+        num_rows = viz.source.target(base).num_rows
+        run = _cursor(s)  # the world and batch size of the run that committed it, as explain walks it
         ranks = []
-        for r in st.ranks:
-            mode, window = _shuffle(r["shuffle"])
-            gb = r["world_size"] * r["batch_size"]
-            q = StepQuery(
-                r["dataset"],
-                seed=r["seed"],
-                shuffle=mode,
-                window=window,
-                world_size=r["world_size"],
-                batch_size=r["batch_size"],
-                rank=r["rank"],
-                step=r["offset"] // gb,
-                epoch=r["epoch"],
+        for r in range(run.world_size):
+            q = base.moved(
+                world_size=run.world_size,
+                batch_size=run.batch_size,
+                drop_last=run.drop_last,
+                rank=r,
+                step=s.steps,
+                cursor=f"{s.steps}:{s.epoch}:{s.offset}",
             )
-            ranks.append({**r, "next_step": q.step, "url": links.step_url(q)})
-        rows.append({"step": st.step, "committed": st.committed, "ranks": ranks})
+            lo, hi = StepLayout(num_rows, s.offset, run.world_size, run.batch_size, run.drop_last).rank_range(0, r)
+            ranks.append({"rank": r, "world_size": run.world_size, "positions": (lo, hi), "url": links.step_url(q)})
+        rows.append(
+            {
+                "checkpoint": st.step,
+                "committed": st.committed,
+                "step": s.steps,
+                "dataset": s.dataset,
+                "epoch": s.epoch,
+                "offset": s.offset,
+                "committed_by": (s.world_size, s.batch_size),
+                "run": (run.world_size, run.batch_size),
+                "schedule": bool(s.schedule),
+                "columns": s.columns,
+                "ranks": ranks,
+            }
+        )
     return viz.page(request, "job.html", title=f"job {name}", job=name, store=viz.store, rows=rows)
 
 

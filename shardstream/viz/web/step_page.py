@@ -41,6 +41,8 @@ def _pinned(viz: Viz, request: Request, path: str) -> tuple[Any, Response | None
     label = viz.source.target(q).label
     if label != q.dataset:
         return q, RedirectResponse(links.step_url(q.moved(dataset=label), path), status_code=307)
+    if q.cursor:  # a job's step: its epoch is where the job's cursor walks to
+        q = q.moved(epoch=viz.source.place(q).epoch)
     return q, None
 
 
@@ -186,15 +188,17 @@ def step(request: Request) -> Response:
             }
         )
     last = sb.steps_in_epoch - 1
+    anchor = q.job_cursor
+    first = 0 if anchor is None else anchor[0]  # a job's step: from its cursor's on
     nav = {
-        "first": links.step_url(q.moved(step=0)),
-        "prev": links.step_url(q.moved(step=q.step - 1)) if q.step > 0 else None,
+        "first": links.step_url(q.moved(step=first)),
+        "prev": links.step_url(q.moved(step=q.step - 1)) if q.step > first else None,
         "next": links.step_url(q.moved(step=q.step + 1)) if q.step < last else None,
         "last": links.step_url(q.moved(step=last)),
         "rank_up": links.step_url(q.moved(rank=q.rank - 1)) if q.rank > 0 else None,
         "rank_down": links.step_url(q.moved(rank=q.rank + 1)) if q.rank + 1 < q.world_size else None,
-        "epoch_prev": links.step_url(q.moved(epoch=q.epoch - 1)) if q.epoch > 0 else None,
-        "epoch_next": links.step_url(q.moved(epoch=q.epoch + 1)),
+        "epoch_prev": links.step_url(q.moved(epoch=q.epoch - 1)) if q.epoch > 0 and anchor is None else None,
+        "epoch_next": links.step_url(q.moved(epoch=q.epoch + 1)) if anchor is None else None,
         "ranks": [(r, links.step_url(q.moved(rank=r))) for r in range(min(q.world_size, 16))],
     }
     looks = []
@@ -218,7 +222,7 @@ def step(request: Request) -> Response:
             tls=viz.source.tls,
             token=bool(viz.source.security.metadata),
         ),
-        mixture=links.mixture_url(q) if sb.target.mixture is not None else None,
+        mixture=links.mixture_url(q) if sb.target.mixture is not None and anchor is None else None,
         stats=links.stats_url(q) if catalog.registry is not None else None,
     )
 
