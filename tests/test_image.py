@@ -38,9 +38,12 @@ BUILD = REPO / "deploy" / "image" / "build.sh"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 WORKERS = 2
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("podman") is None, reason="podman is not installed (Debian package podman; `make image` installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="podman is not installed (Debian package podman; `make image` installs it)"
+    ),
+    pytest.mark.timeout(900),  # the first test may build the image: 2 to 4 minutes on 2 cores, more on a cold mirror
+]
 
 
 def version() -> str:
