@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from shardstream.checkpoint_format import chunk_key
 from shardstream.client import Loader
@@ -103,6 +104,10 @@ def test_incremental_save_sends_what_changed(ckpt_server: Any) -> None:
         assert 0.09 <= second.bytes_sent / second.bytes_total <= 0.11
         third = ck.save(3, state, blocking=True)  # nothing changed
         assert third.bytes_sent == 0
+        labels = {"job_name": "incremental", "rank": "0"}
+        sent = REGISTRY.get_sample_value("shardstream_client_checkpoint_sent_bytes_total", labels)
+        staged = REGISTRY.get_sample_value("shardstream_client_checkpoint_state_bytes_total", labels)
+        assert (sent, staged) == (first.bytes_sent + second.bytes_sent, 3 * first.bytes_total)
         loaded = ck.load(2, verify=True)  # every chunk hashed here too (end to end)
         assert all(torch.equal(loaded[k], state[k]) for k in state)
         assert ck.steps() == [1, 2, 3]

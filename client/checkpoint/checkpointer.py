@@ -58,6 +58,7 @@ from shardstream.errors import (
 
 from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
+from . import metrics
 from .state_tree import Staged, find, new_array, restore, stage, writable_view
 from .transport import GET_BATCH_CHUNKS, CheckpointSession
 
@@ -159,6 +160,10 @@ class Checkpointer:
             save_id = _save_id(step, self.world_size)
             handle.stall_s = time.perf_counter() - t0
             handle.bytes_total = staged.nbytes
+            labels = (self.job, str(self.rank))
+            metrics.SAVES.labels(*labels).inc()
+            metrics.STALL.labels(*labels).observe(handle.stall_s)
+            metrics.STATE.labels(*labels).inc(staged.nbytes)
             self._staging = {t.path: t for t in staged.tensors}
             self._saving = handle
             threading.Thread(
@@ -172,12 +177,18 @@ class Checkpointer:
         return handle
 
     def _upload(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
+        labels = (self.job, str(self.rank))
+        t0 = time.perf_counter()
         try:
             self._send(handle, staged, loader_state, save_id)
         except BaseException as exc:  # noqa: BLE001 — handed to the caller through the handle
+            metrics.SAVE_FAILURES.labels(*labels).inc()
             handle._finish(exc)
         else:
+            metrics.UPLOAD.labels(*labels).observe(time.perf_counter() - t0)
             handle._finish()
+        finally:
+            metrics.SENT.labels(*labels).inc(handle.bytes_sent)
 
     def _store(self, views: Sequence[memoryview]) -> tuple[list[list[list[Any]]], int, dict[str, memoryview]]:
         """Chunk, hash and store byte ranges: per view its [[sha256, size], ...], the bytes sent
@@ -319,6 +330,7 @@ class Checkpointer:
         part = next((p for p in parts if p["rank"] == self.rank and len(parts) == self.world_size), parts[0])
         where = f"checkpoint {self.job}@{manifest['step']}"
         loaded = self._fetch(part, into, where, verify)
+        metrics.LOADED.labels(self.job, str(self.rank)).inc(sum(t["nbytes"] for t in part["tensors"].values()))
         tree = decode_value(part["objects"])
         state = restore(tree, lambda name: loaded[name])
         if loader is not None:
