@@ -21,6 +21,9 @@
 6. scaling      `serve --workers W`, W = 1, 2, 4, 8 (those the CPUs allow), on a CPU-bound load
                 (image.decode of 500x375 JPEGs, 16 client streams): images/s, speedup over one
                 worker, efficiency (loadtest/scaling.py).
+7. checkpoints  (loadtest/checkpoint_bench.py) Checkpointer vs torch.distributed.checkpoint on a local
+                directory: save stall vs dcp.save, load vs dcp.load (warm server), bytes of a save
+                with 10% changed, storage reads of 4 concurrent loads, follow() latency.
 
 Figures only: it prints a table of ratios, writes everything as JSON and exits 0 unless something
 crashed. Read /work/shared/BENCHMARKING.md (or loadtest/README.md) before quoting a number.
@@ -40,14 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import flight_bench, peers, scaling
+from loadtest import checkpoint_bench, flight_bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
 
-SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small", "scaling")
+SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small", "scaling", "checkpoints")
 MIB = 1 << 20
 
 
@@ -272,6 +275,13 @@ def small(sz: Sizes, workdir: Path) -> dict[str, Any]:
     return {"rows": manifest.num_rows, "row_bytes": 264, "batch_size": 32, **out}
 
 
+# --- 7 ----------------------------------------------------------------------------------------
+def checkpoints(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    args = argparse.Namespace(mib=64 if sz is QUICK else 256, tensors=20, rounds=sz.servers_pairs, readers=4)
+    (workdir / "checkpoints").mkdir()
+    return checkpoint_bench.run(args, workdir / "checkpoints")
+
+
 # --- 6 ----------------------------------------------------------------------------------------
 def scaling_curve(sz: Sizes, workdir: Path) -> dict[str, Any]:
     args = argparse.Namespace(
@@ -360,6 +370,8 @@ def print_report(res: dict[str, Any]) -> None:
         if d["workers_not_measured"]:
             missing = ", ".join(map(str, d["workers_not_measured"]))
             print(f"{f'workers {missing}: not measured':<58} {'-':>24}  {d['cpus']} CPUs here")
+    if "checkpoints" in s:
+        print(f"{'checkpoints (Checkpointer vs torch.distributed.checkpoint)':<58} {'-':>24}  {checkpoint_bench.summary(s['checkpoints'])}")
 
 
 def _git(*args: str) -> str | None:
@@ -381,6 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "client_rss": client_rss,
         "small": small,
         "scaling": scaling_curve,
+        "checkpoints": checkpoints,
     }
     sections: dict[str, Any] = {}
     elapsed: dict[str, float] = {}
