@@ -6,10 +6,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PROVENANCE", "BatchInfo", "SkippedSample"]
+__all__ = ["DOCUMENTS", "PROVENANCE", "BatchInfo", "PackedDocument", "SkippedSample"]
 
 # The provenance columns every Read message carries (dropped from batches unless provenance=True).
 PROVENANCE = ("_shard", "_row", "_source")
+# text.pack's "documents": every document of each packed row (never a data column: BatchInfo.documents)
+DOCUMENTS = "_documents"
+
+
+@dataclass(frozen=True)
+class PackedDocument:
+    """One document of a packed row (text.pack with "documents": true): where it is stored and the
+    tokens [start, end) of the row it fills (its EOS included)."""
+
+    shard: int
+    row: int
+    start: int
+    end: int
+    source: int | None  # mixture source index (mixtures only)
 
 
 @dataclass(frozen=True)
@@ -38,3 +52,5 @@ class BatchInfo:
     sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
     # Samples of this step a server-side transform could not process (on_error="skip"): left out.
     skipped: tuple[SkippedSample, ...] = ()
+    # text.pack with "documents": true: every document of each row, in token order (None otherwise)
+    documents: tuple[tuple[PackedDocument, ...], ...] | None = None

@@ -20,7 +20,7 @@ from shardstream.order.cursor_math import cursor_after, is_last_step
 from shardstream.order.scheduled_steps import Layout
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .batch import PROVENANCE, BatchInfo, SkippedSample
+from .batch import DOCUMENTS, PROVENANCE, BatchInfo, PackedDocument, SkippedSample
 from .convert import splitter
 from .spec import ReadSpec
 
@@ -66,6 +66,9 @@ def decode_message(
     # Per message, not per step: provenance as numpy, columns converted once and sliced per step.
     names = batch.schema.names
     prov = {c: batch.column(c).to_numpy() for c in PROVENANCE if c in names}
+    documents = batch.column(DOCUMENTS) if DOCUMENTS in names else None
+    if documents is not None:  # text.pack's "documents": BatchInfo's, never a data column
+        batch = batch.drop_columns([DOCUMENTS])
     if not spec.provenance:
         batch = batch.drop_columns([c for c in PROVENANCE if c in names])
     split = splitter(batch, spec.output)
@@ -98,6 +101,7 @@ def decode_message(
                 SkippedSample(s.position, s.shard, s.row, s.source if "_source" in prov else None, s.reason)
                 for s in st.skipped
             ),
+            documents=None if documents is None else _documents(documents.slice(row, n), "_source" in prov),
         )
         out = split(row, n)
         row = end
@@ -111,3 +115,14 @@ def decode_message(
         )
     if header.end_of_epoch and not header.steps:
         yield empty_epoch(spec, epoch, header.dropped)
+
+
+def _documents(column: Any, mixture: bool) -> tuple[tuple[PackedDocument, ...], ...]:
+    """A step's `_documents` column as every row's documents."""
+    return tuple(
+        tuple(
+            PackedDocument(d["shard"], d["row"], d["start"], d["end"], d["source"] if mixture else None)
+            for d in docs or ()
+        )
+        for docs in column.to_pylist()
+    )

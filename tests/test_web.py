@@ -284,6 +284,10 @@ def test_the_url_of_rank_3_step_7_shows_what_a_loader_received_there(
     assert pg.inner_text("#step-of") == step_of(7, steps) == f"step 7 of {steps} (0..{steps - 1})"  # as view says
     if "input_ids" in batch:
         assert [s["tokens"] for s in got] == (batch["document_ids"] >= 0).sum(axis=1).tolist()
+        # every document of each packed row, with its shard and row (text.pack "documents")
+        listed = pg.eval_on_selector_all(".card .documents", "ds => ds.map(d => d.textContent)")
+        assert [int(t.split(" ")[0]) for t in listed] == [len(set(r[r >= 0].tolist())) for r in batch["document_ids"]]
+        assert all(t.count(" row ") == int(t.split(" ")[0]) for t in listed)
     else:
         assert [s["id"] for s in got] == batch["id"].tolist()
     # the navigation links carry the state: the next step of the same rank, job and transforms

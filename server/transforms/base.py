@@ -254,6 +254,10 @@ class BatchContext:
     steps: np.ndarray  # int64 step index, per input row (rows of a step are contiguous)
     pool: Executor | None = None  # for per-sample work that releases the GIL
     threads: int = 1
+    # Provenance per input row (text.pack's "documents" lists every document of a row with these)
+    shards: np.ndarray | None = None  # int32 shard index
+    rows: np.ndarray | None = None  # int64 row in the shard
+    sources: np.ndarray | None = None  # int32 mixture source (None: one dataset)
 
     def rng(self, i: int, salt: str) -> np.random.Generator:
         """A generator for row i that depends on (seed, epoch, position, salt) only."""

@@ -35,7 +35,7 @@ from .prefix import PrefixSource, deterministic_head
 
 __all__ = ["ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
 
-PROVENANCE = ("_shard", "_row", "_source")
+PROVENANCE = ("_shard", "_row", "_source", "_documents")  # _documents: text.pack's "documents"
 
 TRANSFORM_SECONDS = Histogram(
     "shardstream_transform_seconds",
@@ -141,7 +141,7 @@ class Pipeline:
                 source = source[idx]
             rest = self.transforms[self.shared :]
         for t in rest:
-            ctx = BatchContext(seed, epoch, positions, steps, pool, threads)
+            ctx = BatchContext(seed, epoch, positions, steps, pool, threads, shard, row, source)
             t0 = time.perf_counter()
             res = t.apply(data, ctx)
             TRANSFORM_SECONDS.labels(t.op, self.dataset).observe(time.perf_counter() - t0)

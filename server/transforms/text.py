@@ -6,7 +6,8 @@ text.tokenize {"column": "text", "tokenizer": "cl100k_base" | "bytes", "output":
     the data is encoded as plain text), or its UTF-8 bytes with "bytes" (ids 0-255, EOS 256). The
     output field records the tokenizer's EOS id and vocabulary size in its metadata.
 
-text.pack {"column": "text", "seq_len": 2048, "eos_id": from text.tokenize, "pad_id": eos_id}
+text.pack {"column": "text", "seq_len": 2048, "eos_id": from text.tokenize, "pad_id": eos_id,
+           "documents": false}
     Packs the documents of each step into rows of `seq_len` tokens: every document is followed by
     EOS, the documents are concatenated in stream order, and the result is cut into rows; a
     document longer than what is left of a row continues on the next row; the last row of a step
@@ -21,7 +22,12 @@ text.pack {"column": "text", "seq_len": 2048, "eos_id": from text.tokenize, "pad
     samples only, so the cursor keeps counting samples, every token appears exactly once, and a
     resumed stream produces identical rows. A step yields ceil(tokens / seq_len) rows, so the
     number of rows per step varies with the documents' lengths. Columns other than the packed one
-    are dropped; each row's provenance is that of its first token's document.
+    are dropped; each row's provenance (`_shard`, `_row`) is that of its first token's document.
+    With "documents": true, a `_documents` provenance column lists every document of each row in
+    token order — list<struct<shard: int32, row: int64, source: int32, start: int32, end: int32>>,
+    the document's shard and row (and mixture source, 0 for one dataset) and the tokens [start, end)
+    of the row it fills (its EOS included) — which the client hands over as `BatchInfo.documents`
+    and never as a data column. Opt-in, so a client that predates it never receives the column.
 """
 
 from __future__ import annotations
@@ -142,6 +148,47 @@ def _is_token_list(t: pa.DataType) -> bool:
     )
 
 
+DOCUMENT = pa.struct(
+    [
+        pa.field("shard", pa.int32()),
+        pa.field("row", pa.int64()),
+        pa.field("source", pa.int32()),
+        pa.field("start", pa.int32()),
+        pa.field("end", pa.int32()),
+    ]
+)
+
+
+def _row_documents(
+    docs: np.ndarray, sizes: np.ndarray, rows: int, L: int, ctx: BatchContext
+) -> list[list[dict[str, int]]]:
+    """Per packed row of one step: every document in it, in token order, with the tokens [start,
+    end) of the row it fills (`sizes`: each document's tokens + EOS)."""
+    if ctx.shards is None or ctx.rows is None:
+        raise InvalidArgumentError("text.pack: 'documents' needs the rows' provenance")
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    out: list[list[dict[str, int]]] = []
+    for k in range(rows):
+        lo, hi = k * L, (k + 1) * L
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(starts, hi, side="left"))
+        row = []
+        for d in range(first, last):
+            i = int(docs[d])
+            row.append(
+                {
+                    "shard": int(ctx.shards[i]),
+                    "row": int(ctx.rows[i]),
+                    "source": int(ctx.sources[i]) if ctx.sources is not None else 0,
+                    "start": int(max(starts[d], lo) - lo),
+                    "end": int(min(ends[d], hi) - lo),
+                }
+            )
+        out.append(row)
+    return out
+
+
 class Pack(Transform):
     op = "text.pack"
     per_sample = False  # packs all the documents of a step together
@@ -167,6 +214,7 @@ class Pack(Transform):
             )
         self.eos_id = eos
         self.pad_id = params.int("pad_id", eos, low=0)
+        self.documents = params.bool("documents", False)
         n = self.seq_len
         self.output_schema = pa.schema(
             [
@@ -174,6 +222,7 @@ class Pack(Transform):
                 pa.field("labels", pa.list_(pa.int32(), n)),
                 pa.field("position_ids", pa.list_(pa.int32(), n)),
                 pa.field("document_ids", pa.list_(pa.int64(), n)),
+                *([pa.field("_documents", pa.list_(DOCUMENT))] if self.documents else []),
             ]
         )
 
@@ -199,6 +248,7 @@ class Pack(Transform):
         out_pos = np.empty(total, np.int32)
         out_doc = np.empty(total, np.int64)
         index: list[np.ndarray] = []
+        spans: list[list[dict[str, int]]] = []
         at = 0
         for docs, rows in zip(groups, step_rows, strict=True):
             end = at + rows * L
@@ -211,10 +261,14 @@ class Pack(Transform):
                     (out_ids[at:end], out_labels[at:end], out_pos[at:end], out_doc[at:end]),
                 )
             )
+            if self.documents:
+                spans.extend(_row_documents(docs, lengths[docs] + 1, rows, L, ctx))
             at = end
         arrays = [
             pa.FixedSizeListArray.from_arrays(pa.array(a), L) for a in (out_ids, out_labels, out_pos, out_doc)
         ]
+        if self.documents:
+            arrays.append(pa.array(spans, pa.list_(DOCUMENT)))
         out = pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
         idx = np.concatenate(index) if index else np.empty(0, np.int64)
         return Result(out, idx, errors)

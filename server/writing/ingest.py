@@ -91,8 +91,47 @@ def _is_parquet(path: Path) -> bool:
     return path.suffix.lower() in _PARQUET_SUFFIXES
 
 
+def _kind(value: object) -> str | None:
+    """A JSON value's kind as Arrow's JSON reader types a column (null: none; ints and floats: number)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "list" if isinstance(value, list) else "object"
+
+
+def _type_change(kinds: dict[str, tuple[str, int]], value: object, lineno: int, where: str = "") -> str | None:
+    """Record the kinds of `value`'s fields (nested objects and list items too) first seen at which
+    line; the first field whose kind differs from an earlier line's, as 'line N: ...'."""
+    items = value.items() if isinstance(value, dict) else ((f"{where}[]", v) for v in value) if isinstance(value, list) else ()
+    for key, v in items:
+        path = f"{where}.{key}" if isinstance(value, dict) and where else str(key)
+        kind = _kind(v)
+        if kind is None:
+            continue
+        seen = kinds.setdefault(path, (kind, lineno))
+        if seen[0] != kind:
+            shown = json.dumps(v)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return (
+                f"line {lineno}: field {path!r} is a {kind} ({shown}) where line {seen[1]} has a {seen[0]}: a column "
+                f"holds one type, make them agree (e.g. all {seen[0]}s, or quote them all)"
+            )
+        if kind in ("object", "list"):
+            found = _type_change(kinds, v, lineno, path)
+            if found:
+                return found
+    return None
+
+
 def _bad_json_line(path: Path) -> str:
-    """The first line of `path` that is not a JSON object, as 'line N: why'."""
+    """The first line of `path` that is not a JSON object, or whose field changes type, as 'line N: why'
+    (line and column counted from 1 in the file, as an editor shows them)."""
+    kinds: dict[str, tuple[str, int]] = {}
     with path.open("rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -100,10 +139,17 @@ def _bad_json_line(path: Path) -> str:
             try:
                 value = json.loads(line)
             except ValueError as exc:
-                return f"line {lineno}: {exc}"
+                if isinstance(exc, json.JSONDecodeError):
+                    cut = " — the line ends early: is the file truncated?" if not line.endswith(b"\n") else ""
+                    why = exc.msg.removesuffix(" starting at").removesuffix(" at")
+                    return f"line {lineno}, column {exc.colno}: {why}{cut}"
+                return f"line {lineno}: not UTF-8 JSON ({exc})"
             if not isinstance(value, dict):
                 return f"line {lineno}: expected a JSON object, got {type(value).__name__}"
-    return "could not locate the bad line"
+            found = _type_change(kinds, value, lineno)
+            if found:
+                return found
+    return ""
 
 
 def _read_jsonl(path: Path) -> pa.Table:
@@ -111,7 +157,9 @@ def _read_jsonl(path: Path) -> pa.Table:
         return pajson.read_json(path)
     except pa.ArrowInvalid as exc:
         where = _bad_json_line(path)
-        raise InvalidArgumentError(f"{path}: {where} (arrow: {str(exc).splitlines()[0]})") from exc
+        if where:  # Arrow's own "in row N" counts rows of its current block: the line says it
+            raise InvalidArgumentError(f"{path}: {where}") from exc
+        raise InvalidArgumentError(f"{path}: {str(exc).splitlines()[0]}") from exc
 
 
 def _schema_of(path: Path) -> pa.Schema:

@@ -276,7 +276,7 @@ class DataSource:
             drop_last=query.drop_last,
             columns=query.column_list,
             max_message_bytes=0,
-            transforms=tuple(to_wire(query.transform_list, query.on_error)),
+            transforms=tuple(to_wire(_with_documents(query.transform_list), query.on_error)),
             on_error=query.on_error,
             output="arrow",
             provenance=True,
@@ -327,3 +327,9 @@ class DataSource:
         assert item.info is not None
         info = replace(item.info, step=query.step)
         return StepBatch(query, target, total, item.batch, info)
+
+
+def _with_documents(transforms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The transforms, text.pack asked for every document of its rows (BatchInfo.documents): the
+    same arrays, with the provenance the panes show."""
+    return [{**t, "documents": True} if t.get("op") == "text.pack" else dict(t) for t in transforms]

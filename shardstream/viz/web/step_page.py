@@ -163,6 +163,11 @@ def _source_column(q: Any, col: str) -> str | None:
     return None
 
 
+def _label(sb: StepBatch, source: int) -> str:
+    src = sb.target.sources[source]
+    return f"{src.name}@{src.version}"
+
+
 def step(request: Request) -> Response:
     viz: Viz = request.app.state.viz
     q, redirect = _pinned(viz, request, "/step")
@@ -183,6 +188,11 @@ def step(request: Request) -> Response:
                 "shard": catalog.shard_name(label, int(info.shards[row])),
                 "shard_row": int(info.rows[row]),
                 "position": sb.position(row),
+                "documents": [
+                    f"{catalog.shard_name(sb.source_label(row) if d.source is None else _label(sb, d.source), d.shard)} "
+                    f"row {d.row} tokens [{d.start}, {d.end})"
+                    for d in (info.documents[row] if info.documents is not None else ())
+                ],
                 "panes": [p for p in panes if p["kind"] != "field"],
                 "fields": [(p["title"], p["text"]) for p in panes if p["kind"] == "field"],
             }
