@@ -200,7 +200,10 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
     ("values", "message"),
     [
         ({"server": {"terminationGracePeriodSeconds": 12}}, r"must exceed .*preStopSleepSeconds \+ server.drainSeconds \(15\)"),
-        ({"registry": {"volume": None}}, r"registry.volume is required when registry.root \(/data/registry\)"),
+        (
+            {"registry": {"volume": {"emptyDir": {}, "nfs": {"server": "n", "path": "/r"}}}},
+            r"registry.volume names 2 volume sources \(emptyDir, nfs\): a volume has exactly one",
+        ),
         ({"tls": {"enabled": True}}, r"tls.enabled needs tls.existingSecret"),
         ({"tls": {"enabled": True, "existingSecret": "t"}}, r"tls.enabled needs probes.mode=http"),
         ({"tls": {"clientCA": True}}, r"tls.clientCA needs tls.enabled"),
@@ -428,6 +431,7 @@ def test_mounts_paths_and_secrets_line_up(rendered: dict[str, Rendered], case: s
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert {m["name"] for m in c["volumeMounts"]} <= set(volumes)
+    assert all(len(set(v) - {"name"}) == 1 for v in volumes.values()), "a volume has exactly one source"
     assert "/tmp" in mounts, "the root filesystem is read-only: /tmp is an emptyDir"
     root = flag(c["args"], "--root")
     assert root == values["registry"]["root"]
@@ -484,12 +488,17 @@ def test_the_default_install_needs_nothing_the_chart_does_not_create(rendered: d
     assert "the registry is an empty emptyDir" in r.notes
     assert "--set registry.root=s3://BUCKET/PREFIX --set s3.existingSecret=SECRET" in r.notes
     assert "ReadOnlyMany or ReadWriteMany" in r.notes
+    unset = render({"registry": {"volume": None}})  # `--set registry.volume=null`: the same demo volume
+    assert {"name": "registry", "emptyDir": {}} in unset.server["spec"]["template"]["spec"]["volumes"]
+    assert "the registry is an empty emptyDir" in unset.notes
 
 
 @pytest.mark.parametrize(("replicas", "access_mode_named"), [(1, False), (3, True)])
 def test_notes_name_the_claims_access_mode_when_replicas_share_it(replicas: int, access_mode_named: bool) -> None:
-    volume = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}, "emptyDir": None}
+    volume = {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}
     r = render({"replicaCount": replicas, "registry": {"volume": volume}})
+    (registry,) = [v for v in r.server["spec"]["template"]["spec"]["volumes"] if v["name"] == "registry"]
+    assert registry == {"name": "registry", **volume}, "the claim alone: no default merged in"
     assert "The registry is the PersistentVolumeClaim datasets, which must exist in ml" in r.notes
     assert ("ReadOnlyMany or ReadWriteMany" in r.notes) is access_mode_named
     assert "empty emptyDir" not in r.notes

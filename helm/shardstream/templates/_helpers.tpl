@@ -228,7 +228,8 @@ the drain is killed by the supervisor; 5 s more for the exit). Refuses one that 
 {{- end }}
 
 {{/*
-True ("true") when the registry root is a local path (then registry.volume is mounted there).
+True ("true") when the registry root is a local path (then registry.volume, or an empty emptyDir, is
+mounted there).
 */}}
 {{- define "shardstream.localRoot" -}}
 {{- if not (hasPrefix "s3://" .Values.registry.root) }}true{{ end }}
@@ -244,8 +245,8 @@ Where Secrets are mounted in the server container.
 Checks across values that the schema cannot express; each fails with the value to change.
 */}}
 {{- define "shardstream.validate" -}}
-{{- if and (include "shardstream.localRoot" .) (empty .Values.registry.volume) }}
-{{- fail (printf "registry.volume is required when registry.root (%s) is a local path: a volume source holding the registry, e.g. {persistentVolumeClaim: {claimName: NAME}}" .Values.registry.root) }}
+{{- if and (include "shardstream.localRoot" .) (gt (len (.Values.registry.volume | default dict)) 1) }}
+{{- fail (printf "registry.volume names %d volume sources (%s): a volume has exactly one, e.g. {persistentVolumeClaim: {claimName: NAME}}" (len .Values.registry.volume) (keys .Values.registry.volume | sortAlpha | join ", ")) }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret (tls.crt, tls.key; ca.crt with tls.clientCA)" }}
