@@ -271,3 +271,18 @@ def test_an_s3_checkpoint_root(data_root: Path, s3_root: str) -> None:
             got = ck.load("latest", verify=True)
             assert torch.equal(got["w"], state["w"]) and got["meta"] == {"epoch": 2}
             assert ck.steps() == [1, 2]
+
+
+def test_a_server_killed_between_calls_is_left_for_the_next(data_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "shared-root"  # both servers keep the same checkpoints (one host: one directory)
+    with Servers(data_root) as servers:
+        fleet = [servers.start(extra_args=("--checkpoint-root", str(root))) for _ in range(2)]
+        state = {"w": torch.randn(40_000)}
+        with Checkpointer([s.target for s in fleet], job="failover", chunk_bytes=32 << 10) as ck:
+            ck.save(1, state, blocking=True)
+            first = next(s for s in fleet if ck.server.endswith(f":{s.data_port}"))
+            first.kill()
+            state["w"].mul_(2)
+            ck.save(2, state, blocking=True)  # on the other server
+            assert ck.steps() == [1, 2]
+            assert torch.equal(ck.load(2)["w"], state["w"])

@@ -121,6 +121,11 @@ class Checkpointer:
         self._save_lock = threading.Lock()
         self._closed = False
 
+    @property
+    def server(self) -> str:
+        """host:port of the data plane the calls go to now ("" before the first call)."""
+        return self._session.target
+
     def __enter__(self) -> Checkpointer:
         return self
 
@@ -362,24 +367,25 @@ class Checkpointer:
         order = list(owners)
         paths = {name: t["path"] for name, t in part["tensors"].items()}
 
+        def write(h: str, buf: Any) -> None:
+            if h not in owners:
+                raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
+            data = memoryview(buf).cast("B")
+            if verify and hashlib.sha256(data).hexdigest() != h:
+                name = owners[h][0][0]
+                raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h} is corrupt (its bytes hash differently)")
+            for name, offset, size in owners[h]:
+                dest[name][offset : offset + size] = data
+
         def fetch(batch: list[str]) -> None:
             try:
-                got = list(self._session.get_chunks(self.job, batch))
+                self._session.get_chunks(self.job, batch, write)
             except DataLossError as exc:
+                if str(exc).startswith(where):
+                    raise
                 h = next((h for h in batch if h in str(exc)), batch[0])
                 name, _, _ = owners[h][0]
                 raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h}: {exc}") from exc
-            for h, buf in got:
-                if h not in owners:
-                    raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
-                data = memoryview(buf).cast("B")
-                if verify and hashlib.sha256(data).hexdigest() != h:
-                    name = owners[h][0][0]
-                    raise DataLossError(
-                        f"{where}: tensor {paths[name]!r} chunk {h} is corrupt (its bytes hash differently)"
-                    )
-                for name, offset, size in owners[h]:
-                    dest[name][offset : offset + size] = data
 
         batches = [order[i : i + GET_BATCH_CHUNKS] for i in range(0, len(order), GET_BATCH_CHUNKS)]
         for future in [self._pool.submit(fetch, b) for b in batches]:

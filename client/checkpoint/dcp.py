@@ -183,10 +183,12 @@ class FleetStorageReader(StorageReader):
         got: dict[str, memoryview] = {}
         where = f"checkpoint {self.ckpt.job}@{self.step}"
 
+        def keep(h: str, buf: Any) -> None:
+            got[h] = memoryview(buf).cast("B")
+
         def fetch(batch: list[str]) -> None:
             try:
-                for h, buf in self.ckpt._session.get_chunks(self.ckpt.job, batch):
-                    got[h] = memoryview(buf).cast("B")
+                self.ckpt._session.get_chunks(self.ckpt.job, batch, keep)
             except DataLossError as exc:
                 h = next((h for h in batch if h in str(exc)), batch[0])
                 fqn = next(str(i.fqn) for i, sd in storage.items() if any(c[0] == h for c in sd["chunks"]))

@@ -1,7 +1,8 @@
 """The checkpoint calls on a server's Flight data plane (server/checkpoints/plane.py has the list).
 
 One `CheckpointSession` owns the Flight client of one server and the calls' retries: a call that
-fails UNAVAILABLE (no server, a restart) is tried on the next endpoint, once round the list. The
+fails as a Read stream would be resumed elsewhere (no server, a restart, a cut connection) is tried
+on the next endpoint, once round the list. The
 data port is the one the server names in its ListDatasets answer (its GetDataset's, for a Loader),
 asked on the control port the Loader's endpoints name; an endpoint written `grpc+tcp://host:port`
 or `grpc+tls://host:port` is a data plane itself. All ranks of a job start at the same endpoint (by
@@ -13,14 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from shardstream.errors import FlightStatus, InvalidArgumentError, UnavailableError, from_grpc_error
+from shardstream.errors import (
+    RETRYABLE_CODES,
+    FlightStatus,
+    InvalidArgumentError,
+    UnavailableError,
+    from_grpc_error,
+)
 
 from ..channel import Connection, normalize_endpoints
 from ..credentials import ChannelSecurity
@@ -86,20 +92,26 @@ class CheckpointSession:
         return flight.FlightCallOptions(headers=self._headers, timeout=timeout_s)
 
     def _call(self, fn: Callable[[flight.FlightClient], T]) -> T:
-        """`fn(client)`, on the next endpoint when a server is unreachable (once round the list)."""
+        """`fn(client)`; on a status a stream is resumed elsewhere for (RETRYABLE_CODES: a server gone,
+        stopping, overloaded; a connection cut), again on the next endpoint, once round the list.
+        Every call is idempotent (chunks are content addressed, a part is replaced whole, a commit
+        is create-if-absent)."""
         for attempt in range(len(self.targets) + 1):
+            client = None
             try:
-                return fn(self._connect())
+                client = self._connect()
+                return fn(client)
             except (flight.FlightError, pa.ArrowException) as exc:
-                error = from_grpc_error(FlightStatus.of(exc), target=self.target)
-                if FlightStatus.of(exc).code() != grpc.StatusCode.UNAVAILABLE or attempt == len(self.targets):
-                    raise error from exc
+                status = FlightStatus.of(exc)
+                if status.code() not in RETRYABLE_CODES or attempt == len(self.targets):
+                    raise from_grpc_error(status, target=self.target) from exc
             except UnavailableError:
                 if attempt == len(self.targets):
                     raise
-            self.close()
-            with self._lock:
-                self._pick += 1
+            with self._lock:  # let go, not closed: another thread's call may still be on it
+                if self._client is client or client is None:
+                    self._client = None
+                    self._pick += 1
         raise AssertionError("unreachable")
 
     # --- the calls ---------------------------------------------------------------------------------
@@ -125,19 +137,20 @@ class CheckpointSession:
 
         return self._call(call)
 
-    def get_chunks(self, job: str, hashes: Sequence[str]) -> Iterator[tuple[str, pa.Buffer]]:
-        """(name, bytes) of each chunk, in order, as the server sends them."""
+    def get_chunks(self, job: str, hashes: Sequence[str], on_chunk: Callable[[str, pa.Buffer], None]) -> None:
+        """`on_chunk(name, bytes)` for each chunk as the server sends it. A server that fails
+        UNAVAILABLE mid-way is left for the next endpoint, which sends the whole batch again (so
+        `on_chunk` must be idempotent: a load writes each chunk to its place)."""
         ticket = flight.Ticket(CHUNK_TICKET_PREFIX + json.dumps({"job": job, "hashes": list(hashes)}).encode())
-        reader = self._call(lambda client: client.do_get(ticket, self._options()))
-        try:
-            for chunk in reader:
+
+        def call(client: flight.FlightClient) -> None:
+            for chunk in client.do_get(ticket, self._options()):
                 batch = chunk.data
-                names = batch.column(0).to_pylist()
                 data = batch.column(1)
-                for i, h in enumerate(names):
-                    yield h, data[i].as_buffer()
-        except (flight.FlightError, pa.ArrowException) as exc:
-            raise from_grpc_error(FlightStatus.of(exc), target=self.target) from exc
+                for i, h in enumerate(batch.column(0).to_pylist()):
+                    on_chunk(h, data[i].as_buffer())
+
+        self._call(call)
 
     def list_flights(self, job: str) -> list[tuple[str, int]]:
         def call(client: flight.FlightClient) -> list[tuple[str, int]]:
