@@ -12,11 +12,11 @@
 #    is set up for (PIP_INDEX_URL, else pip's global.index-url, else PyPI), trusting the host's CA
 #    bundle (PIP_CERT / pip's global.cert, else the system bundle), which is mounted for the build only.
 #
-# podman runs with a containers.conf of our own (build/image/containers.conf, exported as
-# CONTAINERS_CONF): runc, and default ulimits no higher than this shell's. podman's own defaults
-# (nofile 1048576, nproc 4194304) are refused where root lacks CAP_SYS_RESOURCE, as in many CI
-# sandboxes ("error setting rlimit type 7: operation not permitted"). deploy/image/podman.sh runs
-# podman with the same file.
+# podman runs through deploy/image/podman.sh, with a containers.conf of our own
+# (build/image/containers.conf, from deploy/image/containers-conf.sh): runc, and default ulimits no
+# higher than this shell's. podman's own defaults for root (nofile 1048576) are refused where root
+# lacks CAP_SYS_RESOURCE, as in many CI sandboxes ("error setting rlimit type 7: operation not
+# permitted"), and runc refused an nproc above kernel.pid_max here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
