@@ -38,9 +38,25 @@ def read_ipc(payload: pa.Buffer) -> pa.RecordBatch:
 
 
 def ipc_size(batch: pa.RecordBatch) -> int:
-    """Bytes of `ipc_bytes(batch)`, counted without writing them (no copy of the data)."""
+    """Bytes of `ipc_bytes(batch)`, counted without writing them (no copy of the data).
+
+    Without dictionaries the stream is the schema's message, the batch's and the 8-byte end marker,
+    counted by Arrow's C++ at a third of a stream writer's cost (~9 vs ~27 us a message: issue #26)."""
     batch = plain_batch(batch)
+    schema = batch.schema
+    if not any(_has_dictionary(f.type) for f in schema):
+        return pa.ipc.get_record_batch_size(batch) + schema.serialize().size + _END_OF_STREAM_BYTES
     sink = pa.MockOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch)
     return sink.size()
+
+
+_END_OF_STREAM_BYTES = 8  # the continuation marker and a zero length
+
+
+def _has_dictionary(t: pa.DataType) -> bool:
+    """Whether `t` is or holds a dictionary type (a stream carries its dictionaries too)."""
+    if pa.types.is_dictionary(t):
+        return True
+    return any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))

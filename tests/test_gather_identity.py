@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from shardstream.ipc import ipc_bytes, ipc_size
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import gather as gather_module
 from shardstream.server.read.build import MessageBuilder
@@ -177,3 +178,24 @@ def test_the_numpy_gather_serves_fixed_width_columns() -> None:
     assert fast.equals(_reference_gather([t, t.slice(2)], group, row).combine_chunks())
     with_nulls = t.set_column(0, "id", pa.array([None, *range(1, 10)], type=pa.int64()))
     assert gather_module._gather_fixed([with_nulls, t], group, row) is None
+
+
+def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:
+    n = 50
+    ids = np.arange(n, dtype=np.int64)
+    table = pa.table(
+        {
+            "id": ids,
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(np.float32)), 3),
+            "maybe": pa.array([None if i % 3 else i for i in range(n)], type=pa.int32()),
+            "text": pa.array([f"sample-{i}" * (i % 4) for i in range(n)]),
+            "tags": pa.array([[str(i)] * (i % 3) for i in range(n)]),
+            "kind": pa.array([str(i % 3) for i in range(n)]).dictionary_encode(),
+            "nested": pa.array([{"a": i, "b": [float(i)]} for i in range(n)]),
+        }
+    ).replace_schema_metadata({"k": "v"})
+    for cols in (["id", "x"], ["id", "maybe", "text"], ["tags", "nested"], ["kind", "id"]):
+        for start, length in ((0, n), (7, 20), (13, 1), (5, 0)):
+            batch = table.select(cols).slice(start, length).combine_chunks().to_batches()
+            batch = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=table.select(cols).schema)
+            assert ipc_size(batch) == ipc_bytes(batch).size, (cols, start, length)

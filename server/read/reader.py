@@ -262,9 +262,18 @@ class DatasetReader:
 
 def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:
     """`table`'s rows and the provenance columns `_shard`, `_row` as one record batch."""
-    table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-    table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+    shards = pa.array(shard.astype(np.int32, copy=False), type=pa.int32())
+    rows = pa.array(row_in_shard, type=pa.int64())
+    if table.num_rows and all(c.num_chunks == 1 for c in table.columns):
+        # One batch straight from the columns (as append_column + combine_chunks would make it,
+        # without their tables: ~30 us a message less)
+        schema = table.schema.append(_PROVENANCE_FIELDS[0]).append(_PROVENANCE_FIELDS[1])
+        return pa.RecordBatch.from_arrays([*(c.chunk(0) for c in table.columns), shards, rows], schema=schema)
+    table = table.append_column("_shard", shards).append_column("_row", rows)
     return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
+
+
+_PROVENANCE_FIELDS = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
 
 
 def _one_run(shard: np.ndarray, group: np.ndarray, row_in_group: np.ndarray) -> bool:
