@@ -286,3 +286,11 @@ def test_a_server_killed_between_calls_is_left_for_the_next(data_root: Path, tmp
             ck.save(2, state, blocking=True)  # on the other server
             assert ck.steps() == [1, 2]
             assert torch.equal(ck.load(2)["w"], state["w"])
+
+
+def test_a_failed_save_nobody_asked_about_is_raised_by_close(auth_server: Any) -> None:
+    reader = Checkpointer([auth_server.target], job="run-1", token=TOKENS["rollout"])  # may not write
+    reader.save(5, {"w": torch.zeros(2)})
+    with pytest.raises(PermissionDeniedError, match="not writable"):
+        reader.close()
+    reader.close()  # once

@@ -21,7 +21,12 @@ as row groups are (a byte that differs from its name is DataLossError naming the
 tensor and the chunk), and again here with `verify=True` (end to end, at a sha256 per byte) —, writes them straight into the
 matching tensors of `into` (in place) or into new CPU tensors, and positions the Loader with the
 state its rank saved (rank 0's when this rank has none: a Loader's state resumes any world size).
-The returned tree is the saved state with these tensors.
+The returned tree is the saved state with these tensors. A rank loads its own part when the world
+size is the one that saved, else rank 0's: replicated state (DDP) loads anywhere; sharded state goes
+through the DCP plugins, whose planner reshards.
+
+A save whose error nobody asked for (its handle's `result()`) is never dropped silently: the next
+save logs it, `close()` raises it (leaving a `with` block on an exception logs it instead).
 
 `steps()` and `latest()` name committed steps only; `follow()` yields each new committed step as it
 lands (RL rollout workers: `for step in ckpt.follow(): ckpt.load(step, into=policy.state_dict())`).
@@ -81,6 +86,7 @@ class SaveHandle:
         self.stall_s = 0.0  # how long save() held the caller (staging)
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._seen = False  # whether result() handed its error (if any) to someone
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -88,9 +94,17 @@ class SaveHandle:
     def result(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
             raise TimeoutError(f"checkpoint step {self.step} not committed within {timeout} s")
+        self._seen = True
         if self._error is not None:
             raise self._error
         return self.step
+
+    def _unseen_error(self) -> BaseException | None:
+        """Its error, once, if it failed and nobody asked for its result."""
+        if self._seen or self._error is None:
+            return None
+        self._seen = True
+        return self._error
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
@@ -129,22 +143,29 @@ class Checkpointer:
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._close(raise_unseen=exc_type is None)  # leaving on an exception: logged, not masking it
 
     def close(self) -> None:
-        """Wait for a save in progress (its error, if any, is logged), then let the connection go."""
+        """Wait for a save in progress, let the connection go, then raise that save's error if it
+        failed and nobody asked its handle (as a Loader's close() does for its last commit)."""
+        self._close(raise_unseen=True)
+
+    def _close(self, *, raise_unseen: bool) -> None:
         if self._closed:
             return
         self._closed = True
         saving = self._saving
+        error = None
         if saving is not None:
-            try:
-                saving.result()
-            except Exception as exc:  # noqa: BLE001 — the caller did not ask for it: say it once
-                log.error("checkpoint step %d of %s was not committed: %s", saving.step, self.job, exc)
+            saving._done.wait()
+            error = saving._unseen_error()
         self._pool.shutdown(wait=True)
         self._session.close()
+        if error is not None:
+            if raise_unseen:
+                raise error
+            log.error("checkpoint step %d of %s was not committed: %s", saving.step, self.job, error)
 
     # --- save --------------------------------------------------------------------------------------
     def save(self, step: int, state: Any, loader: Any = None, *, blocking: bool = False) -> SaveHandle:
@@ -153,11 +174,11 @@ class Checkpointer:
             raise InvalidArgumentError("save() on a closed Checkpointer")
         with self._save_lock:
             previous = self._saving
-            if previous is not None:
-                try:  # one staged copy at a time: a second save waits for the first to commit
-                    previous.result()
-                except Exception:  # noqa: BLE001 — its own handle reports it
-                    pass
+            if previous is not None:  # one staged copy at a time: a second save waits for the first
+                previous._done.wait()
+                error = previous._unseen_error()
+                if error is not None:  # nobody asked its handle: said here, never silently dropped
+                    log.error("checkpoint step %d of %s was not committed: %s", previous.step, self.job, error)
             t0 = time.perf_counter()
             handle = SaveHandle(step)
             loader_state = loader.state_dict() if loader is not None else None
