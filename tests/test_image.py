@@ -2,12 +2,14 @@
 
 Runs only where podman is installed (`make image` installs it with apt-get; `.ci/run` builds the image
 before the tests): the image tagged shardstream:VERSION is built first if it is missing
-(deploy/image/build.sh, about 2 minutes here). The container runs as the Helm chart's pod does — UID
-10001, read-only root filesystem with /tmp in memory, every capability dropped, the registry mounted
-read-only — with its ports published on loopback under their own numbers (a client dials the data
-port GetDataset names on the host it asked). Then: gRPC health SERVING on the control port and on the
-data plane's service name, /metrics 200, two Loaders on this host read a dataset served from the
-container exactly once, /metrics counts the epoch, and `podman stop` (SIGTERM) drains to exit 0.
+(deploy/image/build.sh, about 2 minutes here). The container runs as the Helm chart renders its pod
+with the default values (ports moved to free ones through the chart's values): UID 10001, read-only
+root filesystem with /tmp in memory, every capability dropped, the CPU and memory limits, the env and
+args as rendered, the registry mounted read-only at its mount path, every port published on loopback
+under its own number (a client dials the data port GetDataset names on the host it asked). Then: the
+kubelet's gRPC probes as rendered pass (readiness on the data plane's service name), /metrics 200 with
+every worker, two Loaders on this host read a dataset served from the container exactly once, /metrics
+counts the epoch, and `podman stop` within the grace period (SIGTERM) drains to exit 0.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from grpc_health.v1 import health_pb2
 
 from shardstream.client import Loader
 
-from .support.chart import DOCKERFILE, probe_grpc
+from .support.chart import DOCKERFILE, Rendered, cpu_millis, flag, memory_mib, probe_grpc, render
 from .support.data import N_ROWS, write_dataset
 from .support.servers import unused_port_outside, unused_port_range, wait_for
 
@@ -36,7 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 PODMAN = REPO / "deploy" / "image" / "podman.sh"  # podman with the repository's containers.conf
 BUILD = REPO / "deploy" / "image" / "build.sh"
 SERVING = health_pb2.HealthCheckResponse.SERVING
-WORKERS = 2
 
 pytestmark = [
     pytest.mark.skipif(
@@ -99,35 +100,53 @@ def test_the_image_runs_non_root_with_shardstream_as_entrypoint(image: str) -> N
     assert shown.stdout.strip() == version()
 
 
+def pod_as_podman_run(r: Rendered, image: str, registry: Path) -> list[str]:
+    """`podman run` options and arguments for the server container as the chart renders it: its
+    user, read-only root with /tmp in memory, capabilities, CPU and memory limits, environment and
+    args (the image's ENTRYPOINT), the registry volume read-only at its mount path, and its ports
+    published on loopback under their own numbers."""
+    pod, c = r.server["spec"]["template"]["spec"], r.container
+    sc, limits = c["securityContext"], c["resources"]["limits"]
+    assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert not sc["allowPrivilegeEscalation"] and "command" not in c
+    (registry_mount,) = [m for m in c["volumeMounts"] if m["name"] == "registry"]
+    return [
+        "--user", f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}",
+        "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        "--cpus", str(cpu_millis(limits["cpu"]) / 1000), "--memory", f"{int(memory_mib(limits['memory']))}m",
+        *[a for e in c["env"] for a in ("--env", f"{e['name']}={e['value']}")],
+        *[a for p in c["ports"] for a in ("--publish", f"127.0.0.1:{p['containerPort']}:{p['containerPort']}")],
+        "--volume", f"{registry}:{registry_mount['mountPath']}:ro",
+        image, *c["args"],
+    ]  # fmt: skip
+
+
 def test_the_image_serves_a_loader_on_the_host_exactly_once(image: str, tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     write_dataset(registry, "toy", N_ROWS)
-    data_port = unused_port_range(WORKERS)  # worker i's Flight data plane on data_port + i
-    port, metrics_port = unused_port_outside(data_port, WORKERS), unused_port_outside(data_port, WORKERS)
-    published = [port, metrics_port, *range(data_port, data_port + WORKERS)]
-    argv = [
-        "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-        *[a for p in published for a in ("--publish", f"127.0.0.1:{p}:{p}")],
-        "--volume", f"{registry}:/data/registry:ro",
-        image,
-        "serve", "--root", "/data/registry", "--host", "0.0.0.0", "--port", str(port),
-        "--data-port", str(data_port), "--workers", str(WORKERS), "--metrics-port", str(metrics_port), "--grace", "5",
-    ]  # fmt: skip
+    workers = int(flag(render().container["args"], "--workers"))  # the chart's defaults: 2 CPUs, 2 workers
+    data_port = unused_port_range(workers)  # worker i's Flight data plane on data_port + i
+    port, metrics_port = unused_port_outside(data_port, workers), unused_port_outside(data_port, workers)
+    r = render({"server": {"port": port, "dataPort": data_port, "metricsPort": metrics_port}})
+    argv = pod_as_podman_run(r, image, registry)
+    grace_s = r.server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     name = f"shardstream-smoke-{os.getpid()}"
     log = tmp_path / "container.log"
     with container(name, argv, log) as proc:
-        probe = {"grpc": {"port": port}, "timeoutSeconds": 2}
-        wait_for(lambda: proc.poll() is not None or probe_grpc(port, probe) == SERVING, "health SERVING", 120)
+        c = r.container  # the kubelet's probes as rendered: start-up, then readiness (the data plane) and liveness
+        startup = c["startupProbe"]
+        budget_s = startup["periodSeconds"] * startup["failureThreshold"]
+        wait_for(lambda: proc.poll() is not None or probe_grpc(port, startup) == SERVING, "health SERVING", budget_s)
         assert proc.poll() is None, log.read_text()
-        data_plane = {"grpc": {"port": port, "service": "shardstream.v1.ShardStream"}, "timeoutSeconds": 2}
-        assert probe_grpc(port, data_plane) == SERVING
+        for kind in ("readinessProbe", "livenessProbe"):
+            assert probe_grpc(c[kind]["grpc"]["port"], c[kind]) == SERVING, kind
 
         def scrape() -> str:
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
                 assert reply.status == 200
                 return str(reply.read().decode())
 
-        assert "shardstream_" in scrape() and 'worker="1"' in scrape()
+        assert "shardstream_" in scrape() and f'worker="{workers - 1}"' in scrape()
         seen: list[int] = []
         for rank in range(2):
             with Loader(f"127.0.0.1:{port}", "toy@1", batch_size=16, rank=rank, world_size=2, seed=3, epochs=1) as ld:
@@ -143,6 +162,7 @@ def test_the_image_serves_a_loader_on_the_host_exactly_once(image: str, tmp_path
 
         wait_for(lambda: rows_sent() >= N_ROWS, "/metrics to count the epoch's rows", 30)
         assert rows_sent() == N_ROWS
-        podman("stop", "--time", "30", name, timeout_s=60)  # SIGTERM: health NOT_SERVING, drain, exit
-        assert proc.wait(timeout=60) == 0, log.read_text()
+        # the kubelet's stop: SIGTERM (health NOT_SERVING, drain), SIGKILL after the grace period
+        podman("stop", "--time", str(grace_s), name, timeout_s=grace_s + 30)
+        assert proc.wait(timeout=30) == 0, log.read_text()
         assert "stopped" in log.read_text()
