@@ -12,6 +12,7 @@
     checkpoint_command.py   checkpoint list|show|verify|pull|gc
     ping_command.py         ping (what answers at HOST:PORT)
     demo_command.py         demo
+    dev_command.py          dev (ingest a folder, serve it, the web viewer)
     visualize.py            view (terminal UI) and web (browser UI), over shardstream.viz
 
 This package is an entry point (DESIGN §2): with `shardstream.demo`, `shardstream.viz` and
@@ -41,6 +42,7 @@ from . import (
     cursor_command,
     datasets,
     demo_command,
+    dev_command,
     explain_command,
     ingest_command,
     inspect_command,
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     ping_command.add_commands(sub)
     visualize.add_commands(sub)
     demo_command.add_commands(sub)
+    dev_command.add_commands(sub)
     return p
 
 
