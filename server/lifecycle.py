@@ -110,7 +110,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     )
     if cfg.checkpoint_root:  # before the data plane starts: it serves them (serving/data_plane.py)
         service.checkpoints = open_checkpoint_plane(  # type: ignore[attr-defined]
-            cfg.checkpoint_root, cache, service.auth, s3_endpoint=cfg.s3_endpoint
+            cfg.checkpoint_root, cache, service.auth, lambda: service.grants, s3_endpoint=cfg.s3_endpoint
         )
     server = grpc.aio.server(options=server_options(cfg), interceptors=[RpcMetrics()])
     server.add_generic_rpc_handlers((service.handler(),))

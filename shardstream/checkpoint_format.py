@@ -38,6 +38,7 @@ from shardstream.names import validate_name
 
 __all__ = [
     "CHUNK_BYTES",
+    "CHUNK_TICKET_PREFIX",
     "FORMAT",
     "MANIFEST_KIND",
     "MAX_RANKS",
@@ -58,6 +59,7 @@ __all__ = [
     "part_key",
     "part_prefix",
     "parts_prefix",
+    "signed_bytes",
     "step_of_manifest_key",
 ]
 
@@ -68,10 +70,18 @@ MANIFEST_KIND = "shardstream.checkpoint"
 # DoGet batch) are small against the bytes, small enough that one changed slice of a large tensor
 # costs one chunk, and that 4 of them in flight per upload bound its memory (client/checkpoint/).
 CHUNK_BYTES = 8 << 20
+# The data plane's DoGet tickets of checkpoint chunks start with this (never the start of a ReadRequest)
+CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"
 MAX_STEP = (1 << 63) - 1
 MAX_RANKS = 1 << 20
 _HASH_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _TENSOR_NAME_RE = re.compile(r"[0-9]{1,9}", re.ASCII)
+
+
+def signed_bytes(kind: str, body: bytes) -> bytes:
+    """What a certificate caller's grant proof signs for a checkpoint call on the data plane: its
+    kind and its bytes (a DoGet: its ticket), so a proof made for one call is worth nothing for another."""
+    return f"shardstream.checkpoint.{kind}\n".encode() + body
 
 
 def check_job(job: object) -> str:

@@ -294,3 +294,38 @@ def test_a_failed_save_nobody_asked_about_is_raised_by_close(auth_server: Any) -
     with pytest.raises(PermissionDeniedError, match="not writable"):
         reader.close()
     reader.close()  # once
+
+
+# --- certificate principals (mTLS, no token): a grant from ListDatasets, a proof per call ------------
+def test_a_certificate_principal_saves_and_loads_with_its_grant(data_root: Path, tmp_path: Path) -> None:
+    import grpc
+    import yaml
+
+    from .support.certs import Pki
+
+    pki = Pki(tmp_path / "pki")
+    ca = pki.ca("ca")
+    server_cert, trainer, eval_host = pki.server(ca), pki.client(ca, "trainer"), pki.client(ca, "eval")
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(yaml.safe_dump({"principals": [
+        {"name": "trainer", "mtls_subject": "CN=trainer", "datasets": [], "checkpoints": ["run-*"]},
+        {"name": "eval", "mtls_subject": "CN=eval", "datasets": [], "checkpoints_read": ["run-*"]},
+    ]}))  # fmt: skip
+    args = (
+        "--tls-cert", str(server_cert.cert), "--tls-key", str(server_cert.key), "--tls-client-ca", str(ca.cert),
+        "--auth", str(auth), "--checkpoint-root", str(tmp_path / "ck"),
+    )  # fmt: skip
+    creds = grpc.ssl_channel_credentials(ca.pem, trainer.key.read_bytes(), trainer.pem)
+
+    def tls(who: Any) -> dict[str, str]:
+        return {"ca": str(ca.cert), "cert": str(who.cert), "key": str(who.key)}
+
+    with Servers(data_root) as servers:
+        server = servers.start(extra_args=args, credentials=creds)
+        with Checkpointer([server.target], job="run-7", tls=tls(trainer), token="") as ck:
+            ck.save(1, {"w": torch.arange(9.0)}, blocking=True)
+            assert ck.steps() == [1]
+        with Checkpointer([server.target], job="run-7", tls=tls(eval_host), token="") as ev:
+            assert torch.equal(ev.load(1)["w"], torch.arange(9.0))
+            with pytest.raises(PermissionDeniedError, match="not writable"):
+                ev.save(2, {"w": torch.zeros(1)}).result(30)

@@ -6,7 +6,10 @@ on the next endpoint, once round the list. The
 data port is the one the server names in its ListDatasets answer (its GetDataset's, for a Loader),
 asked on the control port the Loader's endpoints name; an endpoint written `grpc+tcp://host:port`
 or `grpc+tls://host:port` is a data plane itself. All ranks of a job start at the same endpoint (by
-the job's name), so the ranks loading one checkpoint share that server's cache.
+the job's name), so the ranks loading one checkpoint share that server's cache. A caller the server
+knows by its client certificate (mTLS, no token) gets a grant in that ListDatasets answer and sends
+it on each call with a proof over what the call asks (checkpoint_format.signed_bytes), as a Loader's
+Read streams do (credentials.py).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from shardstream.checkpoint_format import CHUNK_TICKET_PREFIX, signed_bytes
 from shardstream.errors import (
     RETRYABLE_CODES,
     FlightStatus,
@@ -28,14 +33,13 @@ from shardstream.errors import (
     from_grpc_error,
 )
 
-from ..channel import Connection, normalize_endpoints
+from ..channel import GRANT_MARGIN_S, Connection, normalize_endpoints
 from ..credentials import ChannelSecurity
 
 __all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "GET_BATCH_CHUNKS", "CheckpointSession"]
 
 T = TypeVar("T")
 
-CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"  # the server's (plane.py) tickets of chunks
 CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 DISCOVERY_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0  # one action or one batch of chunks
@@ -53,6 +57,8 @@ class CheckpointSession:
         self._lock = threading.Lock()
         self._pick = 0
         self._client: flight.FlightClient | None = None
+        self._grant = b""  # ListDatasets' grant for a caller known by its client certificate
+        self._grant_until = 0.0
         self.target = ""
 
     def close(self) -> None:
@@ -63,9 +69,11 @@ class CheckpointSession:
 
     def _connect(self) -> flight.FlightClient:
         with self._lock:
-            if self._client is not None:
+            stale = self._grant and time.monotonic() > self._grant_until - GRANT_MARGIN_S
+            if self._client is not None and not stale:
                 return self._client
             target = self.targets[self._pick % len(self.targets)]
+            self._grant, self._grant_until = b"", 0.0
             if target.startswith(("grpc+tcp://", "grpc+tls://")):
                 host, _, port = target.split("://", 1)[1].rpartition(":")
                 data_port = int(port)
@@ -77,6 +85,9 @@ class CheckpointSession:
                 finally:
                     conn.close()
                 data_port = listing.data_port if hasattr(listing, "data_port") else 0
+                if getattr(listing, "data_grant", b""):
+                    self._grant = listing.data_grant
+                    self._grant_until = time.monotonic() + listing.data_grant_ttl_s
                 if not data_port and listing.datasets:
                     data_port = listing.datasets[0].data_port
                 if not data_port:
@@ -88,8 +99,14 @@ class CheckpointSession:
             self.target = f"{host}:{data_port}"
             return self._client
 
-    def _options(self, timeout_s: float | None = CALL_TIMEOUT_S) -> flight.FlightCallOptions:
-        return flight.FlightCallOptions(headers=self._headers, timeout=timeout_s)
+    def _options(self, signed: bytes, timeout_s: float | None = CALL_TIMEOUT_S) -> flight.FlightCallOptions:
+        """The call's headers: the token; or the grant with the proof over `signed` (signed_bytes:
+        what the call asks) that this client holds the certificate the grant names."""
+        headers = self._headers
+        grant = self._grant
+        if grant:
+            headers = [*headers, *self.security.grant_headers(grant, signed)]
+        return flight.FlightCallOptions(headers=headers, timeout=timeout_s)
 
     def _call(self, fn: Callable[[flight.FlightClient], T]) -> T:
         """`fn(client)`; on a status a stream is resumed elsewhere for (RETRYABLE_CODES: a server gone,
@@ -117,7 +134,8 @@ class CheckpointSession:
     # --- the calls ---------------------------------------------------------------------------------
     def action(self, kind: str, body: dict[str, Any]) -> Any:
         def call(client: flight.FlightClient) -> Any:
-            results = list(client.do_action(flight.Action(kind, json.dumps(body).encode()), self._options()))
+            raw = json.dumps(body).encode()
+            results = list(client.do_action(flight.Action(kind, raw), self._options(signed_bytes(kind, raw))))
             return json.loads(results[0].body.to_pybytes()) if results else None
 
         return self._call(call)
@@ -126,8 +144,9 @@ class CheckpointSession:
         """Send chunks (name, bytes) in one DoPut, one batch each, without copying their bytes."""
 
         def call(client: flight.FlightClient) -> dict[str, Any]:
-            descriptor = flight.FlightDescriptor.for_command(json.dumps({"op": "chunks", "job": job}).encode())
-            writer, reader = client.do_put(descriptor, CHUNK_SCHEMA, self._options(None))
+            command = json.dumps({"op": "chunks", "job": job}).encode()
+            descriptor = flight.FlightDescriptor.for_command(command)
+            writer, reader = client.do_put(descriptor, CHUNK_SCHEMA, self._options(signed_bytes("put", command), None))
             for h, data in chunks:
                 writer.write_batch(_chunk_batch(h, data))
             writer.done_writing()
@@ -144,7 +163,7 @@ class CheckpointSession:
         ticket = flight.Ticket(CHUNK_TICKET_PREFIX + json.dumps({"job": job, "hashes": list(hashes)}).encode())
 
         def call(client: flight.FlightClient) -> None:
-            for chunk in client.do_get(ticket, self._options()):
+            for chunk in client.do_get(ticket, self._options(ticket.ticket)):
                 batch = chunk.data
                 data = batch.column(1)
                 for i, h in enumerate(batch.column(0).to_pylist()):
@@ -155,7 +174,7 @@ class CheckpointSession:
     def list_flights(self, job: str) -> list[tuple[str, int]]:
         def call(client: flight.FlightClient) -> list[tuple[str, int]]:
             out = []
-            for info in client.list_flights(job.encode(), self._options()):
+            for info in client.list_flights(job.encode(), self._options(signed_bytes("list", job.encode()))):
                 path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
                 out.append((path[0], int(path[1])))
             return out

@@ -10,12 +10,14 @@ The format is shardstream/checkpoint_format.py's (the client builds the same rec
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pyarrow as pa
 
 from ..backends.roots import open_storage
 from ..read.cache import LRUCache
 from ..serving.auth import Authenticator
+from ..serving.grants import Grants
 from .gc import GcReport, collect
 from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
 from .store import CheckpointStore
@@ -44,6 +46,11 @@ def open_checkpoint_store(url: str | os.PathLike[str], *, s3_endpoint: str | Non
 
 
 def open_checkpoint_plane(
-    url: str, cache: LRUCache[pa.Table], auth: Authenticator, *, s3_endpoint: str | None = None
+    url: str,
+    cache: LRUCache[pa.Table],
+    auth: Authenticator,
+    grants: Callable[[], Grants | None] = lambda: None,
+    *,
+    s3_endpoint: str | None = None,
 ) -> CheckpointPlane:
-    return CheckpointPlane(open_checkpoint_store(url, s3_endpoint=s3_endpoint), cache, auth)
+    return CheckpointPlane(open_checkpoint_store(url, s3_endpoint=s3_endpoint), cache, auth, grants)

@@ -26,14 +26,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 from prometheus_client import Counter
 
-from shardstream.checkpoint_format import check_hash, check_job, check_step
+from shardstream.checkpoint_format import CHUNK_TICKET_PREFIX, check_hash, check_job, check_step, signed_bytes
 from shardstream.errors import (
     InternalError,
     InvalidArgumentError,
@@ -44,7 +44,8 @@ from shardstream.errors import (
 )
 
 from ..read.cache import LRUCache
-from ..serving.auth import Authenticator, Principal
+from ..serving.auth import Authenticator, Principal, has_token
+from ..serving.grants import GRANT_HEADER, Grants
 from ..serving.redact import client_message
 from .store import CheckpointStore, dumps
 
@@ -60,7 +61,6 @@ __all__ = [
 
 log = logging.getLogger("shardstream.server.checkpoints")
 
-CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"  # never the start of a ReadRequest
 CHECKPOINT_MIDDLEWARE = "shardstream-checkpoints"
 CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 MAX_HASHES_PER_CALL = 4096
@@ -112,19 +112,34 @@ def may_read(principal: Principal, job: str) -> bool:
 class CheckpointPlane:
     """The checkpoint calls of one data plane over one store, its cache shared with Read streams."""
 
-    def __init__(self, store: CheckpointStore, cache: LRUCache[pa.Table], auth: Authenticator) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        cache: LRUCache[pa.Table],
+        auth: Authenticator,
+        grants: Callable[[], Grants | None] = lambda: None,
+    ) -> None:
         self.store = store
         self.cache = cache
         self.auth = auth
+        self.grants = grants  # the data plane's, once it started (they vouch for certificate callers)
 
     # --- who ---------------------------------------------------------------------------------------
-    def _principal(self, context: flight.ServerCallContext) -> Principal:
+    def _principal(self, context: flight.ServerCallContext, signed: bytes) -> Principal:
+        """The caller: its token's principal; or, without a token, the certificate principal of the
+        grant it sent (ListDatasets gave it), with the proof over `signed` (what the call asks:
+        signed_bytes) that it holds the certificate's key — as a DoGet of a Read stream."""
         call = context.get_middleware(CHECKPOINT_MIDDLEWARE)
-        return self.auth.authenticate(call.metadata() if call is not None else [], None)
+        metadata = call.metadata() if call is not None else []
+        grants = self.grants()
+        if call is not None and call.headers.get(GRANT_HEADER) and grants is not None and self.auth.enabled:
+            if not has_token(metadata):
+                return grants.principal(call.headers, signed, self.auth)
+        return self.auth.authenticate(metadata, None)
 
-    def _job(self, context: flight.ServerCallContext, job: object, *, write: bool) -> str:
+    def _job(self, context: flight.ServerCallContext, job: object, signed: bytes, *, write: bool) -> str:
         name = check_job(job)
-        principal = self._principal(context)
+        principal = self._principal(context, signed)
         if not (may_write(principal, name) if write else may_read(principal, name)):
             raise PermissionDeniedError(
                 f"checkpoint job {excerpt(name)} is not {'writable' if write else 'readable'} with the credentials "
@@ -153,7 +168,7 @@ class CheckpointPlane:
             command = _json(descriptor.command, "DoPut descriptor")
             if command.get("op") != "chunks":
                 raise InvalidArgumentError(f"unknown checkpoint DoPut {excerpt(command.get('op'))}")
-            job = self._job(context, command.get("job"), write=True)
+            job = self._job(context, command.get("job"), signed_bytes("put", descriptor.command), write=True)
             stored = present = nbytes = 0
             for chunk in reader:
                 batch = chunk.data
@@ -181,7 +196,7 @@ class CheckpointPlane:
     def do_get(self, context: flight.ServerCallContext, ticket: bytes) -> flight.FlightDataStream:
         try:
             request = _json(ticket[len(CHUNK_TICKET_PREFIX) :], "DoGet ticket")
-            job = self._job(context, request.get("job"), write=False)
+            job = self._job(context, request.get("job"), ticket, write=False)
             hashes = request.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"a chunk DoGet names 1 to {MAX_HASHES_PER_CALL} chunks")
@@ -213,29 +228,29 @@ class CheckpointPlane:
     # --- DoAction ----------------------------------------------------------------------------------
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
         try:
-            body = _json(action.body.to_pybytes() if action.body is not None else b"", action.type)
-            result = self._action(context, action.type, body)
+            raw = action.body.to_pybytes() if action.body is not None else b""
+            result = self._action(context, action.type, _json(raw, action.type), signed_bytes(action.type, raw))
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             raise self._fail(action.type, exc) from None
         return iter([dumps(result)])
 
-    def _action(self, context: flight.ServerCallContext, kind: str, body: dict[str, Any]) -> Any:
+    def _action(self, context: flight.ServerCallContext, kind: str, body: dict[str, Any], signed: bytes) -> Any:
         store = self.store
         if kind == "checkpoint.has":
-            job = self._job(context, body.get("job"), write=True)
+            job = self._job(context, body.get("job"), signed, write=True)
             hashes = body.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"checkpoint.has names at most {MAX_HASHES_PER_CALL} chunks")
             return {"present": store.has_chunks(job, hashes)}
         if kind == "checkpoint.put-part":
-            job = self._job(context, body.get("job"), write=True)
+            job = self._job(context, body.get("job"), signed, write=True)
             rank = body.get("rank")
             if not isinstance(rank, int):
                 raise InvalidArgumentError("checkpoint.put-part needs an int rank")
             store.put_part(job, check_step(body.get("step")), rank, body.get("part"))  # type: ignore[arg-type]
             return {}
         if kind == "checkpoint.commit":
-            job = self._job(context, body.get("job"), write=True)
+            job = self._job(context, body.get("job"), signed, write=True)
             world = body.get("world_size")
             save_id = body.get("save_id")
             if not isinstance(world, int) or world < 1 or not isinstance(save_id, str):
@@ -245,9 +260,9 @@ class CheckpointPlane:
                 COMMITS.inc()
             return {k: v for k, v in out.items() if k != "manifest"}
         if kind == "checkpoint.steps":
-            return {"steps": store.steps(self._job(context, body.get("job"), write=False))}
+            return {"steps": store.steps(self._job(context, body.get("job"), signed, write=False))}
         if kind == "checkpoint.manifest":
-            job = self._job(context, body.get("job"), write=False)
+            job = self._job(context, body.get("job"), signed, write=False)
             step = body.get("step")
             if step == "latest":
                 latest = store.latest(job)
@@ -260,9 +275,10 @@ class CheckpointPlane:
     # --- ListFlights -------------------------------------------------------------------------------
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
         try:
-            principal = self._principal(context)
+            signed = signed_bytes("list", criteria)
+            principal = self._principal(context, signed)
             if criteria:
-                jobs = [self._job(context, criteria.decode("utf-8", "replace"), write=False)]
+                jobs = [self._job(context, criteria.decode("utf-8", "replace"), signed, write=False)]
             else:
                 jobs = [j for j in self.store.jobs() if may_read(principal, j)]
             infos = []

@@ -241,15 +241,20 @@ class ShardStreamService:
         principal: Principal = OPEN,
         context: grpc.aio.ServicerContext | None = None,
     ) -> pb.ListDatasetsResponse:
-        del request, context
+        del request
         listing = await asyncio.to_thread(self.registry.listing)
         REGISTRY_BAD_ENTRIES.set(len(listing.bad))
         for bad in listing.bad:
             self._report(bad)
         readable = [m for m in listing.manifests if principal.may_read(m.name, m.version)]
-        return pb.ListDatasetsResponse(
+        response = pb.ListDatasetsResponse(
             datasets=[dataset_info(m, self.data_port) for m in readable], data_port=self.data_port
         )
+        grant = self._grant(principal, context)  # a certificate's caller: for the checkpoint calls
+        if grant is not None:
+            response.data_grant = grant
+            response.data_grant_ttl_s = GRANT_TTL_S
+        return response
 
     def _report(self, bad: BadEntry) -> None:
         if self._log_once(f"{bad.ref}: {bad.reason}"):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n shardstream/v1/shardstream.proto\x12\x0eshardstream.v1\"$\n\x11GetDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\x15\n\x13ListDatasetsRequest\"X\n\x14ListDatasetsResponse\x12-\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x1b.shardstream.v1.DatasetInfo\x12\x11\n\tdata_port\x18\x02 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xf8\x01\n\x0b\x44\x61tasetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x11\n\tnum_bytes\x18\x06 \x01(\x04\x12%\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x15.shardstream.v1.Field\x12\x14\n\x0c\x61rrow_schema\x18\x08 \x01(\x0c\x12\x11\n\tdata_port\x18\t \x01(\r\x12\x12\n\ndata_grant\x18\n \x01(\x0c\x12\x18\n\x10\x64\x61ta_grant_ttl_s\x18\x0b \x01(\r\"\'\n\x07Shuffle\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\"E\n\rMixtureSource\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\x90\x05\n\x0bReadRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12(\n\x07shuffle\x18\x05 \x01(\x0b\x32\x17.shardstream.v1.Shuffle\x12\x14\n\x0cstart_offset\x18\x06 \x01(\x04\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x12\n\nbatch_size\x18\t \x01(\r\x12\x12\n\nfirst_step\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x11\n\tdrop_last\x18\x0c \x01(\x08\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x19\n\x11max_message_bytes\x18\x0e \x01(\x04\x12.\n\x07mixture\x18\x0f \x03(\x0b\x32\x1d.shardstream.v1.MixtureSource\x12\x15\n\rmixture_block\x18\x10 \x01(\r\x12\x1d\n\x15mixture_epoch_samples\x18\x11 \x01(\x04\x12\x13\n\x0bstep_stride\x18\x12 \x01(\r\x12-\n\ntransforms\x18\x13 \x03(\x0b\x32\x19.shardstream.v1.Transform\x12\x10\n\x08on_error\x18\x14 \x01(\t\x12\x13\n\x0bsplit_steps\x18\x15 \x01(\x08\x12\x32\n\x0e\x62\x61tch_schedule\x18\x16 \x03(\x0b\x32\x1a.shardstream.v1.BatchPhase\x12\'\n\x04skip\x18\x17 \x03(\x0b\x32\x19.shardstream.v1.SkipRange\x12\x34\n\x0emixture_phases\x18\x18 \x03(\x0b\x32\x1c.shardstream.v1.MixturePhase\"/\n\nBatchPhase\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\"\'\n\tSkipRange\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\".\n\x0cMixturePhase\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0f\n\x07weights\x18\x02 \x03(\x01\",\n\tTransform\x12\n\n\x02op\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\t\"\xd0\x01\n\x08StepInfo\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eposition_start\x18\x02 \x01(\x04\x12\x14\n\x0cposition_end\x18\x03 \x01(\x04\x12\x14\n\x0cglobal_start\x18\x04 \x01(\x04\x12\x12\n\nglobal_end\x18\x05 \x01(\x04\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12.\n\x07skipped\x18\x07 \x03(\x0b\x32\x1d.shardstream.v1.SkippedSample\x12\x0c\n\x04part\x18\x08 \x01(\r\x12\x12\n\nmore_parts\x18\t \x01(\x08\"]\n\rSkippedSample\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x0b\n\x03row\x18\x03 \x01(\x03\x12\x0e\n\x06source\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x84\x01\n\nReadHeader\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\'\n\x05steps\x18\x02 \x03(\x0b\x32\x18.shardstream.v1.StepInfo\x12\x14\n\x0c\x65nd_of_epoch\x18\x03 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\x12\x11\n\tstream_id\x18\x05 \x01(\tJ\x04\x08\x0f\x10\x10\x32\xb6\x01\n\x0bShardStream\x12L\n\nGetDataset\x12!.shardstream.v1.GetDatasetRequest\x1a\x1b.shardstream.v1.DatasetInfo\x12Y\n\x0cListDatasets\x12#.shardstream.v1.ListDatasetsRequest\x1a$.shardstream.v1.ListDatasetsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n shardstream/v1/shardstream.proto\x12\x0eshardstream.v1\"$\n\x11GetDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\x15\n\x13ListDatasetsRequest\"\x86\x01\n\x14ListDatasetsResponse\x12-\n\x08\x64\x61tasets\x18\x01 \x03(\x0b\x32\x1b.shardstream.v1.DatasetInfo\x12\x11\n\tdata_port\x18\x02 \x01(\r\x12\x12\n\ndata_grant\x18\x03 \x01(\x0c\x12\x18\n\x10\x64\x61ta_grant_ttl_s\x18\x04 \x01(\r\"#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xf8\x01\n\x0b\x44\x61tasetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x12\n\nnum_shards\x18\x05 \x01(\r\x12\x11\n\tnum_bytes\x18\x06 \x01(\x04\x12%\n\x06\x66ields\x18\x07 \x03(\x0b\x32\x15.shardstream.v1.Field\x12\x14\n\x0c\x61rrow_schema\x18\x08 \x01(\x0c\x12\x11\n\tdata_port\x18\t \x01(\r\x12\x12\n\ndata_grant\x18\n \x01(\x0c\x12\x18\n\x10\x64\x61ta_grant_ttl_s\x18\x0b \x01(\r\"\'\n\x07Shuffle\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\r\"E\n\rMixtureSource\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\"\x90\x05\n\x0bReadRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12(\n\x07shuffle\x18\x05 \x01(\x0b\x32\x17.shardstream.v1.Shuffle\x12\x14\n\x0cstart_offset\x18\x06 \x01(\x04\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x12\n\nbatch_size\x18\t \x01(\r\x12\x12\n\nfirst_step\x18\n \x01(\x04\x12\x11\n\tnum_steps\x18\x0b \x01(\x04\x12\x11\n\tdrop_last\x18\x0c \x01(\x08\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x19\n\x11max_message_bytes\x18\x0e \x01(\x04\x12.\n\x07mixture\x18\x0f \x03(\x0b\x32\x1d.shardstream.v1.MixtureSource\x12\x15\n\rmixture_block\x18\x10 \x01(\r\x12\x1d\n\x15mixture_epoch_samples\x18\x11 \x01(\x04\x12\x13\n\x0bstep_stride\x18\x12 \x01(\r\x12-\n\ntransforms\x18\x13 \x03(\x0b\x32\x19.shardstream.v1.Transform\x12\x10\n\x08on_error\x18\x14 \x01(\t\x12\x13\n\x0bsplit_steps\x18\x15 \x01(\x08\x12\x32\n\x0e\x62\x61tch_schedule\x18\x16 \x03(\x0b\x32\x1a.shardstream.v1.BatchPhase\x12\'\n\x04skip\x18\x17 \x03(\x0b\x32\x19.shardstream.v1.SkipRange\x12\x34\n\x0emixture_phases\x18\x18 \x03(\x0b\x32\x1c.shardstream.v1.MixturePhase\"/\n\nBatchPhase\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\"\'\n\tSkipRange\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\".\n\x0cMixturePhase\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0f\n\x07weights\x18\x02 \x03(\x01\",\n\tTransform\x12\n\n\x02op\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\t\"\xd0\x01\n\x08StepInfo\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eposition_start\x18\x02 \x01(\x04\x12\x14\n\x0cposition_end\x18\x03 \x01(\x04\x12\x14\n\x0cglobal_start\x18\x04 \x01(\x04\x12\x12\n\nglobal_end\x18\x05 \x01(\x04\x12\x0c\n\x04rows\x18\x06 \x01(\x04\x12.\n\x07skipped\x18\x07 \x03(\x0b\x32\x1d.shardstream.v1.SkippedSample\x12\x0c\n\x04part\x18\x08 \x01(\r\x12\x12\n\nmore_parts\x18\t \x01(\x08\"]\n\rSkippedSample\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x0b\n\x03row\x18\x03 \x01(\x03\x12\x0e\n\x06source\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x84\x01\n\nReadHeader\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\'\n\x05steps\x18\x02 \x03(\x0b\x32\x18.shardstream.v1.StepInfo\x12\x14\n\x0c\x65nd_of_epoch\x18\x03 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x04 \x01(\x04\x12\x11\n\tstream_id\x18\x05 \x01(\tJ\x04\x08\x0f\x10\x10\x32\xb6\x01\n\x0bShardStream\x12L\n\nGetDataset\x12!.shardstream.v1.GetDatasetRequest\x1a\x1b.shardstream.v1.DatasetInfo\x12Y\n\x0cListDatasets\x12#.shardstream.v1.ListDatasetsRequest\x1a$.shardstream.v1.ListDatasetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,32 +35,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETDATASETREQUEST']._serialized_end=88
   _globals['_LISTDATASETSREQUEST']._serialized_start=90
   _globals['_LISTDATASETSREQUEST']._serialized_end=111
-  _globals['_LISTDATASETSRESPONSE']._serialized_start=113
-  _globals['_LISTDATASETSRESPONSE']._serialized_end=201
-  _globals['_FIELD']._serialized_start=203
-  _globals['_FIELD']._serialized_end=238
-  _globals['_DATASETINFO']._serialized_start=241
-  _globals['_DATASETINFO']._serialized_end=489
-  _globals['_SHUFFLE']._serialized_start=491
-  _globals['_SHUFFLE']._serialized_end=530
-  _globals['_MIXTURESOURCE']._serialized_start=532
-  _globals['_MIXTURESOURCE']._serialized_end=601
-  _globals['_READREQUEST']._serialized_start=604
-  _globals['_READREQUEST']._serialized_end=1260
-  _globals['_BATCHPHASE']._serialized_start=1262
-  _globals['_BATCHPHASE']._serialized_end=1309
-  _globals['_SKIPRANGE']._serialized_start=1311
-  _globals['_SKIPRANGE']._serialized_end=1350
-  _globals['_MIXTUREPHASE']._serialized_start=1352
-  _globals['_MIXTUREPHASE']._serialized_end=1398
-  _globals['_TRANSFORM']._serialized_start=1400
-  _globals['_TRANSFORM']._serialized_end=1444
-  _globals['_STEPINFO']._serialized_start=1447
-  _globals['_STEPINFO']._serialized_end=1655
-  _globals['_SKIPPEDSAMPLE']._serialized_start=1657
-  _globals['_SKIPPEDSAMPLE']._serialized_end=1750
-  _globals['_READHEADER']._serialized_start=1753
-  _globals['_READHEADER']._serialized_end=1885
-  _globals['_SHARDSTREAM']._serialized_start=1888
-  _globals['_SHARDSTREAM']._serialized_end=2070
+  _globals['_LISTDATASETSRESPONSE']._serialized_start=114
+  _globals['_LISTDATASETSRESPONSE']._serialized_end=248
+  _globals['_FIELD']._serialized_start=250
+  _globals['_FIELD']._serialized_end=285
+  _globals['_DATASETINFO']._serialized_start=288
+  _globals['_DATASETINFO']._serialized_end=536
+  _globals['_SHUFFLE']._serialized_start=538
+  _globals['_SHUFFLE']._serialized_end=577
+  _globals['_MIXTURESOURCE']._serialized_start=579
+  _globals['_MIXTURESOURCE']._serialized_end=648
+  _globals['_READREQUEST']._serialized_start=651
+  _globals['_READREQUEST']._serialized_end=1307
+  _globals['_BATCHPHASE']._serialized_start=1309
+  _globals['_BATCHPHASE']._serialized_end=1356
+  _globals['_SKIPRANGE']._serialized_start=1358
+  _globals['_SKIPRANGE']._serialized_end=1397
+  _globals['_MIXTUREPHASE']._serialized_start=1399
+  _globals['_MIXTUREPHASE']._serialized_end=1445
+  _globals['_TRANSFORM']._serialized_start=1447
+  _globals['_TRANSFORM']._serialized_end=1491
+  _globals['_STEPINFO']._serialized_start=1494
+  _globals['_STEPINFO']._serialized_end=1702
+  _globals['_SKIPPEDSAMPLE']._serialized_start=1704
+  _globals['_SKIPPEDSAMPLE']._serialized_end=1797
+  _globals['_READHEADER']._serialized_start=1800
+  _globals['_READHEADER']._serialized_end=1932
+  _globals['_SHARDSTREAM']._serialized_start=1935
+  _globals['_SHARDSTREAM']._serialized_end=2117
 # @@protoc_insertion_point(module_scope)

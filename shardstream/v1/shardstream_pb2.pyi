@@ -17,12 +17,16 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
-    __slots__ = ("datasets", "data_port")
+    __slots__ = ("datasets", "data_port", "data_grant", "data_grant_ttl_s")
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_GRANT_FIELD_NUMBER: _ClassVar[int]
+    DATA_GRANT_TTL_S_FIELD_NUMBER: _ClassVar[int]
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
     data_port: int
-    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., data_port: _Optional[int] = ...) -> None: ...
+    data_grant: bytes
+    data_grant_ttl_s: int
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., data_port: _Optional[int] = ..., data_grant: _Optional[bytes] = ..., data_grant_ttl_s: _Optional[int] = ...) -> None: ...
 
 class Field(_message.Message):
     __slots__ = ("name", "type")
