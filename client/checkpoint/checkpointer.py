@@ -65,13 +65,13 @@ from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
 from . import metrics
 from .state_tree import Staged, find, new_array, restore, stage, writable_view
-from .transport import GET_BATCH_CHUNKS, CheckpointSession
+from .transport import GET_STREAMS, CheckpointSession, chunk_batches
 
 __all__ = ["Checkpointer", "SaveHandle"]
 
 log = logging.getLogger("shardstream.client.checkpoint")
 
-HASH_THREADS = 4  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
+HASH_THREADS = GET_STREAMS  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
 PUT_BATCH_BYTES = 64 << 20  # chunks per DoPut, by bytes
 COMMIT_POLL_S = (0.01, 1.0)  # waiting for the other ranks' parts: first and longest wait between polls
 
@@ -408,7 +408,7 @@ class Checkpointer:
                 name, _, _ = owners[h][0]
                 raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h}: {exc}") from exc
 
-        batches = [order[i : i + GET_BATCH_CHUNKS] for i in range(0, len(order), GET_BATCH_CHUNKS)]
+        batches = chunk_batches(order)
         for future in [self._pool.submit(fetch, b) for b in batches]:
             future.result()
         for target, loaded in copies:  # a CUDA or strided tensor of `into`: one copy from host memory

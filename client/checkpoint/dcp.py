@@ -44,7 +44,7 @@ from torch.futures import Future
 from shardstream.checkpoint_format import FORMAT, PART_KIND, check_step, encode_value
 from shardstream.errors import DataLossError, InvalidArgumentError
 
-from .transport import GET_BATCH_CHUNKS
+from .transport import chunk_batches
 
 __all__ = ["FleetStorageReader", "FleetStorageWriter"]
 
@@ -194,7 +194,7 @@ class FleetStorageReader(StorageReader):
                 fqn = next(str(i.fqn) for i, sd in storage.items() if any(c[0] == h for c in sd["chunks"]))
                 raise DataLossError(f"{where}: tensor {fqn!r} chunk {h}: {exc}") from exc
 
-        batches = [wanted[i : i + GET_BATCH_CHUNKS] for i in range(0, len(wanted), GET_BATCH_CHUNKS)]
+        batches = chunk_batches(wanted)
         for future in [self.ckpt._pool.submit(fetch, b) for b in batches]:
             future.result()
         for req in plan.items:

@@ -36,14 +36,22 @@ from shardstream.errors import (
 from ..channel import GRANT_MARGIN_S, Connection, normalize_endpoints
 from ..credentials import ChannelSecurity
 
-__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "GET_BATCH_CHUNKS", "CheckpointSession"]
+__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "GET_BATCH_CHUNKS", "GET_STREAMS", "CheckpointSession", "chunk_batches"]
 
 T = TypeVar("T")
 
 CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 DISCOVERY_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0  # one action or one batch of chunks
-GET_BATCH_CHUNKS = 16  # chunks per DoGet of a load
+GET_BATCH_CHUNKS = 16  # chunks per DoGet of a load, at most
+GET_STREAMS = 4  # DoGets of a load at once (its chunks spread over them)
+
+
+def chunk_batches(names: Sequence[str]) -> list[list[str]]:
+    """`names` cut into the DoGets of one load: GET_STREAMS of them at least (when there are that
+    many chunks), GET_BATCH_CHUNKS chunks each at most."""
+    size = max(1, min(GET_BATCH_CHUNKS, -(-len(names) // GET_STREAMS)))
+    return [list(names[i : i + size]) for i in range(0, len(names), size)]
 FLIGHT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
 
 
