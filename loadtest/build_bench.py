@@ -1,22 +1,27 @@
 """One message's build, in process: CPU per message and per GB of `MessageBuilder.stream`, by shuffle mode.
 
     python -m loadtest.build_bench [--mib 128] [--batch-mib 2] [--epochs 2] [--rounds 5]
-                                   [--modes none block full] [--profile MODE] [--json PATH]
+                                   [--modes none block full] [--previous] [--profile MODE] [--json PATH]
 
 No server, no Flight: the read plan of one rank (world size 1) over `loadtest.bench`'s dataset
 (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row, row groups of two batches), its
 row groups cached in memory (one warm-up epoch), then whole epochs of `MessageBuilder.stream` with
 Arrow's pool as the server sets it (jemalloc, decay 0: server/lifecycle.py). What it measures is
 the Python and Arrow work a server does per message before Flight writes it: select, take,
-provenance, sizing, the header. Per mode and round: thread CPU seconds per message and per GB of
-payload (`time.thread_time`: the build runs in this thread only), rounds alternating over the modes.
-`--profile MODE`: cProfile of one epoch of that mode, the top functions by own time, per message.
-Figures only; it exits 0.
+provenance, sizing, the header. Per mode and round: CPU seconds per message and per GB of payload
+(`time.process_time`: the process does nothing else; the fetch pool's threads count too), rounds
+alternating over the modes.
+`--previous`: each round also builds every mode with the build path before issue #26 (`previous()`:
+Arrow's gather, a fetch-pool round trip per row group, provenance appended to a table, IPC sizing
+with a stream writer), alternating with today's, and reports the ratio today / previous per round.
+`--profile MODE`: cProfile of one epoch of that mode, the top functions by own time, per message
+(with --previous, of both paths). Figures only; it exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import multiprocessing
@@ -24,16 +29,21 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from loadtest.bench import ROW_BYTES, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.server.backends.roots import open_registry
+from shardstream.server.read import build as build_module
+from shardstream.server.read import reader as reader_module
 from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.gather import empty_batch, gather_arrow
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb
@@ -41,6 +51,51 @@ from shardstream.v1 import shardstream_pb2 as pb
 __all__ = ["main", "run"]
 
 MODES = ("none", "block", "full")
+CURRENT, PREVIOUS = "current", "previous"
+
+
+# --- the build path before issue #26, for a same-run comparison ---------------------------------
+def _previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
+    cols = tuple(columns)
+    shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
+    n = len(rows)
+    if n and reader_module._one_run(shard, group, row_in_group):
+        table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
+        table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
+        table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+        return table.combine_chunks().to_batches()[0]
+    keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
+    unique, inverse = np.unique(keys, return_inverse=True)
+
+    def one(k: np.int64) -> pa.Table:
+        return self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols)
+
+    pool = reader_module._FETCH_POOL
+    tables = list(pool.map(one, unique)) if len(unique) > 1 else [one(k) for k in unique]
+    table = gather_arrow(tables, inverse, row_in_group)
+    table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
+    table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
+    return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
+
+
+def _previous_ipc_size(batch: pa.RecordBatch) -> int:
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.size()
+
+
+@contextlib.contextmanager
+def previous() -> Iterator[None]:
+    """The build path as it was before issue #26, while inside."""
+    take, size = reader_module.DatasetReader.take, build_module.ipc_size
+    reader_module.DatasetReader.take = _previous_take  # type: ignore[method-assign]
+    build_module.ipc_size = _previous_ipc_size  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        reader_module.DatasetReader.take = take  # type: ignore[method-assign]
+        build_module.ipc_size = size  # type: ignore[assignment]
 
 
 def _request(mode: str, batch_rows: int, epoch: int) -> pb.ReadRequest:
@@ -97,29 +152,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             builder = MessageBuilder()
             for mode in args.modes:  # warm-up: the row groups into the cache
                 _epochs(planner, builder, mode, layout.batch_rows, 1)
+            paths = (CURRENT, PREVIOUS) if args.previous else (CURRENT,)
             for r in range(args.rounds):
                 order = args.modes if r % 2 == 0 else args.modes[::-1]
                 for mode in order:
-                    c0 = time.thread_time()
-                    messages, rows = _epochs(planner, builder, mode, layout.batch_rows, args.epochs)
-                    cpu = time.thread_time() - c0
-                    gb = rows * ROW_BYTES / 1e9
-                    passes.append(
-                        {"mode": mode, "round": r, "messages": messages, "rows": rows, "cpu_s": cpu,
-                         "us_per_message": cpu / messages * 1e6, "cpu_s_per_gb": cpu / gb}
-                    )
-                    log(f"  round {r + 1} {mode:<6} {cpu / messages * 1e6:7.0f} us/message  {cpu / gb:.3f} CPU-s/GB")
+                    for path in paths if r % 2 == 0 else paths[::-1]:
+                        with previous() if path == PREVIOUS else contextlib.nullcontext():
+                            c0 = time.process_time()
+                            messages, rows = _epochs(planner, builder, mode, layout.batch_rows, args.epochs)
+                            cpu = time.process_time() - c0
+                        gb = rows * ROW_BYTES / 1e9
+                        passes.append(
+                            {"mode": mode, "path": path, "round": r, "messages": messages, "rows": rows,
+                             "cpu_s": cpu, "us_per_message": cpu / messages * 1e6, "cpu_s_per_gb": cpu / gb}
+                        )
+                        log(
+                            f"  round {r + 1} {mode:<6} {path:<8} {cpu / messages * 1e6:7.0f} us/message  "
+                            f"{cpu / gb:.3f} CPU-s/GB"
+                        )
             for mode in args.profile or ():
-                profiles[mode] = _profile(planner, builder, mode, layout.batch_rows, args.top)
-    summary = {
-        mode: {
-            m: spread([p[m] for p in passes if p["mode"] == mode]) for m in ("us_per_message", "cpu_s_per_gb")
-        }
-        for mode in args.modes
-    }
+                for path in paths:
+                    with previous() if path == PREVIOUS else contextlib.nullcontext():
+                        profiles[f"{mode} {path}"] = _profile(planner, builder, mode, layout.batch_rows, args.top)
+    summary: dict[str, Any] = {}
+    for mode in args.modes:
+        for path in (CURRENT, PREVIOUS) if args.previous else (CURRENT,):
+            ps = [p for p in passes if p["mode"] == mode and p["path"] == path]
+            summary[f"{mode} {path}"] = {m: spread([p[m] for p in ps]) for m in ("us_per_message", "cpu_s_per_gb")}
+        if args.previous:
+            cur = [p for p in passes if p["mode"] == mode and p["path"] == CURRENT]
+            prev = [p for p in passes if p["mode"] == mode and p["path"] == PREVIOUS]
+            summary[f"{mode} current/previous"] = {
+                "cpu_ratio": spread([a["cpu_s"] / b["cpu_s"] for a, b in zip(cur, prev, strict=True)])
+            }
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.build_bench", *sys.argv[1:]]),
-        "config": {"mib": args.mib, "batch_rows": layout.batch_rows, "row_group_rows": layout.row_group_rows,
+        "config": {"previous": args.previous, "mib": args.mib, "batch_rows": layout.batch_rows, "row_group_rows": layout.row_group_rows,
                    "epochs_per_pass": args.epochs, "rounds": args.rounds, "arrow_pool": "jemalloc, decay 0"},
         "versions": versions("shardstream"),
         "passes": passes,
@@ -134,11 +202,15 @@ def print_report(result: dict[str, Any]) -> None:
         f"\nbuild only: {cfg['mib']} MiB, batches of {cfg['batch_rows']} rows, row groups of "
         f"{cfg['row_group_rows']}, {cfg['epochs_per_pass']} epochs per pass, {cfg['rounds']} rounds"
     )
-    print(f"{'shuffle':<8} {'us/message':>24} {'CPU-s/GB':>24}")
-    for mode, s in result["summary"].items():
+    print(f"{'shuffle / path':<26} {'us/message':>24} {'CPU-s/GB':>24}")
+    for key, s in result["summary"].items():
+        if "cpu_ratio" in s:
+            r = s["cpu_ratio"]
+            print(f"{key:<26} CPU ratio per round {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
+            continue
         u, g = s["us_per_message"], s["cpu_s_per_gb"]
         print(
-            f"{mode:<8} {u['median']:>8.0f} ({u['min']:.0f}-{u['max']:.0f})".ljust(34)
+            f"{key:<26} {u['median']:>8.0f} ({u['min']:.0f}-{u['max']:.0f})".ljust(52)
             + f"{g['median']:>8.3f} ({g['min']:.3f}-{g['max']:.3f})"
         )
     for text in result["profiles"].values():
@@ -153,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=2, help="whole epochs per pass (default 2)")
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument(
+        "--previous", action="store_true", help="also the build path before issue #26, alternating, as a ratio"
+    )
     ap.add_argument("--profile", nargs="*", choices=MODES, help="cProfile one epoch of these modes")
     ap.add_argument("--top", type=int, default=18, help="functions listed per profile (default 18)")
     return bench_main(ap, argv, run, json_default=results_path("build_bench"), report=print_report)

@@ -16,6 +16,7 @@ from loadtest.common import RESULTS, bench_main, bench_parser, results_path
 BENCHMARKS = [
     "loadtest.ab_commits",
     "loadtest.bench",
+    "loadtest.build_bench",
     "loadtest.bulk_bench",
     "loadtest.chaos",
     "loadtest.cli",
