@@ -227,15 +227,30 @@ def variance(png: bytes) -> float:
     return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), np.float64).var())
 
 
+def zoomed(pg: Any, thumb: Any) -> list[Any]:
+    """Click a grid thumbnail: its zoom (the :target) shows the received image beside the stored one."""
+    if pg.query_selector(":target .close"):
+        pg.click(":target .close")  # the open zoom covers the grid
+    thumb.click()
+    zoom = pg.query_selector(":target")
+    assert zoom is not None and zoom.is_visible()
+    pg.wait_for_function("() => [...document.querySelectorAll(':target img')].every(i => i.complete)")
+    return zoom.query_selector_all("img")
+
+
 def test_images_are_decoded_real_and_not_blank(page: Page) -> None:
     pg = page.open(step_path("photos@1", batch_size=6, step=1, transforms=DECODE))
-    decoded = pg.query_selector_all("img.decoded")
-    originals = pg.query_selector_all("img.original")
-    assert len(decoded) == len(originals) == 6
-    for img in decoded + originals:
+    decoded = pg.query_selector_all("#samples img.decoded")
+    assert len(decoded) == 6
+    for img in decoded:
         assert img.evaluate("i => i.complete && i.naturalWidth > 0")
         assert variance(img.screenshot()) > 5.0
     assert all(img.evaluate("i => [i.naturalWidth, i.naturalHeight]") == [48, 64] for img in decoded)
+    for thumb in decoded:
+        big = zoomed(pg, thumb)
+        assert [i.get_attribute("class") for i in big] == ["decoded", "original"]
+        for img in big:
+            assert img.evaluate("i => i.complete && i.naturalWidth > 0") and variance(img.screenshot()) > 5.0
 
 
 def test_audio_players_report_the_received_duration(page: Page, endpoint: str) -> None:
@@ -438,3 +453,64 @@ def test_job_links_open_the_step_each_rank_received_across_a_world_size_change(
     proc = explain("--step", "500")
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("shardstream: error: step 500 is past the job's end: job 'resized' runs 1 epoch(s)")
+
+
+# --- the dense step view --------------------------------------------------------------------------
+GRID = json.dumps([{"op": "image.decode", "column": "image", "size": [96, 96]}])
+
+
+@pytest.fixture(scope="module")
+def gallery(root: Path) -> str:
+    """72 images (the viz registry's photos three times over): a step of 64 fits."""
+    from shardstream.registry import Registry
+
+    from .support.media import blob_table, real_images, write_table
+    from .support.viz_data import matplotlib_photos
+
+    try:
+        return Registry(root).resolve("gallery").ref
+    except LookupError:
+        images = matplotlib_photos() + real_images()
+        table = blob_table("image", images, repeat=3).rename_columns(["id", "name", "image"])
+        return write_table(root, "gallery", table).ref
+
+
+def test_a_step_of_64_images_is_a_grid_within_two_screens(page: Page, gallery: str, endpoint: str) -> None:
+    q = StepQuery(gallery, batch_size=64, seed=2, transforms=GRID)
+    pg = page.open("/step?" + urlencode(q.to_params()))
+    height = pg.evaluate("document.documentElement.scrollHeight")
+    print(f"page height of 64 images at 1280x900: {height} px")
+    thumbs = pg.query_selector_all("#samples img.decoded")
+    assert len(thumbs) == 64
+    pg.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    pg.wait_for_function("() => [...document.querySelectorAll('#samples img')].every(i => i.complete)")
+    assert all(img.evaluate("i => i.complete && i.naturalWidth === 96 && i.naturalHeight === 96") for img in thumbs)
+    assert height <= 2 * 900, height
+    # the rows are the batch a Loader received, in order, with their labels counted
+    assert [s["id"] for s in summaries(pg)] == loader_batch(endpoint, q)["id"].tolist()
+    # click to zoom: the received image beside the stored original
+    big = zoomed(pg, thumbs[5])
+    assert [i.get_attribute("class") for i in big] == ["decoded", "original"]
+    for img in big:
+        assert img.evaluate("i => i.complete && i.naturalWidth > 0") and variance(img.screenshot()) > 5.0
+
+
+def test_text_rows_are_a_table_and_mixture_rows_are_coloured_and_counted_by_source(page: Page, endpoint: str) -> None:
+    q = StepQuery(MIXTURE, world_size=2, batch_size=16, rank=1, step=1)
+    pg = page.open("/step?" + urlencode(q.to_params()))
+    height = pg.evaluate("document.documentElement.scrollHeight")
+    print(f"page height of 16 text rows at 1280x900: {height} px")
+    rows = pg.query_selector_all("table.dense#samples tr.card")
+    assert len(rows) == 16 and height <= 2 * 900
+    assert [s["id"] for s in summaries(pg)] == loader_batch(endpoint, q)["id"].tolist()
+    refs = ["text@1", "notes@1"]  # the mixture's sources, in its order
+    sources = [r.query_selector("td.prov").inner_text().split(" · ")[0] for r in rows]
+    assert set(sources) <= set(refs) and len(set(sources)) == 2
+    for source, row in zip(sources, rows, strict=True):
+        assert f"src{refs.index(source)}" in (row.get_attribute("class") or "").split()
+    counts = pg.inner_text("#counts")
+    assert all(f"{ref} × {sources.count(ref)}" in counts for ref in refs)
+    # per-column rendering: the long text folds into its first characters, the short fields are cells
+    head = [th.inner_text() for th in pg.query_selector_all("table.dense th")]
+    assert head[2:] == ["id", "name", "text"]
+    assert len(pg.query_selector_all("table.dense td.text details")) == 16

@@ -18,7 +18,7 @@ from ..catalog import presets
 from ..samples import ColumnView, row_summary, views
 from ..source import StepBatch
 from ..tokens import token_texts
-from . import links
+from . import dense, links
 from .state import Viz
 
 __all__ = ["mixture", "stats", "step"]
@@ -179,10 +179,11 @@ def step(request: Request) -> Response:
     cards = []
     for row in range(sb.num_rows):
         label = sb.source_label(row)
-        panes = [_pane(v, sb, row) for v in column_views]
+        panes = [{**_pane(v, sb, row), "column": v.column} for v in column_views]
         cards.append(
             {
                 "row": row,
+                "src": None if info.sources is None else int(info.sources[row]) % 6,
                 "summary": row_summary(sb, row),
                 "source": label,
                 "shard": catalog.shard_name(label, int(info.shards[row])),
@@ -197,6 +198,14 @@ def step(request: Request) -> Response:
                 "fields": [(p["title"], p["text"]) for p in panes if p["kind"] == "field"],
             }
         )
+    layout = dense.layout_of(cards)
+    columns = dense.table_columns(cards) if layout == "table" else []
+    for c in cards:
+        if layout == "table":
+            values = {k: {"kind": "field", "text": v} for k, v in c["fields"]} | {p["column"]: p for p in c["panes"]}
+            c["cells"] = [values.get(k) for k in columns]
+        elif layout == "grid":
+            c["caption"] = " · ".join(v for _, v in c["fields"])[:60]
     last = sb.steps_in_epoch - 1
     anchor = q.job_cursor
     first = 0 if anchor is None else anchor[0]  # a job's step: from its cursor's on
@@ -222,6 +231,9 @@ def step(request: Request) -> Response:
         sb=sb,
         info=info,
         cards=cards,
+        layout=layout,
+        columns=columns,
+        counts=dense.counts(sb),
         nav=nav,
         looks=looks,
         skipped=info.skipped,
