@@ -351,16 +351,18 @@ class Checkpointer:
     def load(self, step: int | str = "latest", *, into: Any = None, loader: Any = None, verify: bool = False) -> Any:
         """Load `step` (or "latest"): tensors into `into`'s where it has them, the Loader's state into
         `loader`; the saved state tree, with its tensors."""
-        manifest = self.manifest(step)
-        parts = manifest["parts"]
-        part = next((p for p in parts if p["rank"] == self.rank and len(parts) == self.world_size), parts[0])
+        if step != "latest":
+            check_step(step)
+        body = {"job": self.job, "step": step, "rank": self.rank, "world_size": self.world_size}
+        manifest = self._session.action("checkpoint.manifest", body)  # with this rank's part only
+        part = manifest["parts"][0]
         where = f"checkpoint {self.job}@{manifest['step']}"
         loaded = self._fetch(part, into, where, verify)
         metrics.LOADED.labels(self.job, str(self.rank)).inc(sum(t["nbytes"] for t in part["tensors"].values()))
         tree = decode_value(part["objects"])
         state = restore(tree, lambda name: loaded[name])
         if loader is not None:
-            mine = part.get("loader") or next((p["loader"] for p in parts if p.get("loader")), None)
+            mine = part.get("loader")
             if mine is None:
                 raise NotFoundError(f"{where} holds no Loader state (it was saved without loader=)")
             loader.load_state_dict(mine)

@@ -10,7 +10,10 @@
              "checkpoint.put-part" {"job", "step", "rank", "part"} -> {}
              "checkpoint.commit" {"job", "step", "world_size", "save_id"} -> {"committed", "waiting_for", "missing"}
              "checkpoint.steps" {"job"} -> {"steps": [...]}                  (committed steps)
-             "checkpoint.manifest" {"job", "step": int | "latest"} -> the manifest
+             "checkpoint.manifest" {"job", "step": int | "latest"[, "rank", "world_size"]} -> the
+             manifest; with rank and world size, only the part that rank loads (its own when the
+             world size is the saving one, else rank 0's; a Loader state filled in from another
+             part when it has none), so a rank of a big job does not read every rank's records
     ListFlights criteria = a job name (empty: every job the caller may read) -> one FlightInfo per
              committed step, descriptor path [job, step]
 
@@ -26,6 +29,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,10 +38,18 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from prometheus_client import Counter
 
-from shardstream.checkpoint_format import CHUNK_TICKET_PREFIX, check_hash, check_job, check_step, signed_bytes
+from shardstream.checkpoint_format import (
+    CHUNK_TICKET_PREFIX,
+    check_hash,
+    check_job,
+    check_step,
+    manifest_key,
+    signed_bytes,
+)
 from shardstream.errors import (
     InternalError,
     InvalidArgumentError,
+    NotFoundError,
     PermissionDeniedError,
     ShardstreamError,
     excerpt,
@@ -64,6 +77,7 @@ log = logging.getLogger("shardstream.server.checkpoints")
 CHECKPOINT_MIDDLEWARE = "shardstream-checkpoints"
 CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 MAX_HASHES_PER_CALL = 4096
+MANIFESTS_KEPT = 64  # parsed manifests a server keeps (N ranks loading one step parse it once)
 
 CHUNKS_WRITTEN = Counter("shardstream_checkpoint_chunks_written_total", "Checkpoint chunks stored (new)")
 CHUNKS_PRESENT = Counter(
@@ -123,6 +137,8 @@ class CheckpointPlane:
         self.cache = cache
         self.auth = auth
         self.grants = grants  # the data plane's, once it started (they vouch for certificate callers)
+        self._manifests: OrderedDict[tuple[str, int], tuple[str, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
 
     # --- who ---------------------------------------------------------------------------------------
     def _principal(self, context: flight.ServerCallContext, signed: bytes) -> Principal:
@@ -269,8 +285,33 @@ class CheckpointPlane:
                 if latest is None:
                     raise InvalidArgumentError(f"checkpoint job {job} has no committed checkpoint yet")
                 step = latest
-            return store.manifest(job, check_step(step))
+            manifest = self._manifest(job, check_step(step))
+            rank, world = body.get("rank"), body.get("world_size")
+            if isinstance(rank, int) and isinstance(world, int):
+                return _for_rank(manifest, rank, world)
+            return manifest
         raise InvalidArgumentError(f"unknown action {excerpt(kind)}")
+
+    def _manifest(self, job: str, step: int) -> dict[str, Any]:
+        """A committed manifest, parsed once per process while it is among the last MANIFESTS_KEPT
+        asked for and its object is the same (one HEAD: a step removed by gc and saved again is
+        another object)."""
+        key = (job, step)
+        try:
+            etag = self.store.storage.head(manifest_key(job, step)).etag
+        except NotFoundError:
+            raise NotFoundError(f"checkpoint {job}@{step} does not exist (or is not committed)") from None
+        with self._lock:
+            hit = self._manifests.get(key)
+            if hit is not None and hit[0] == etag:
+                self._manifests.move_to_end(key)
+                return hit[1]
+        manifest = self.store.manifest(job, step)
+        with self._lock:
+            self._manifests[key] = (etag, manifest)
+            while len(self._manifests) > MANIFESTS_KEPT:
+                self._manifests.popitem(last=False)
+        return manifest
 
     # --- ListFlights -------------------------------------------------------------------------------
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
@@ -289,6 +330,15 @@ class CheckpointPlane:
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             raise self._fail("ListFlights", exc) from None
         return iter(infos)
+
+
+def _for_rank(manifest: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    parts = manifest["parts"]
+    same = manifest["world_size"] == world_size and 0 <= rank < len(parts)
+    part = dict(parts[rank] if same else parts[0])
+    if part.get("loader") is None:
+        part["loader"] = next((p["loader"] for p in parts if p.get("loader") is not None), None)
+    return {**manifest, "parts": [part]}
 
 
 def _json(raw: bytes, what: str) -> dict[str, Any]:
