@@ -299,3 +299,25 @@ def test_place_step_walks_the_plan_like_a_loader(n: int, w: int, b: int, drop: b
     start, end = steps[t][1]
     for p in {start, end - 1}:
         assert place_of(place.layout, p)[0] == place.index  # type: ignore[index]
+
+
+def test_a_step_after_an_older_clients_newest_checkpoint_is_placed_with_a_note(root: Path, tmp_path: Path) -> None:
+    """Cursors written without the job's epochs (older clients): a step past the newest checkpoint is
+    still placed, and the answer says that it is past what the job is known to have run."""
+    from shardstream.client.cursors.records import CursorRecord
+    from shardstream.client.cursors.stores import open_store
+    from shardstream.client.loader_state import LoaderState
+
+    fingerprint = Registry(root).resolve("toy@1").fingerprint
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    st = open_store(store)
+    try:
+        state = LoaderState("toy@1", fingerprint, 0, "block(window=16)", 0, 90, 1, 10, 9).to_dict()
+        del state["epochs"]  # as an older client wrote it
+        rec = CursorRecord("old-job", 0, 9, LoaderState.from_dict(state))
+        st.write("old-job", 9, rec.key, 0, 1, rec.to_bytes())
+    finally:
+        st.close()
+    out = explain(root, store, "--job", "old-job", "--step", str(9 + 3 * (N_ROWS // 10)))
+    assert out["epoch"] >= 2 and out["note"].startswith(f"step {9 + 3 * (N_ROWS // 10)} is after the job's newest checkpoint (step 9")
+    assert "note" not in explain(root, store, "--job", "old-job", "--step", "9")
