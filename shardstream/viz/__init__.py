@@ -4,6 +4,8 @@
     query.py         StepQuery: (dataset, seed, shuffle, world size, batch size, rank, step, epoch,
                      columns, transforms) — the state both UIs keep (the web app in its URLs)
     source.py        DataSource: one rank's step read through the fleet with the client's own code
+                     (a job's step placed from its cursor, as `explain --job` places it)
+    reproduce.py     "Copy as Python": the script whose `batch` is a step's batch
     catalog.py       datasets, versions, history, diffs, schema and modality
     samples.py       a received step -> what each row shows (text, tokens, image, audio, video, RL)
     tokens.py        token ids -> their text, with the tokenizer the transform used

@@ -4,6 +4,7 @@
     links.py      URLs with the state in them (every page is a link that can be shared)
     pages.py      datasets, versions, a version, a diff, jobs, a job, the fleet
     step_page.py  the step browser, the mixture view and the shuffle-quality page
+    dense.py      a step's layout (thumbnail grid, table, cards) and its per-step counts
     media.py      images, frame strips, WAV and waveforms of one sample, with caching headers
     templates/    Jinja2 templates; static/ the one stylesheet
 
