@@ -262,15 +262,23 @@ class DatasetReader:
 
 def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:
     """`table`'s rows and the provenance columns `_shard`, `_row` as one record batch."""
-    shards = pa.array(shard.astype(np.int32, copy=False), type=pa.int32())
-    rows = pa.array(row_in_shard, type=pa.int64())
-    if table.num_rows and all(c.num_chunks == 1 for c in table.columns):
-        # One batch straight from the columns (as append_column + combine_chunks would make it,
-        # without their tables: ~30 us a message less)
-        schema = table.schema.append(_PROVENANCE_FIELDS[0]).append(_PROVENANCE_FIELDS[1])
-        return pa.RecordBatch.from_arrays([*(c.chunk(0) for c in table.columns), shards, rows], schema=schema)
-    table = table.append_column("_shard", shards).append_column("_row", rows)
-    return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
+    n = table.num_rows
+    shards = np.ascontiguousarray(shard, dtype=np.int32)
+    rows = np.ascontiguousarray(row_in_shard, dtype=np.int64)
+    if n and table.num_columns and all(c.num_chunks == 1 for c in table.columns):
+        # Its one batch, the provenance arrays over the numpy arrays' memory: the same schema and
+        # buffers as append_column x2 + combine_chunks + to_batches, at ~16-25 us instead of 67-90
+        (batch,) = table.to_batches()
+        batch = batch.append_column(_PROVENANCE_FIELDS[0], _int_array(pa.int32(), shards))
+        return batch.append_column(_PROVENANCE_FIELDS[1], _int_array(pa.int64(), rows))
+    table = table.append_column("_shard", pa.array(shards, type=pa.int32()))
+    table = table.append_column("_row", pa.array(rows, type=pa.int64()))
+    return table.combine_chunks().to_batches()[0] if n else empty_batch(table.schema)
+
+
+def _int_array(t: pa.DataType, values: np.ndarray) -> pa.Array:
+    """`values` (contiguous, of `t`'s width) as an Arrow array without nulls, sharing their memory."""
+    return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(values)])
 
 
 _PROVENANCE_FIELDS = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
