@@ -33,15 +33,22 @@ def ckpt_server(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield servers.start(extra_args=("--checkpoint-root", str(root))), root
 
 
-def _saver(target: str, job: str, first: int, crash_step: int, crash_call: int) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.checkpoint_saver", target, job, str(first), str(LAST), str(crash_step), str(crash_call)],
+def _start(target: str, job: str, first: int, crash_step: int, crash_call: int, *rank: int, run: str = "") -> subprocess.Popen[str]:
+    args = [target, job, str(first), str(LAST), str(crash_step), str(crash_call), *map(str, rank)]
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": run} if run else None
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.checkpoint_saver", *args],
         cwd=REPO,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+
+
+def _saver(target: str, job: str, first: int, crash_step: int, crash_call: int) -> subprocess.CompletedProcess[str]:
+    proc = _start(target, job, first, crash_step, crash_call)
     try:
         out, err = proc.communicate(timeout=120)
     finally:
@@ -55,6 +62,7 @@ def _loads_exactly(ck: Checkpointer, step: int) -> None:
     got = ck.load(step)
     want = state_at(step)
     assert got["step"] == want["step"] and got["lr"] == want["lr"]
+    assert got["rank"] == ck.rank
     for name, value in want["model"].items():
         assert got["model"][name].dtype == value.dtype and np.array_equal(got["model"][name], value), name
 
@@ -83,3 +91,42 @@ def test_a_save_killed_anywhere_leaves_the_previous_commit(ckpt_server: Any, cra
     left = {k.rpartition("/")[2] for k in store.storage.list(f"{job}/chunks/")}
     assert left == chunks_of(store.manifest(job, LAST))  # the dead save's and the old steps' chunks: gone
     assert store.verify(job, LAST) == []
+
+
+@pytest.mark.parametrize("crash_call", [0, 2, 3])  # before its has / its part / its commit
+def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_for_every_rank(ckpt_server: Any, crash_call: int) -> None:
+    server, _ = ckpt_server
+    job = f"crash-ranks-{crash_call}"
+    # run "a": rank 1 dies during the save of step 3; the launcher then kills the whole job (rank 0
+    # waits for rank 1's part in its commit meanwhile)
+    ranks = [_start(server.target, job, 1, 0 if r == 0 else 3, crash_call, r, 2, run="a") for r in range(2)]
+    try:
+        ranks[1].wait(timeout=120)
+        assert ranks[1].returncode == -signal.SIGKILL, ranks[1].stderr.read() if ranks[1].stderr else ""
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    # rank 1 killed after its part was stored (before its own commit call): rank 0's commit finds
+    # every part and commits step 3, complete; killed before: rank 0's part alone is never listed
+    committed = [1, 2, 3] if crash_call == 3 else [1, 2]
+    with Checkpointer([server.target], job=job, rank=0, world_size=2) as ck:
+        assert ck.steps() == committed
+        _loads_exactly(ck, committed[-1])
+    # run "b" resumes from the latest: both ranks save the next steps up to 4 (other save ids)
+    resumed = [_start(server.target, job, committed[-1] + 1, 0, 0, r, 2, run="b") for r in range(2)]
+    try:
+        for proc in resumed:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in resumed:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for r in range(2):
+        with Checkpointer([server.target], job=job, rank=r, world_size=2) as ck:
+            assert ck.steps() == [1, 2, 3, 4]
+            for step in ck.steps():
+                _loads_exactly(ck, step)

@@ -73,7 +73,7 @@ def test_dcp_round_trip_in_one_process(server: Any) -> None:
 
 
 def test_saved_by_two_ranks_loads_on_one(server: Any) -> None:
-    from tests.support.dcp_rank import COLS, ROWS, expected_state
+    from .support.dcp_rank import COLS, ROWS, expected_state
 
     run = _torchrun(2, server.target, "dcp-2to1", "5", "save")
     assert run.returncode == 0, run.stdout
@@ -86,7 +86,7 @@ def test_saved_by_two_ranks_loads_on_one(server: Any) -> None:
 
 
 def test_saved_by_one_loads_on_three_ranks(server: Any) -> None:
-    from tests.support.dcp_rank import expected_state
+    from .support.dcp_rank import expected_state
 
     with Checkpointer([server.target], job="dcp-1to3") as ck:
         dcp.save(expected_state(), storage_writer=ck.storage_writer(9), no_dist=True)

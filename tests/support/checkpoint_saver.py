@@ -1,12 +1,13 @@
 """A trainer that saves checkpoints and is killed with SIGKILL at a chosen point of one save.
 
-    python -m tests.support.checkpoint_saver ENDPOINT JOB FIRST LAST CRASH_STEP CRASH_CALL
+    python -m tests.support.checkpoint_saver ENDPOINT JOB FIRST LAST CRASH_STEP CRASH_CALL [RANK WORLD]
 
 saves steps FIRST..LAST of `state_at(step)` (a numpy state: no torch import, so each run starts fast);
 during the save of CRASH_STEP it kills itself with SIGKILL just before its CRASH_CALL-th call to the
 server (0: the first `has`; then each DoPut of chunks, the part, each commit), and, with CRASH_CALL
 -1, in the middle of a DoPut after half its chunks were written. The process really dies by SIGKILL:
-no handler, no flush, no cleanup runs.
+no handler, no flush, no cleanup runs. As RANK of WORLD (default 0 of 1) it saves its part of each
+step, `{"rank": RANK}` added to the state; its save id comes from $TORCHELASTIC_RUN_ID, as under torchrun.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def state_at(step: int) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     endpoint, job = argv[0], argv[1]
     first, last, crash_step, crash_call = (int(a) for a in argv[2:6])
+    rank, world = (int(a) for a in argv[6:8]) if len(argv) >= 8 else (0, 1)
     calls = [0]
     saving = [0]
 
@@ -70,10 +72,10 @@ def main(argv: list[str]) -> None:
 
     CheckpointSession.action = counted(CheckpointSession.action)  # type: ignore[method-assign]
     CheckpointSession.put_chunks = counted(put_half)  # type: ignore[method-assign]
-    with Checkpointer([endpoint], job=job, rank=0, world_size=1, chunk_bytes=CHUNK_BYTES) as ckpt:
+    with Checkpointer([endpoint], job=job, rank=rank, world_size=world, chunk_bytes=CHUNK_BYTES) as ckpt:
         for step in range(first, last + 1):
             saving[0] = step
-            ckpt.save(step, state_at(step), blocking=True)
+            ckpt.save(step, {**state_at(step), "rank": rank}, blocking=True)
             print(f"committed {step}", flush=True)
 
 
