@@ -445,6 +445,11 @@ def test_job_links_open_the_step_each_rank_received_across_a_world_size_change(
             assert [s["id"] for s in summaries(pg)] == took[checkpoint][rank]  # what that rank's Loader handed over
             assert sorted(summaries(pg)[0]) == ["id", "name", "row"]  # the job's columns
             assert pg.inner_text("#step-of").startswith(f"job step {checkpoint} ")
+            if rank == 1:  # its "Copy as Python" reproduces what that rank received there
+                script = tmp_path / f"job-{checkpoint}.py"
+                script.write_text(pg.text_content("#reproduce") + "\nprint(batch['id'].tolist())\n")
+                ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+                assert ran.returncode == 0 and ran.stdout.splitlines()[-1] == str(took[checkpoint][rank]), ran.stderr
             if checkpoint + 1 in took:
                 pg.click("#next")  # the job's next step, on the same rank
                 pg.wait_for_load_state("networkidle")
