@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from shardstream.ipc import ipc_bytes, ipc_size
+from shardstream.order.read_order import RowLocator
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import gather as gather_module
 from shardstream.server.read.build import MessageBuilder
@@ -199,3 +200,24 @@ def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:
             batch = table.select(cols).slice(start, length).combine_chunks().to_batches()
             batch = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=table.select(cols).schema)
             assert ipc_size(batch) == ipc_bytes(batch).size, (cols, start, length)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_of_rows_is_located_by_its_first_as_locate_says(seed: int) -> None:
+    """RowLocator.run (the unshuffled fast path) agrees with locate, masks (drop_rows) included."""
+    rng = np.random.default_rng(seed)
+    groups = [[int(x) for x in rng.integers(0, 9, rng.integers(1, 4))] for _ in range(rng.integers(1, 5))]
+    masked = None
+    if seed % 2:
+        masked = []
+        for gs in groups:
+            total = sum(gs)
+            a = int(rng.integers(0, total + 1))
+            masked.append([(a, min(total, a + int(rng.integers(0, 4))))] if total else [])
+    loc = RowLocator(groups, masked)
+    for first in range(loc.num_rows):
+        for n in range(1, loc.num_rows - first + 1):
+            shard, row_in_shard, group, row_in_group = loc.locate(np.arange(first, first + n))
+            one = (shard == shard[0]).all() and (group == group[0]).all() and (np.diff(row_in_group) == 1).all()
+            want = (int(shard[0]), int(group[0]), int(row_in_group[0]), int(row_in_shard[0])) if one else None
+            assert loc.run(first, n) == want, (groups, masked, first, n)

@@ -225,8 +225,16 @@ class DatasetReader:
     def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
         """The dataset rows `rows` (in that order) with `columns` and provenance, as one batch."""
         cols = tuple(columns)
-        shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
         n = len(rows)
+        run = self.locator.run(int(rows[0]), n) if n and _consecutive(rows) else None
+        if run is not None:
+            # An unshuffled message inside one row group: one zero-copy slice, located by its
+            # first row alone (~40 us a message less than locating each row: issue #26)
+            s, g, start, first_row = run
+            table = self._row_group(s, g, cols).slice(start, n)
+            shards = np.full(n, s, dtype=np.int32)
+            return _with_provenance(table, shards, np.arange(first_row, first_row + n, dtype=np.int64))
+        shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
         if n and _one_run(shard, group, row_in_group):
             # An unshuffled (or block-shuffled) message inside one row group: one zero-copy slice,
             # without the sorting and grouping of the general gather (most of a message's CPU).
@@ -282,6 +290,12 @@ def _int_array(t: pa.DataType, values: np.ndarray) -> pa.Array:
 
 
 _PROVENANCE_FIELDS = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
+
+
+def _consecutive(rows: np.ndarray) -> bool:
+    """Whether `rows` are consecutive dataset rows, in order."""
+    n = len(rows)
+    return bool(rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()))
 
 
 def _one_run(shard: np.ndarray, group: np.ndarray, row_in_group: np.ndarray) -> bool:

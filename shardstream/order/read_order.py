@@ -142,6 +142,21 @@ class RowLocator:
             out = np.where(hit, -1, out)
         return out
 
+    def run(self, first: int, n: int) -> tuple[int, int, int, int] | None:
+        """(shard, row group in shard, row in row group, row in shard) of dataset row `first` when
+        rows first .. first+n-1 are consecutive rows of one row group in storage (what `locate`
+        would say of each, without an array per row); None when they are not."""
+        if n < 1 or first < 0 or first + n > self.num_rows:
+            return None
+        a, b = self.stored(np.array([first, first + n - 1], dtype=np.int64)).tolist()
+        if b - a != n - 1:  # a masked range between them
+            return None
+        g = int(np.searchsorted(self._group_starts, a, side="right")) - 1
+        if b >= self._group_starts[g + 1]:
+            return None
+        shard = int(self._group_shard[g])
+        return shard, int(self._group_index[g]), a - int(self._group_starts[g]), a - int(self._shard_starts[shard])
+
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
         rows = self.stored(rows)
