@@ -1,6 +1,7 @@
 """Checkpoints through the fleet (DESIGN §13): `from shardstream.client.checkpoint import Checkpointer`.
 
     checkpointer.py  Checkpointer (save, load, steps, latest, follow) and SaveHandle
+    chunks.py        ChunkStore: byte ranges as content-addressed chunks (hash, has, put), commit, fetch
     state_tree.py    staging a state tree to host memory, and putting a loaded one back
     transport.py     the Flight calls to a server's data plane (DoPut, DoGet, DoAction, ListFlights)
     dcp.py           torch.distributed.checkpoint StorageWriter / StorageReader over the same calls

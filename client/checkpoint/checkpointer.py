@@ -34,13 +34,12 @@ lands (RL rollout workers: `for step in ckpt.follow(): ckpt.load(step, into=poli
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,26 +53,22 @@ from shardstream.checkpoint_format import (
     encode_value,
 )
 from shardstream.errors import (
-    DataLossError,
-    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    UnavailableError,
 )
 
 from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
 from . import metrics
-from .state_tree import Staged, find, new_array, restore, stage, writable_view
-from .transport import GET_STREAMS, CheckpointSession, chunk_batches
+from .chunks import ChunkStore
+from .state_tree import Staged, restore, stage
+from .transport import GET_STREAMS, CheckpointSession
 
 __all__ = ["Checkpointer", "SaveHandle"]
 
 log = logging.getLogger("shardstream.client.checkpoint")
 
 HASH_THREADS = GET_STREAMS  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
-PUT_BATCH_BYTES = 64 << 20  # chunks per DoPut, by bytes
-COMMIT_POLL_S = (0.01, 1.0)  # waiting for the other ranks' parts: first and longest wait between polls
 
 
 class SaveHandle:
@@ -130,6 +125,7 @@ class Checkpointer:
         self.chunk_bytes = chunk_bytes
         self._session = CheckpointSession(endpoints, self.job, ChannelSecurity.from_options(tls, token))
         self._pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="checkpoint")
+        self._chunks = ChunkStore(self._session, self.job, self._pool, chunk_bytes)
         self._saving: SaveHandle | None = None
         self._staging: dict[str, Any] = {}  # path -> the last save's staged tensor (reused once it is sent)
         self._save_lock = threading.Lock()
@@ -216,51 +212,9 @@ class Checkpointer:
         finally:
             metrics.SENT.labels(*labels).inc(handle.bytes_sent)
 
-    def _store(self, views: Sequence[memoryview]) -> tuple[list[list[list[Any]]], int, dict[str, memoryview]]:
-        """Chunk, hash and store byte ranges: per view its [[sha256, size], ...], the bytes sent
-        (those the server did not have), and the chunks by name (until the commit: one a gc took
-        meanwhile is sent again)."""
-        pieces: list[tuple[int, memoryview]] = []  # (view, bytes)
-        for i, data in enumerate(views):
-            for start in range(0, data.nbytes, self.chunk_bytes):
-                pieces.append((i, data[start : start + self.chunk_bytes]))
-        hashes = list(self._pool.map(lambda p: hashlib.sha256(p[1]).hexdigest(), pieces))
-        by_hash = {h: p[1] for h, p in zip(hashes, pieces, strict=True)}
-        names = list(by_hash)
-        present: set[str] = set()
-        for start in range(0, len(names), 4096):
-            body = {"job": self.job, "hashes": names[start : start + 4096]}
-            present |= set(self._session.action("checkpoint.has", body)["present"])
-        sent = self._put([h for h in names if h not in present], by_hash)
-        chunks: list[list[list[Any]]] = [[] for _ in views]
-        for (i, data), h in zip(pieces, hashes, strict=True):
-            chunks[i].append([h, data.nbytes])
-        return chunks, sent, by_hash
-
-    def _commit(self, step: int, save_id: str, world_size: int, by_hash: Mapping[str, memoryview]) -> int:
-        """Commit once every rank's part is in (polling for the others'); the bytes sent again."""
-        sent = 0
-        wait = COMMIT_POLL_S[0]
-        while True:
-            body = {"job": self.job, "step": step, "world_size": world_size, "save_id": save_id}
-            out = self._session.action("checkpoint.commit", body)
-            if out["committed"]:
-                return sent
-            if out["missing"]:  # reclaimed by a gc since the server said it had them: send again
-                resend = [h for h in out["missing"] if h in by_hash]
-                if not resend:
-                    raise FailedPreconditionError(
-                        f"checkpoint {self.job}@{step}: {len(out['missing'])} chunk(s) its parts name are not stored "
-                        "(removed by a gc during the save?): save the step again"
-                    )
-                sent += self._put(resend, by_hash)
-                continue
-            time.sleep(wait)  # the other ranks' parts: the last one to land commits
-            wait = min(wait * 2, COMMIT_POLL_S[1])
-
     def _send(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
         step = handle.step
-        chunks, handle.bytes_sent, by_hash = self._store([t.data for t in staged.tensors])
+        chunks, handle.bytes_sent, by_hash = self._chunks.store([t.data for t in staged.tensors])
         tensors: dict[str, Any] = {
             str(i): {"path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": t.shape, "nbytes": t.data.nbytes, "chunks": c}
             for i, (t, c) in enumerate(zip(staged.tensors, chunks, strict=True))
@@ -279,22 +233,7 @@ class Checkpointer:
             "loader": loader_state,
         }
         self._session.action("checkpoint.put-part", {"job": self.job, "step": step, "rank": self.rank, "part": part})
-        handle.bytes_sent += self._commit(step, save_id, self.world_size, by_hash)
-
-    def _put(self, hashes: list[str], by_hash: Mapping[str, memoryview]) -> int:
-        sent = 0
-        batch: list[tuple[str, memoryview]] = []
-        size = 0
-        for h in hashes:
-            batch.append((h, by_hash[h]))
-            size += by_hash[h].nbytes
-            if size >= PUT_BATCH_BYTES:
-                self._session.put_chunks(self.job, batch)
-                sent, batch, size = sent + size, [], 0
-        if batch:
-            self._session.put_chunks(self.job, batch)
-            sent += size
-        return sent
+        handle.bytes_sent += self._chunks.commit(step, save_id, self.world_size, by_hash)
 
     # --- what is there -----------------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -337,13 +276,13 @@ class Checkpointer:
         rank (or `dcp.async_save`); committed when DCP's coordinator finishes (dcp.py)."""
         from .dcp import FleetStorageWriter  # torch, only for those who use DCP
 
-        return FleetStorageWriter(self, step, loader)
+        return FleetStorageWriter(self._chunks, step, loader)
 
     def storage_reader(self, step: int | str = "latest", *, loader: Any = None) -> Any:
         """A DCP StorageReader of `step`: `dcp.load(state, storage_reader=...)` with any world size."""
         from .dcp import FleetStorageReader
 
-        reader = FleetStorageReader(self, step, loader)
+        reader = FleetStorageReader(self._chunks, step, loader)
         reader.read_metadata()  # a step that is not a DCP checkpoint fails here, in one line, not inside dcp.load
         return reader
 
@@ -357,7 +296,7 @@ class Checkpointer:
         manifest = self._session.action("checkpoint.manifest", body)  # with this rank's part only
         part = manifest["parts"][0]
         where = f"checkpoint {self.job}@{manifest['step']}"
-        loaded = self._fetch(part, into, where, verify)
+        loaded = self._chunks.fetch(part, into, where, verify)
         metrics.LOADED.labels(self.job, str(self.rank)).inc(sum(t["nbytes"] for t in part["tensors"].values()))
         tree = decode_value(part["objects"])
         state = restore(tree, lambda name: loaded[name])
@@ -368,57 +307,6 @@ class Checkpointer:
             loader.load_state_dict(mine)
         return state
 
-    def _fetch(self, part: Mapping[str, Any], into: Any, where: str, verify: bool) -> dict[str, Any]:
-        """name -> tensor of the part, its bytes fetched, verified and written in place."""
-        out: dict[str, Any] = {}
-        dest: dict[str, memoryview] = {}
-        copies: list[tuple[Any, Any]] = []  # (into's tensor, loaded) for targets not loaded directly
-        owners: dict[str, list[tuple[str, int, int]]] = {}  # chunk -> [(tensor, offset, size)]
-        for name, t in part["tensors"].items():
-            target = find(into, t["path"]) if into is not None else None
-            view = writable_view(target, t["kind"], t["dtype"], t["shape"], t["path"]) if target is not None else None
-            if view is not None:
-                out[name], dest[name] = target, view
-            else:
-                out[name], dest[name] = new_array(t["kind"], t["dtype"], t["shape"])
-                if target is not None:
-                    copies.append((target, out[name]))
-            offset = 0
-            for h, size in t["chunks"]:
-                owners.setdefault(h, []).append((name, offset, size))
-                offset += size
-        order = list(owners)
-        paths = {name: t["path"] for name, t in part["tensors"].items()}
-
-        def write(h: str, buf: Any) -> None:
-            if h not in owners:
-                raise UnavailableError(f"{where}: the server sent chunk {h[:16]} that was not asked for")
-            data = memoryview(buf).cast("B")
-            if verify and hashlib.sha256(data).hexdigest() != h:
-                name = owners[h][0][0]
-                raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h} is corrupt (its bytes hash differently)")
-            for name, offset, size in owners[h]:
-                dest[name][offset : offset + size] = data
-
-        def fetch(batch: list[str]) -> None:
-            try:
-                self._session.get_chunks(self.job, batch, write)
-            except DataLossError as exc:
-                if str(exc).startswith(where):
-                    raise
-                h = next((h for h in batch if h in str(exc)), batch[0])
-                name, _, _ = owners[h][0]
-                raise DataLossError(f"{where}: tensor {paths[name]!r} chunk {h}: {exc}") from exc
-
-        batches = chunk_batches(order)
-        for future in [self._pool.submit(fetch, b) for b in batches]:
-            future.result()
-        for target, loaded in copies:  # a CUDA or strided tensor of `into`: one copy from host memory
-            if hasattr(target, "copy_"):
-                target.copy_(loaded)
-            else:
-                target[...] = loaded
-        return out
 
 
 def _save_id(step: int, world_size: int) -> str:

@@ -1,7 +1,6 @@
 """torch.distributed.checkpoint (DCP) plugins over the fleet: `dcp.save`, `dcp.async_save` and
 `dcp.load` with a job's checkpoints (DESIGN §13). Made by `Checkpointer.storage_writer` / `storage_reader`,
-whose chunk store and session they use (`ckpt`; not imported here: checkpointer.py imports this
-module when asked for a plugin).
+over its ChunkStore (chunks.py).
 
     dcp.save(state, storage_writer=ckpt.storage_writer(step))          # every rank
     dcp.load(state, storage_reader=ckpt.storage_reader(step))          # any world size: DCP reshards
@@ -44,6 +43,7 @@ from torch.futures import Future
 from shardstream.checkpoint_format import FORMAT, PART_KIND, check_step, encode_value
 from shardstream.errors import DataLossError, InvalidArgumentError
 
+from .chunks import ChunkStore
 from .transport import chunk_batches
 
 __all__ = ["FleetStorageReader", "FleetStorageWriter"]
@@ -57,9 +57,9 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 
 class FleetStorageWriter(StorageWriter):
-    def __init__(self, ckpt: Any, step: int, loader: Any = None) -> None:
+    def __init__(self, chunks: ChunkStore, step: int, loader: Any = None) -> None:
         super().__init__()
-        self.ckpt = ckpt
+        self.chunks = chunks
         self.step = check_step(step)
         self.loader = loader
         self.is_coordinator = False
@@ -86,7 +86,7 @@ class FleetStorageWriter(StorageWriter):
             else:
                 views.append(_bytes_of(data))
                 described.append({"kind": "dcp", "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape)})
-        chunks, _, _ = self.ckpt._store(views)
+        chunks, _, _ = self.chunks.store(views)
         results = [
             WriteResult(index=item.index, size_in_bytes=view.nbytes, storage_data={**d, "chunks": c})
             for item, view, d, c in zip(plan.items, views, described, chunks, strict=True)
@@ -113,7 +113,7 @@ class FleetStorageWriter(StorageWriter):
         part = {
             "kind": PART_KIND,
             "format": FORMAT,
-            "job": self.ckpt.job,
+            "job": self.chunks.job,
             "step": self.step,
             "rank": 0,
             "world_size": 1,
@@ -124,9 +124,8 @@ class FleetStorageWriter(StorageWriter):
             "loader": self.loader.state_dict() if self.loader is not None else None,
             "dcp_metadata": base64.b64encode(pickle.dumps(metadata)).decode(),
         }
-        session = self.ckpt._session
-        session.action("checkpoint.put-part", {"job": self.ckpt.job, "step": self.step, "rank": 0, "part": part})
-        self.ckpt._commit(self.step, save_id, 1, {})
+        self.chunks.session.action("checkpoint.put-part", {"job": self.chunks.job, "step": self.step, "rank": 0, "part": part})
+        self.chunks.commit(self.step, save_id, 1, {})
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -134,9 +133,9 @@ class FleetStorageWriter(StorageWriter):
 
 
 class FleetStorageReader(StorageReader):
-    def __init__(self, ckpt: Any, step: int | str = "latest", loader: Any = None) -> None:
+    def __init__(self, chunks: ChunkStore, step: int | str = "latest", loader: Any = None) -> None:
         super().__init__()
-        self.ckpt = ckpt
+        self.chunks = chunks
         self.step = step
         self.loader = loader
         self.metadata: Metadata | None = None
@@ -147,12 +146,14 @@ class FleetStorageReader(StorageReader):
 
     def _manifest_part(self) -> dict[str, Any]:
         if self._part is None:
-            manifest = self.ckpt.manifest(self.step)
+            if self.step != "latest":
+                check_step(self.step)
+            manifest = self.chunks.session.action("checkpoint.manifest", {"job": self.chunks.job, "step": self.step})
             self.step = manifest["step"]
             part = manifest["parts"][0]
             if "dcp_metadata" not in part:
                 raise InvalidArgumentError(
-                    f"checkpoint {self.ckpt.job}@{self.step} was saved by Checkpointer.save, not through DCP: "
+                    f"checkpoint {self.chunks.job}@{self.step} was saved by Checkpointer.save, not through DCP: "
                     "load it with Checkpointer.load"
                 )
             self._part = part
@@ -167,7 +168,7 @@ class FleetStorageReader(StorageReader):
         if self.loader is not None:
             state = self._manifest_part().get("loader")
             if state is None:
-                raise InvalidArgumentError(f"checkpoint {self.ckpt.job}@{self.step} holds no Loader state")
+                raise InvalidArgumentError(f"checkpoint {self.chunks.job}@{self.step} holds no Loader state")
             self.loader.load_state_dict(state)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -181,21 +182,21 @@ class FleetStorageReader(StorageReader):
         storage = self.metadata.storage_data
         wanted = list(dict.fromkeys(h for req in plan.items for h, _ in storage[req.storage_index]["chunks"]))
         got: dict[str, memoryview] = {}
-        where = f"checkpoint {self.ckpt.job}@{self.step}"
+        where = f"checkpoint {self.chunks.job}@{self.step}"
 
         def keep(h: str, buf: Any) -> None:
             got[h] = memoryview(buf).cast("B")
 
         def fetch(batch: list[str]) -> None:
             try:
-                self.ckpt._session.get_chunks(self.ckpt.job, batch, keep)
+                self.chunks.session.get_chunks(self.chunks.job, batch, keep)
             except DataLossError as exc:
                 h = next((h for h in batch if h in str(exc)), batch[0])
                 fqn = next(str(i.fqn) for i, sd in storage.items() if any(c[0] == h for c in sd["chunks"]))
                 raise DataLossError(f"{where}: tensor {fqn!r} chunk {h}: {exc}") from exc
 
         batches = chunk_batches(wanted)
-        for future in [self.ckpt._pool.submit(fetch, b) for b in batches]:
+        for future in [self.chunks.pool.submit(fetch, b) for b in batches]:
             future.result()
         for req in plan.items:
             sd = storage[req.storage_index]
