@@ -271,9 +271,15 @@ class CheckpointPlane:
             save_id = body.get("save_id")
             if not isinstance(world, int) or world < 1 or not isinstance(save_id, str):
                 raise InvalidArgumentError("checkpoint.commit needs world_size >= 1 and a save_id")
-            out = store.commit(job, check_step(body.get("step")), world, save_id)
-            if out["committed"]:
+            step = check_step(body.get("step"))
+            out = store.commit(job, step, world, save_id)
+            if out.pop("new", False):  # this call wrote the manifest (every rank asks: one line)
+                manifest = out["manifest"]
                 COMMITS.inc()
+                log.info(
+                    "checkpoint %s@%d committed: %d rank(s), %d bytes in %d chunks",
+                    job, step, manifest["world_size"], manifest["bytes"], manifest["chunks"],
+                )  # fmt: skip
             return {k: v for k, v in out.items() if k != "manifest"}
         if kind == "checkpoint.steps":
             return {"steps": store.steps(self._job(context, body.get("job"), signed, write=False))}

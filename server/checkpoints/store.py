@@ -119,8 +119,8 @@ class CheckpointStore:
 
     def commit(self, job: str, step: int, world_size: int, save_id: str) -> dict[str, Any]:
         """Commit `job@step` if every part of save `save_id` and their chunks are stored:
-        {"committed": True, "manifest": ...} or {"committed": False, "waiting_for": [ranks],
-        "missing": [chunk names]}."""
+        {"committed": True, "manifest": ..., "new": whether this call wrote it} or
+        {"committed": False, "waiting_for": [ranks], "missing": [chunk names]}."""
         check_job(job)
         check_step(step)
         key = manifest_key(job, step)
@@ -128,7 +128,7 @@ class CheckpointStore:
         if existing is not None:
             if existing["parts"] and existing["parts"][0].get("save_id") != save_id:
                 raise FailedPreconditionError(f"checkpoint {job}@{step} was committed by another save")
-            return {"committed": True, "manifest": existing}
+            return {"committed": True, "manifest": existing, "new": False}
         parts = self._parts(job, step)
         waiting = [
             r
@@ -155,10 +155,10 @@ class CheckpointStore:
             "parts": ordered,
         }
         if not self.storage.put_if_absent(key, dumps(manifest)):  # another rank committed it first
-            return {"committed": True, "manifest": self.manifest(job, step)}
+            return {"committed": True, "manifest": self.manifest(job, step), "new": False}
         for r in range(world_size):  # the manifest holds them now (gc removes any left behind)
             self.storage.delete(part_key(job, step, r))
-        return {"committed": True, "manifest": manifest}
+        return {"committed": True, "manifest": manifest, "new": True}
 
     # --- committed checkpoints --------------------------------------------------------------------
     def jobs(self) -> list[str]:
