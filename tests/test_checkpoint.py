@@ -329,3 +329,20 @@ def test_a_certificate_principal_saves_and_loads_with_its_grant(data_root: Path,
             assert torch.equal(ev.load(1)["w"], torch.arange(9.0))
             with pytest.raises(PermissionDeniedError, match="not writable"):
                 ev.save(2, {"w": torch.zeros(1)}).result(30)
+
+
+def test_a_plain_flight_client_lists_committed_steps(ckpt_server: Any) -> None:
+    import pyarrow.flight as flight
+
+    server, _ = ckpt_server
+    with Checkpointer([server.target], job="listed") as ck:
+        for step in (4, 9):
+            ck.save(step, {"w": torch.zeros(3)}, blocking=True)
+    client = flight.connect(f"grpc+tcp://127.0.0.1:{server.data_port}")
+    try:
+        listed = [tuple(p.decode() for p in info.descriptor.path) for info in client.list_flights(b"listed")]
+        everything = {tuple(p.decode() for p in info.descriptor.path) for info in client.list_flights()}
+    finally:
+        client.close()
+    assert listed == [("listed", "4"), ("listed", "9")]
+    assert set(listed) <= everything  # with no criteria: every job the caller may read

@@ -179,16 +179,6 @@ class CheckpointSession:
 
         self._call(call)
 
-    def list_flights(self, job: str) -> list[tuple[str, int]]:
-        def call(client: flight.FlightClient) -> list[tuple[str, int]]:
-            out = []
-            for info in client.list_flights(job.encode(), self._options(signed_bytes("list", job.encode()))):
-                path = [p.decode() if isinstance(p, bytes) else p for p in info.descriptor.path]
-                out.append((path[0], int(path[1])))
-            return out
-
-        return self._call(call)
-
 
 def _chunk_batch(h: str, data: memoryview) -> pa.RecordBatch:
     if data.nbytes > (1 << 31) - 1:
