@@ -142,6 +142,14 @@ def test_load_refuses_a_tensor_of_another_shape_and_names_missing_steps(ckpt_ser
             ck.load(2)
         with pytest.raises(InvalidArgumentError, match="job"):
             Checkpointer([server.target], job="../etc")
+        with pytest.raises(InvalidArgumentError, match="Python objects"):
+            ck.save(3, {"names": np.array(["a", None], dtype=object)})
+        with pytest.raises(InvalidArgumentError, match="set"):
+            ck.save(3, {"tags": {"a", "b"}})
+        t = torch.arange(12.0).reshape(3, 4).t()  # not contiguous, either way
+        ck.save(4, {"t": t}, blocking=True)
+        into = {"t": torch.zeros(4, 3).t().contiguous().t()}
+        assert torch.equal(ck.load(4, into=into)["t"], t) and torch.equal(into["t"], t)
 
 
 def test_follow_yields_each_new_commit(ckpt_server: Any) -> None:

@@ -179,6 +179,7 @@ class Checkpointer:
             handle = SaveHandle(step)
             loader_state = loader.state_dict() if loader is not None else None
             staged = stage(state, self._staging)
+            objects = encode_value(staged.tree)  # a value that cannot be saved fails here, not later
             save_id = _save_id(step, self.world_size)
             handle.stall_s = time.perf_counter() - t0
             handle.bytes_total = staged.nbytes
@@ -190,7 +191,7 @@ class Checkpointer:
             self._saving = handle
             threading.Thread(
                 target=self._upload,
-                args=(handle, staged, loader_state, save_id),
+                args=(handle, staged, objects, loader_state, save_id),
                 name=f"checkpoint-save-{step}",
                 daemon=True,
             ).start()
@@ -198,11 +199,11 @@ class Checkpointer:
             handle.result()
         return handle
 
-    def _upload(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
+    def _upload(self, handle: SaveHandle, staged: Staged, objects: Any, loader_state: Any, save_id: str) -> None:
         labels = (self.job, str(self.rank))
         t0 = time.perf_counter()
         try:
-            self._send(handle, staged, loader_state, save_id)
+            self._send(handle, staged, objects, loader_state, save_id)
         except BaseException as exc:  # noqa: BLE001 — handed to the caller through the handle
             metrics.SAVE_FAILURES.labels(*labels).inc()
             handle._finish(exc)
@@ -212,7 +213,7 @@ class Checkpointer:
         finally:
             metrics.SENT.labels(*labels).inc(handle.bytes_sent)
 
-    def _send(self, handle: SaveHandle, staged: Staged, loader_state: Any, save_id: str) -> None:
+    def _send(self, handle: SaveHandle, staged: Staged, objects: Any, loader_state: Any, save_id: str) -> None:
         step = handle.step
         chunks, handle.bytes_sent, by_hash = self._chunks.store([t.data for t in staged.tensors])
         tensors: dict[str, Any] = {
@@ -229,7 +230,7 @@ class Checkpointer:
             "save_id": save_id,
             "created_s": time.time(),
             "tensors": tensors,
-            "objects": encode_value(staged.tree),
+            "objects": objects,
             "loader": loader_state,
         }
         self._session.action("checkpoint.put-part", {"job": self.job, "step": step, "rank": self.rank, "part": part})

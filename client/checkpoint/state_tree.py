@@ -71,6 +71,8 @@ def stage(state: Any, reuse: Mapping[str, StagedTensor] | None = None) -> Staged
             tensors.append(_stage_torch(value, path, cuda, reuse.get(path)))
             return TensorRef(str(len(tensors) - 1))
         if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise InvalidArgumentError(f"{path}: a numpy array of Python objects cannot be checkpointed")
             copy = np.ascontiguousarray(value).copy()
             tensors.append(StagedTensor(path, "numpy", copy.dtype.str, list(copy.shape), _bytes(copy), copy))
             return TensorRef(str(len(tensors) - 1))
