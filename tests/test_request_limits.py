@@ -227,7 +227,7 @@ def test_held_bytes_spend_the_buffer_budget() -> None:
     assert adm.has_room()
     t.hold(600)
     assert not adm.has_room()
-    assert "hold 1200 bytes of messages not yet sent, over its budget of 1000" in str(refused(adm, "ipv4:b:1"))
+    assert "hold 1200 bytes of messages, at its budget of 1000 (--stream-buffer-mib)" in str(refused(adm, "ipv4:b:1"))
     t.release(600)
     other = adm.admit("ipv4:10.0.0.2:1")
     t.close()  # gives back what it still held
