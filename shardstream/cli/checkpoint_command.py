@@ -134,6 +134,11 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             f"checkpoint {args.job}@{step} has {m['world_size']} parts: pull writes single-rank checkpoints "
             "(load a sharded one with Checkpointer.storage_reader under torchrun)"
         )
+    if "dcp_metadata" in m["parts"][0]:
+        raise InvalidArgumentError(
+            f"checkpoint {args.job}@{step} was saved through torch.distributed.checkpoint: load it with dcp.load and "
+            "Checkpointer.storage_reader (pull writes checkpoints saved by Checkpointer.save)"
+        )
     loaded = load_state(store, args.job, step)
     target = Path(args.to)
     if target.exists() and any(target.iterdir()):
