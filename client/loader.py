@@ -12,194 +12,65 @@ breaks or a server is unavailable, the thread reconnects — to the next endpoin
 it has not received, with jittered exponential backoff, within a retry budget that progress resets.
 `tls` and `token` (default $SHARDSTREAM_TOKEN) secure every channel it opens (credentials.py).
 
-This module is the SDK's public surface — every option validated in one place, the state, the job
-cursors, the schedules — which is why it is about 500 lines; the machinery is elsewhere: the prefetch
-thread (prefetch.py) is handed an immutable `ReadSpec` (spec.py), its streams are `StreamSession`s
-(session.py), messages become batches in decode.py, a job's cursors (store, commits, fencing,
-resume) are client/cursors/job.py's and the schedules' state is schedule_state.py's.
+This module is the SDK's public surface — the cursor, the state, the job cursors, the schedules; the
+rest is elsewhere: its options are a frozen `LoaderOptions` (loader_options.py: defaults, checks,
+and the immutable `ReadSpec` the prefetch thread is handed, spec.py), the thread is prefetch.py, its
+streams are `StreamSession`s (session.py), messages become batches in decode.py, a job's cursors
+(store, commits, fencing, resume) are client/cursors/job.py's and the schedules' state is
+schedule_state.py's.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import logging
-import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shardstream.errors import (
-    DataLossError,
-    InvalidArgumentError,
-    ShardstreamError,
-    UnavailableError,
-)
-from shardstream.limits import (
-    MAX_EPOCH,
-    MAX_MESSAGE_BYTES,
-    MAX_MIXTURE_BLOCK,
-    MAX_MIXTURE_EPOCH_SAMPLES,
-    MAX_SEED,
-    MAX_SHUFFLE_WINDOW,
-    MAX_WORLD_SIZE,
-    check_int,
-    shown,
-)
+from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after, is_last_step
-from shardstream.order.read_order import ShuffleSpec
 from shardstream.order.schedule import Schedule, job_position
-from shardstream.order.scheduled_steps import Layout, make_layout
-from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
 from .batch import BatchInfo
 from .channel import Connection, normalize_endpoints
-from .credentials import ChannelSecurity, TlsOption
-from .cursors.job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors, check_job_options
-from .cursors.stores import CursorStore
-from .launcher import resolve_rank_world
+from .cursors.job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors
+from .loader_options import LoaderOptions, OptionAttribute, with_option_attributes
 from .loader_state import LoaderState
 from .prefetch import Done, Producer
 from .schedule_state import LoaderSchedule
-from .spec import DEFAULT_MAX_RETRIES, DEFAULT_STREAM_IDLE_TIMEOUT_S, ReadSpec, RetryPolicy
-from .target import Target, normalize_dataset, resolve_target
+from .target import Target, find_dataset, normalize_dataset, resolve_target
 
 __all__ = ["BatchInfo", "Loader"]
 
-log = logging.getLogger("shardstream.client")
 
-DEFAULT_PREFETCH_BATCHES = 8
-DEFAULT_TIMEOUT_S = 10.0
-OUTPUTS = ("numpy", "torch", "arrow")
-
-
+@with_option_attributes
 class Loader:
-    """Iterable of one rank's batches. See the module docstring."""
+    """Iterable of one rank's batches (see the module docstring).
+
+    `endpoints`: 'host:port' strings (or one comma-separated string; 'dns:///host:port' for every
+    address of a name). `dataset`: 'NAME[@VERSION|@TAG]', a mixture {ref: weight}, or mixture phases
+    [(position, {ref: weight}), ...]. The keyword options — batch_size (required), rank, world_size,
+    seed, shuffle, columns, epochs, output, transforms, job, ... — with their defaults and meanings are
+    `LoaderOptions`' (client/loader_options.py), which checks them all before any network call.
+    `loader.options` holds them in their normal form, and each is an attribute too (`loader.seed`;
+    `loader.batch_size` is the first phase's; `loader.pin_memory` true only where it takes effect).
+    """
+
+    options: LoaderOptions
 
     def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        dataset: str | Mapping[str, float],
-        *,
-        batch_size: int | Sequence[tuple[int, int]],
-        rank: int | None = None,
-        world_size: int | None = None,
-        seed: int = 0,
-        shuffle: bool | str | Mapping[str, Any] = True,
-        shuffle_window: int | None = None,
-        columns: Sequence[str] | None = None,
-        epochs: int | None = 1,
-        drop_last: bool = False,
-        output: str = "numpy",
-        provenance: bool = False,
-        pin_memory: bool = False,
-        prefetch: int = DEFAULT_PREFETCH_BATCHES,
-        streams: int = 1,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        max_message_bytes: int = 0,
-        transforms: Sequence[Mapping[str, Any]] | None = None,
-        on_error: str = "fail",
-        stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S,
-        mixture_block: int = 0,
-        mixture_epoch_samples: int = 0,
-        skip_steps: Sequence[tuple[int, int]] | None = None,
-        job: str | None = None,
-        cursor_store: str | CursorStore | None = None,
-        resume: str | int | None = None,
-        resume_min_step: int | None = None,
-        tls: TlsOption = None,
-        token: str | None = None,
+        self, endpoints: str | Sequence[str], dataset: str | Mapping[str, float], **options: Any
     ) -> None:
-        # Everything is validated before any network call.
-        if rank is None or world_size is None or world_size == 1:
-            for name, value in (("rank", rank), ("world_size", world_size)):
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                    raise InvalidArgumentError(f"{name} must be an integer or None, got {value!r}")
-            rank, world_size = resolve_rank_world(rank, world_size)  # the launcher's, else 0 of 1
-        # The ranges a Read request can carry (limits.py): a value past them is refused here, naming
-        # the argument, rather than by protobuf ("Value out of range") at the first batch.
-        for name, value, low, high in (
-            ("world_size", world_size, 1, MAX_WORLD_SIZE),
-            ("seed", seed, 0, MAX_SEED),
-            ("prefetch", prefetch, 1, sys.maxsize),
-            ("streams", streams, 1, sys.maxsize),
-            ("max_retries", max_retries, 0, sys.maxsize),
-            ("max_message_bytes", max_message_bytes, 0, MAX_MESSAGE_BYTES),
-            ("mixture_block", mixture_block, 0, MAX_MIXTURE_BLOCK),
-            ("mixture_epoch_samples", mixture_epoch_samples, 0, MAX_MIXTURE_EPOCH_SAMPLES),
-        ):
-            check_int(name, value, low, high)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgumentError(f"rank must be in [0, world_size={world_size}), got {shown(rank)}")
-        if epochs is not None:
-            check_int("epochs (None: endless)", epochs, 1, MAX_EPOCH + 1)
-        if shuffle_window is not None:
-            check_int("shuffle_window", shuffle_window, 1, MAX_SHUFFLE_WINDOW, "blocks")
-        if output not in OUTPUTS:
-            raise InvalidArgumentError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        if pin_memory and output != "torch":
-            raise InvalidArgumentError("pin_memory needs output='torch'")
-        if output == "torch":
-            try:
-                import torch  # noqa: F401
-            except ImportError as exc:
-                raise InvalidArgumentError(
-                    "output='torch' needs torch installed (pip install torch)"
-                ) from exc
-        if columns is not None:
-            if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-                raise InvalidArgumentError(f"columns must be a list of column names, got {columns!r}")
-            if len(set(columns)) != len(columns):
-                raise InvalidArgumentError(f"columns listed twice: {list(columns)}")
-        if not timeout_s > 0:
-            raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if not stream_idle_timeout_s > 0:
-            raise InvalidArgumentError(f"stream_idle_timeout_s must be > 0, got {stream_idle_timeout_s!r}")
-        check_job_options(job, cursor_store, resume, resume_min_step)
-        self._security = ChannelSecurity.from_options(tls, token)  # files read here: a bad path fails now
+        self.options = o = LoaderOptions.of(options)  # all checked, before any network call
         self.endpoints = normalize_endpoints(endpoints)
         self.dataset = normalize_dataset(dataset)
-        # Batch-size phases and skip ranges (schedule_state.py); batch_size: the first phase's
-        self._schedule = LoaderSchedule(batch_size, skip_steps)
-        self.batch_size = self._schedule.first_batch
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.shuffle = ShuffleSpec.parse(shuffle, shuffle_window)
-        self.columns = list(columns) if columns is not None else None
-        self.epochs = epochs
-        self.drop_last = drop_last
-        self.output = output
-        self.provenance = provenance
-        # Page-locked host tensors (copied to the GPU with non_blocking=True, ~2x faster) are made in
-        # the prefetch thread, off the training loop. Without CUDA there is nothing to pin for.
-        self.pin_memory = pin_memory and output == "torch" and _cuda_available()
-        self.prefetch = prefetch
-        # Streams per rank, striped by step over the endpoints (client/striped.py): several server
-        # processes build one rank's messages when one stream is bound by a server's CPU.
-        self.streams = streams
-        self.timeout_s = timeout_s
-        self.stream_idle_timeout_s = stream_idle_timeout_s
-        self.max_retries = max_retries
-        self.max_message_bytes = max_message_bytes
-        # Server-side transforms (decode, tokenize, pack, windows): names and parameters only.
-        self.transforms = to_wire(transforms, on_error)
-        self.on_error = on_error
-        self.mixture_block = mixture_block
-        self.mixture_epoch_samples = mixture_epoch_samples
-        self.job = job
-        self.resume = resume
+        self._schedule = LoaderSchedule(o.batch_size, o.skip_steps)  # the cursor completes it
         self._resumed_from: int | None = None
-        self._resume_pending = resume is not None
-        # Data-loader workers of one rank take every workers-th step each (split_steps).
-        self._split = NO_SPLIT
-        self.resume_min_step = resume_min_step
-        self._job = JobCursors(job, rank, world_size, cursor_store) if job is not None else None
-
+        self._resume_pending = o.resume is not None
+        self._split = NO_SPLIT  # data-loader workers of one rank take every workers-th step each
+        self._job = JobCursors(o.job, o.rank, o.world_size, o.cursor_store) if o.job is not None else None
         self._conns: dict[str, Connection] = {}
         self._target: Target | None = None
         self._epoch = 0
@@ -209,6 +80,15 @@ class Loader:
         self._closed = False
         self.last_batch: BatchInfo | None = None
         self.dropped: dict[int, int] = {}  # epoch -> samples dropped by drop_last
+
+    # Its options are read-only attributes (with_option_attributes); these two are lists, as they were.
+    columns = OptionAttribute(lambda v: None if v is None else list(v))
+    transforms = OptionAttribute(list)  # of pb.Transform
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size (of the first phase, with a batch-size schedule: `schedule` has them all)."""
+        return self.options.first_batch
 
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Loader:
@@ -254,30 +134,13 @@ class Loader:
             raise RuntimeError("this Loader is closed")
         conn = self._conns.get(target)
         if conn is None:
-            conn = self._conns[target] = Connection(target, self._security)
+            conn = self._conns[target] = Connection(target, self.options.security)
         return conn
 
     # --- dataset -------------------------------------------------------------------------------
     def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
-        """Ask the endpoints in turn (from this rank's) until one answers or `timeout_s` has passed:
-        a server that is still starting is waited for, and "no server" is only said after timeout_s."""
-        deadline = time.monotonic() + self.timeout_s
-        last: ShardstreamError | None = None
-        for attempt in itertools.count():
-            for i in range(len(self.endpoints)):
-                target = self.endpoints[(self.rank + i) % len(self.endpoints)]
-                try:
-                    return self._conn(target).get_dataset(dataset, max(0.1, deadline - time.monotonic()))
-                except UnavailableError as exc:
-                    last = exc
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            time.sleep(min(remaining, 0.05 * 2 ** min(attempt, 5)))
-        raise UnavailableError(
-            f"no shardstream server reachable at {', '.join(self.endpoints)} within {self.timeout_s:g} s: "
-            f"is `shardstream serve` running there? (last error: {last})"
-        )
+        """Asked of the endpoints in turn, from this rank's, for up to timeout_s (target.find_dataset)."""
+        return find_dataset(dataset, self.endpoints, self.rank, self.timeout_s, self._conn)
 
     @property
     def target(self) -> Target:
@@ -286,7 +149,7 @@ class Loader:
             self._target = resolve_target(
                 self._get_dataset,
                 self.dataset,
-                columns=self.columns,
+                columns=self.options.columns,
                 seed=self.seed,
                 mixture_block=self.mixture_block,
                 mixture_epoch_samples=self.mixture_epoch_samples,
@@ -300,18 +163,7 @@ class Loader:
     def steps_per_epoch(self, offset: int = 0, epoch: int | None = None) -> int:
         """Steps this rank takes in an epoch started at `offset` (the last one short unless drop_last);
         with a batch-size schedule or skip ranges, in epoch `epoch` (default: the current one)."""
-        return self._layout(offset, self._epoch if epoch is None else epoch).num_steps
-
-    def _layout(self, offset: int, epoch: int) -> Layout:
-        return make_layout(
-            self.target.num_rows,
-            offset,
-            self.world_size,
-            self.batch_size,
-            self.drop_last,
-            epoch=epoch,
-            schedule=self.schedule,
-        )
+        return self.stream.layout(offset, self._epoch if epoch is None else epoch).num_steps
 
     @property
     def schedule(self) -> Schedule | None:
@@ -372,11 +224,11 @@ class Loader:
             steps=self._steps,
             schedule=self._schedule.state(target, **self._cursor()),
             drop_last=self.drop_last,
-            transforms=tuple({"op": t.op, **json.loads(t.params_json or "{}")} for t in self.transforms),
+            transforms=self.options.transforms_as_given,
             on_error=self.on_error,
             mixture_block=self.mixture_block,
             mixture_epoch_samples=self.mixture_epoch_samples,
-            columns=None if self.columns is None else tuple(self.columns),
+            columns=self.options.columns,
             epochs=self.epochs,
         ).to_dict()
 
@@ -427,37 +279,6 @@ class Loader:
             self.dropped[epoch] = layout.dropped
         self._epoch, self._offset = cursor_after(layout, epoch, 0, NO_SPLIT)
         self._steps += 1
-
-    def _read_spec(self) -> ReadSpec:
-        return ReadSpec(
-            target=self.target,
-            endpoints=tuple(self.endpoints),
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            columns=tuple(self.columns or ()),
-            max_message_bytes=self.max_message_bytes,
-            transforms=tuple(self.transforms),
-            on_error=self.on_error,
-            output=self.output,
-            provenance=self.provenance,
-            pin_memory=self.pin_memory,
-            prefetch=self.prefetch,
-            streams=self.streams,
-            epochs=self.epochs,
-            schedule=self.schedule,
-            split=self._split,
-            origin=(self._epoch, self._offset),
-            retry=RetryPolicy(
-                max_retries=self.max_retries,
-                budget_s=self.timeout_s,
-                idle_timeout_s=self.stream_idle_timeout_s,
-            ),
-            job=self.job or "",
-        )
 
     # --- job cursors -------------------------------------------------------------------------
     def commit(self, step: int, wait: bool = False, *, timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S) -> None:
@@ -544,7 +365,11 @@ class Loader:
 
     def _iterate(self) -> Iterator[Any]:
         self._active = True
-        producer = Producer(self._read_spec(), self._open_call, self._epoch, self._offset)
+        origin = (self._epoch, self._offset)
+        spec = self.options.read_spec(
+            target=self.target, endpoints=self.endpoints, schedule=self.schedule, split=self._split, origin=origin
+        )  # the immutable ReadSpec the prefetch thread reads (spec.py)
+        producer = Producer(spec, self._open_call, *origin)
         rank_metrics = metrics.for_rank(self.job, self.rank)
         try:
             while True:
@@ -567,9 +392,3 @@ class Loader:
             self._active = False
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())

@@ -1,12 +1,15 @@
 """What a Loader reads: one pinned dataset version, a pinned weighted mixture of them, or mixture
-phases over pinned versions (a curriculum: shardstream/order/curriculum.py)."""
+phases over pinned versions (a curriculum: shardstream/order/curriculum.py) — and where it asks."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import InvalidArgumentError, ShardstreamError, UnavailableError
 from shardstream.manifest import DatasetRef
 from shardstream.order.curriculum import (
     MixtureSchedule,
@@ -17,7 +20,7 @@ from shardstream.order.curriculum import (
 from shardstream.order.mixture import MixturePlan, SourceInfo, is_mixture, parse_mixture
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["Target", "normalize_dataset", "resolve_target"]
+__all__ = ["Target", "find_dataset", "normalize_dataset", "resolve_target"]
 
 
 Phases = list[tuple[int, list[tuple[str, float]]]]
@@ -62,6 +65,34 @@ class Target:
                 request.mixture_phases.add(start=start, weights=weights)
         request.mixture_block = self.mixture.block_size
         request.mixture_epoch_samples = self.mixture.epoch_samples
+
+
+class _Connection(Protocol):
+    def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo: ...
+
+
+def find_dataset(
+    dataset: str, endpoints: Sequence[str], first: int, timeout_s: float, conn: Callable[[str], _Connection]
+) -> pb.DatasetInfo:
+    """Ask the endpoints in turn (from the `first`-th: a rank's own) until one answers or `timeout_s` has
+    passed: a server that is still starting is waited for, and "no server" is only said after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: ShardstreamError | None = None
+    for attempt in itertools.count():
+        for i in range(len(endpoints)):
+            target = endpoints[(first + i) % len(endpoints)]
+            try:
+                return conn(target).get_dataset(dataset, max(0.1, deadline - time.monotonic()))
+            except UnavailableError as exc:
+                last = exc
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(remaining, 0.05 * 2 ** min(attempt, 5)))
+    raise UnavailableError(
+        f"no shardstream server reachable at {', '.join(endpoints)} within {timeout_s:g} s: "
+        f"is `shardstream serve` running there? (last error: {last})"
+    )
 
 
 def resolve_target(
