@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shardstream import __version__
 from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 from shardstream.server.local_fleet import LocalServer
@@ -77,7 +78,7 @@ def test_ping_says_what_answers_at_each_port_of_a_server(plain: LocalServer, tmp
     control, data, metrics = (f"127.0.0.1:{p}" for p in (plain.port, plain.data_port, plain.metrics_port))
     code, lines = ping(control, cwd=tmp_path)
     assert code == 0 and len(lines) == 1, lines
-    assert lines[0].startswith(f"{control}: shardstream control port")
+    assert lines[0].startswith(f"{control}: shardstream control port (server {__version__})")
     assert "2 datasets visible to this caller: toy@1, web@1" in lines[0] and f"data port {plain.data_port}" in lines[0]
 
     code, lines = ping(data, cwd=tmp_path)

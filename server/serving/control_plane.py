@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import grpc
 from prometheus_client import Counter, Gauge
 
+from shardstream import __version__
 from shardstream.errors import (
     InternalError,
     InvalidArgumentError,
@@ -62,6 +63,9 @@ from .rpc_metrics import code_name, preinitialize
 from .stream_log import StreamLog, new_stream_id
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
+
+# Every control-plane answer names the server's version in its initial metadata (`shardstream ping`).
+VERSION_METADATA = (("x-shardstream-version", __version__),)
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +201,7 @@ class ShardStreamService:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> T:
             principal = None
             try:
+                await context.send_initial_metadata(VERSION_METADATA)
                 principal = self._principal(context)
                 if request is None:
                     raise InvalidArgumentError(f"the {method} request does not parse")
