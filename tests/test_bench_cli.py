@@ -19,6 +19,7 @@ BENCHMARKS = [
     "loadtest.build_bench",
     "loadtest.bulk_bench",
     "loadtest.chaos",
+    "loadtest.checkpoint_bench",
     "loadtest.cli",
     "loadtest.decode_bench",
     "loadtest.flight_bench",
@@ -28,6 +29,7 @@ BENCHMARKS = [
     "loadtest.resume_bench",
     "loadtest.scaling",
     "loadtest.schedule_bench",
+    "loadtest.stall_bench",
     "loadtest.storage_bench",
     "loadtest.streams_bench",
     "loadtest.suite",
@@ -36,6 +38,17 @@ BENCHMARKS = [
     "loadtest.viz_bench",
     "loadtest.workers_bench",
 ]
+
+
+def test_every_benchmark_module_is_listed() -> None:
+    """A loadtest module that builds its command line with bench_parser is a benchmark: listed above."""
+    here = Path(__file__).resolve().parents[1] / "loadtest"
+    found = {
+        f"loadtest.{p.stem}"
+        for p in here.glob("*.py")
+        if p.stem != "common" and "bench_parser(" in p.read_text()
+    }
+    assert found == set(BENCHMARKS)
 
 
 @pytest.mark.parametrize("module", BENCHMARKS)
