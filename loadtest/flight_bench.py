@@ -1,9 +1,9 @@
 """Data plane A/B: shardstream's data plane (Arrow Flight DoGet) against Flight DoGet from memory.
 
     python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
-                                    [--no-loader] [--json PATH]
+                                    [--shuffle none block full] [--no-loader] [--json PATH]
 
-Issue #17's comparison, now that shardstream's Read streams are Arrow Flight DoGets
+Issue #17's comparison (and issue #26's, in every shuffle mode), now that shardstream's Read streams are Arrow Flight DoGets
 (server/serving/data_plane.py): does one stream of a real `shardstream serve` move bytes as fast, and
 for as little server CPU, as a bare Flight server that has the batches in memory? One dataset as in
 `loadtest.bench` (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row, ingested with row
@@ -24,19 +24,23 @@ process of its own kept for all its passes (bench.py's `ClientProcess`):
 
     flight   `FlightClient.do_get` of the baseline, its batches counted
     doget    a plain `FlightClient.do_get` on shardstream's data port, ticket = the serialized
-             ReadRequest the Loader sends for the same epoch (one rank of world size 1, no shuffle,
-             batches of the same rows): no shardstream code in the client; it counts the batches'
+             ReadRequest the Loader sends for the same epoch (one rank of world size 1, the
+             pass's shuffle mode, batches of the same rows): no shardstream code in the client; it counts the batches'
              bytes and their app_metadata (each message's ReadHeader) and decodes nothing more
     loader   (unless --no-loader) `Loader(output="arrow")` on the same server: what a trainer runs
              (the DoGet, plus the Loader's checks, per-step split, cursor and prefetch thread)
 
-A pass is --epochs whole epochs, one DoGet (one stream) per epoch. One warm-up pass per path, then
---pairs rounds alternating the order (A B C, C B A, ...). Per pass: MB/s of payload (rows x
+A pass is --epochs whole epochs, one DoGet (one stream) per epoch, in one shuffle mode (--shuffle:
+each mode gets its passes in every round; Flight's baseline serves the same batches whatever the
+mode). One warm-up pass per path and mode, then --pairs rounds alternating the order (A B C, C B A,
+...). Per pass: MB/s of payload (rows x
 1,032 B), time to the first batch (connection set-up included), p50/p99 of the wait for each later
 batch, client and server CPU seconds (psutil, user + system, the server's child processes
-included) per GB of payload, peak RSS of both (VmHWM, reset before the pass). Ratios doget/flight
-and loader/flight per round, median (min-max), against issue #17's targets: per stream >= 1.0x
-Flight's MB/s, server CPU/GB <= 1.2x Flight's. Figures only: it exits 0 unless something crashed.
+included) per GB of payload, peak RSS of both (VmHWM, reset before the pass). Ratios doget/flight,
+loader/flight and loader/doget (the Loader's client against a plain pyarrow.flight reader of the
+same stream) per round and mode, median (min-max), against issue #26's targets: per stream >= 0.9x
+Flight's MB/s (client and server on 2 shared cores), server CPU/GB <= 1.2x Flight's, the Loader's
+client CPU/GB <= 1.1x the plain reader's. Figures only: it exits 0 unless something crashed.
 MB = 10^6 bytes.
 """
 
