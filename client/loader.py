@@ -351,6 +351,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         if self._active:
             raise RuntimeError("this Loader is already being iterated")
+        started = time.perf_counter()  # the first-batch latency counts the resume's lookup too
         self._apply_resume()
         target = self.target
         if self.epochs is None and self.steps_per_epoch() == 0:
@@ -361,9 +362,9 @@ class Loader:
             )
         if self._job is not None:
             self._job.start()  # this process claims its rank of the job (client/cursors/job.py) as it starts streaming
-        return self._iterate()
+        return self._iterate(started)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, started: float) -> Iterator[Any]:
         self._active = True
         origin = (self._epoch, self._offset)
         spec = self.options.read_spec(
@@ -386,6 +387,9 @@ class Loader:
                 self._steps += 1
                 rank_metrics.batches.inc()
                 self.last_batch = item.info
+                if started:
+                    rank_metrics.first_batch_seconds.observe(time.perf_counter() - started)
+                    started = 0.0
                 yield item.batch
         finally:
             producer.stop()

@@ -8,6 +8,9 @@ process has few series; the Training dashboard and the data-stall alert aggregat
 
     shardstream_client_wait_seconds{job_name,rank}                 the data stall: time the training
                                                                    loop waited for each batch (histogram)
+    shardstream_client_first_batch_seconds                         time from the loop's start (iter(),
+                                                                   a resume included) to its first
+                                                                   batch (histogram: one per iteration)
     shardstream_client_batches_total                               batches handed to the training loop
     shardstream_client_bytes_total                                 bytes of Read messages received
     shardstream_client_stream_retries_total                        streams reopened after an error
@@ -41,6 +44,7 @@ __all__ = [
     "COMMIT_FAILURES",
     "COMMIT_SECONDS",
     "FAILOVERS",
+    "FIRST_BATCH_SECONDS",
     "LABELS",
     "LAST_COMMIT",
     "RETRIES",
@@ -58,6 +62,12 @@ WAIT_SECONDS = Histogram(
     "Time the training loop waited for its next batch (the data stall)",
     LABELS,
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+)
+FIRST_BATCH_SECONDS = Histogram(
+    "shardstream_client_first_batch_seconds",
+    "Time from the start of an iteration (a resume included) to its first batch handed to the loop",
+    LABELS,
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
 BATCHES = Counter("shardstream_client_batches_total", "Batches handed to the training loop", LABELS)
 BYTES = Counter("shardstream_client_bytes_total", "Bytes of Read messages received", LABELS)
@@ -93,6 +103,7 @@ _ALL = (
     COMMIT_FAILURES,
     COMMIT_SECONDS,
     LAST_COMMIT,
+    FIRST_BATCH_SECONDS,
 )
 
 
@@ -110,6 +121,7 @@ class RankMetrics:
     commit_failures: Any
     commit_seconds: Any
     last_commit: Any
+    first_batch_seconds: Any
 
 
 _ranks: dict[tuple[str, str], RankMetrics] = {}

@@ -223,3 +223,33 @@ def test_client_metrics_go_to_a_trainers_own_registry_with_job_and_rank() -> Non
     text = generate_latest(registry).decode()
     assert 'shardstream_client_batches_total{job_name="run-9",rank="3"} 1.0' in text
     assert 'shardstream_client_failovers_total{job_name="run-9",rank="3"} 0.0' in text  # exported at 0
+
+
+def test_first_batch_latency_is_one_observation_per_loop_started(endpoints: list[str]) -> None:
+    """shardstream_client_first_batch_seconds: iter() (a resume included) to the first batch, once
+    per loop; a loop that ends before its first batch observes nothing."""
+    from prometheus_client import REGISTRY
+
+    from shardstream.client import Loader
+
+    labels = {"job_name": "first-batch", "rank": "0"}
+
+    def observed() -> tuple[float, float]:
+        get = REGISTRY.get_sample_value
+        return (
+            get("shardstream_client_first_batch_seconds_count", labels) or 0.0,
+            get("shardstream_client_first_batch_seconds_sum", labels) or 0.0,
+        )
+
+    before = observed()
+    with Loader(endpoints, "toy@1", batch_size=100, job="first-batch") as ld:
+        assert sum(1 for _ in ld) == 11  # every batch of the epoch: one first batch
+        state = ld.state_dict()
+    with Loader(endpoints, "toy@1", batch_size=100, job="first-batch", epochs=2) as ld:
+        ld.load_state_dict(state)  # a resume: its first batch counts once more
+        it = iter(ld)
+        next(it)
+        next(it)
+        it.close()
+    count, seconds = observed()
+    assert count - before[0] == 2 and seconds > before[1]

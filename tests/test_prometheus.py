@@ -1,7 +1,8 @@
 """The dashboards and rules of deploy/, proven against a real Prometheus scraping a real fleet.
 
-Two servers (one with 2 workers under a supervisor, one single process) and a trainer process (a
-Loader with a job, a transform and cursor commits, exposing its client metrics with
+Two servers (one with 2 workers under a supervisor, one single process; both with one
+`--checkpoint-root`) and a trainer process (a Loader with a job, a transform and cursor commits, and a
+Checkpointer saving every 50 steps and loading once, exposing its client metrics with
 `start_metrics_server`) are scraped every second by the Debian `prometheus` binary, configured from
 deploy/prometheus/prometheus.yml (targets and intervals replaced) with deploy/prometheus/rules.yaml.
 Every panel expression of deploy/grafana/*.json and every recording rule must return data through
@@ -45,6 +46,7 @@ import pytest
 import yaml
 
 from shardstream.client.channel import Connection
+from shardstream.errors import ShardstreamError
 from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -73,19 +75,27 @@ TRAINER = textwrap.dedent(
     """
     import sys, threading
     from pathlib import Path
+    import torch
     from shardstream.client import Loader, metrics
+    from shardstream.client.checkpoint import Checkpointer
 
     endpoints, store, out = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
     port = metrics.start_metrics_server(0)
     (out / "port").write_text(str(port))
     step = threading.Event()  # never set: its wait() is the training step's compute time
     transforms = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
+    frozen = torch.arange(8192, dtype=torch.float32)  # unchanged between saves: deduplicated
     with Loader(endpoints, "toy@1", batch_size=50, job="obs", cursor_store=store, epochs=None,
-                transforms=transforms) as loader:
+                transforms=transforms) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
         for i, batch in enumerate(loader):
             step.wait(0.01)
             if i % 10 == 9:
                 loader.commit(i + 1)
+            if i % 50 == 49:  # a checkpoint every 50 steps, uploaded while training goes on
+                handle = ck.save(i + 1, {"frozen": frozen, "moving": torch.full((1024,), float(i))}, loader=loader)
+                if i == 49:
+                    handle.result(timeout=60)
+                    ck.load("latest")  # read back once (a rollout worker's load), so loaded bytes move
             if (out / "stop").exists():
                 break
     """
@@ -240,8 +250,10 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
     root = tmp_path / "registry"
     write_dataset(root, "toy", N_ROWS)
     with Servers(root) as fleet:
-        a = fleet.start(metrics=True, workers=2)
-        b = fleet.start(metrics=True, workers=1)
+        checkpoints = ("--checkpoint-root", str(tmp_path / "checkpoints"))  # one root: either server commits
+        (tmp_path / "checkpoints").mkdir()
+        a = fleet.start(metrics=True, workers=2, extra_args=checkpoints)
+        b = fleet.start(metrics=True, workers=1, extra_args=checkpoints)
         bad_request(a)  # one stream error, so the errors-by-dataset panel has a series
         out = tmp_path / "trainer"
         out.mkdir()
@@ -298,6 +310,12 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
             except AssertionError:
                 pytest.fail(f"no data for: {empty}")
             print(f"\n{len(checks)} expressions returned data:\n  " + "\n  ".join(w for w, _ in checks))
+            # the trainer's own numbers behind the First batch and Checkpoints panels
+            assert total(base, "shardstream_client_first_batch_seconds_count") >= 1
+            wait_for(lambda: total(base, "shardstream_client_checkpoint_saves_total") >= 2, "two checkpoint saves", 30)
+            assert total(base, "shardstream_client_checkpoint_loaded_bytes_total") > 0
+            sent, saved = (total(base, f"shardstream_client_checkpoint_{m}_bytes_total") for m in ("sent", "state"))
+            assert 0 < sent < saved  # the frozen tensor was sent once: dedup > 0
             for dashboard in ("fleet.json", "training.json"):
                 for name, label, selector in variables(DEPLOY / "grafana" / dashboard):
                     assert label_values(base, label, selector), f"{dashboard}: variable {name} has no values"
@@ -411,9 +429,11 @@ def bad_request(server: LocalServer) -> None:
     """One Read stream (a Flight DoGet on the server's data plane) that ends INVALID_ARGUMENT."""
     conn = Connection(server.target)
     try:
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises((grpc.RpcError, ShardstreamError)) as err:
             list(conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0)))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # a raw status, or (from the Flight data plane's call) the shardstream error it maps to
+        code = err.value.status if isinstance(err.value, ShardstreamError) else err.value.code()
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         conn.close()
 

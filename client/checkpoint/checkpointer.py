@@ -130,6 +130,7 @@ class Checkpointer:
         self._staging: dict[str, Any] = {}  # path -> the last save's staged tensor (reused once it is sent)
         self._save_lock = threading.Lock()
         self._closed = False
+        metrics.export(self.job, self.rank)
 
     @property
     def server(self) -> str:

@@ -4,7 +4,7 @@
     python deploy/grafana/dashboards.py --check   # exit 1 when the committed JSON differs
 
 Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, admission, processes)
-and Training (trainers: data stall, waits, failovers, cursor commits). Each dashboard has a
+and Training (trainers: data stall, waits, first batch, failovers, cursor commits, checkpoints). Each dashboard has a
 `datasource` variable (any Prometheus), and variables for its series: `job` (the servers' scrape
 job; on Kubernetes the chart's Service name), `pod`, `dataset` on Fleet; `job_name` and `rank` on
 Training; every panel applies them (Training's aggregates take every rank of the picked jobs, its
@@ -278,6 +278,17 @@ def training() -> dict[str, Any]:
     def batches(selector: str) -> str:
         return f"{per_rank} (rate(shardstream_client_batches_total{{{selector}}}{rate}))"
 
+    def first_batch(selector: str) -> str:  # a rank's mean first-batch time (one per iteration: per (re)start)
+        return (f"{per_rank} (shardstream_client_first_batch_seconds_sum{{{selector}}}) / "
+                f"({per_rank} (shardstream_client_first_batch_seconds_count{{{selector}}}) > 0)")
+
+    def ckpt_rate(metric: str) -> str:
+        return f"sum by (job_name) (rate(shardstream_client_checkpoint_{metric}{{{JOBS}}}{rate}))"
+
+    def ckpt_p99(metric: str) -> str:
+        return (f"histogram_quantile(0.99, sum by (job_name, le) "
+                f"(rate(shardstream_client_checkpoint_{metric}_bucket{{{JOBS}}}{rate})))")
+
     commit_age = f"time() - max by (job_name, rank) (shardstream_client_cursor_last_commit_timestamp_seconds{{{JOBS}}} > 0)"
     who = "{{job_name}} rank {{rank}}"
     # fmt: off
@@ -302,6 +313,11 @@ def training() -> dict[str, Any]:
               (f"sum by (job_name) (rate(shardstream_client_bytes_total{{{JOBS}}}{rate}))", "{{job_name}}"), unit="Bps"),
         panel("Ranks reporting", (f"count by (job_name) ({batches(JOBS)})", "{{job_name}}"), kind="stat",
               description="Trainer processes scraped per job (one per rank)."),
+        panel("First batch: worst rank and median rank",
+              (f"max by (job_name) ({first_batch(JOBS)})", "max {{job_name}}"),
+              (f"quantile by (job_name) (0.5, {first_batch(JOBS)})", "p50 {{job_name}}"), unit="s", width=8,
+              description="Time from a loop's start (iter(), a resume included) to its first batch, averaged over "
+                          "each rank's starts: what a restart costs before training moves again."),
         row("Failover"),
         panel("Failovers/s",
               (f"sum by (job_name) (rate(shardstream_client_failovers_total{{{JOBS}}}{rate}))", "{{job_name}}"),
@@ -320,6 +336,31 @@ def training() -> dict[str, Any]:
               (f"sum by (job_name) (rate(shardstream_client_cursor_commits_total{{{JOBS}}}{rate}))", "commits {{job_name}}"),
               (f"sum by (job_name) (rate(shardstream_client_cursor_commit_failures_total{{{JOBS}}}{rate}))",
                "failures {{job_name}}"), unit="ops"),
+        row("Checkpoints (Checkpointer)"),
+        panel("Checkpoint bytes/s saved, sent and loaded",
+              (ckpt_rate("state_bytes_total"), "saved {{job_name}}"),
+              (ckpt_rate("sent_bytes_total"), "sent {{job_name}}"),
+              (ckpt_rate("loaded_bytes_total"), "loaded {{job_name}}"), unit="Bps",
+              description="Saved: bytes of the states saved; sent: the chunks the servers lacked (what an "
+                          "incremental save uploads); loaded: bytes read back, every rank together."),
+        panel("Checkpoint stall p99", (ckpt_p99("stall_seconds"), "{{job_name}}"), unit="s", width=6,
+              description="Time save() held the training step (staging to host memory): the step's whole cost."),
+        panel("Checkpoint upload lag p99", (ckpt_p99("upload_seconds"), "{{job_name}}"), unit="s", width=6,
+              description="From save() returning to the step committed (uploaded in the background): a crash in "
+                          "this window restarts from the previous checkpoint."),
+        panel("Checkpoint dedup ratio",
+              (f"1 - {ckpt_rate('sent_bytes_total')} / {ckpt_rate('state_bytes_total')}", "{{job_name}}"),
+              unit="percentunit", width=8,
+              description="Share of the saved bytes the servers already had (1 - sent/saved): near 0 every save "
+                          "is a full one, near 1 little of the state changed (frozen layers, LoRA)."),
+        panel("Checkpoint saves and failures/s",
+              (ckpt_rate("saves_total"), "saves {{job_name}}"),
+              (ckpt_rate("save_failures_total"), "failures {{job_name}}"), unit="ops", width=8,
+              description="Saves started, and those that did not commit (the handle's result() raises; the "
+                          "previous checkpoint stays latest)."),
+        panel("Checkpoint failures (1 h)",
+              (f"sum by (job_name) (increase(shardstream_client_checkpoint_save_failures_total{{{JOBS}}}[1h]))",
+               "{{job_name}}"), kind="stat", width=8, thresholds=[("green", None), ("red", 1)]),
         row("Rank drill-down (the ranks picked in the Rank variable)"),
         panel("Data stall of the picked ranks", (stall(RANKS), who), unit="percentunit",
               thresholds=[("green", None), ("red", 0.05)]),
@@ -343,8 +384,8 @@ def training() -> dict[str, Any]:
     variables = [query_variable("job_name", "Job", "label_values(shardstream_client_batches_total, job_name)"), rank]
     about = (
         "Trainers' view of shardstream at any number of ranks: the job's worst and median rank, the ranks "
-        "stalling most, failovers and retries, cursor commits, and a drill-down into picked ranks. The client "
-        "exports no first-batch latency: the wait histogram counts the first batch's wait with the others."
+        "stalling most, first-batch latency after a (re)start, failovers and retries, cursor commits, "
+        "checkpoints (bytes, stall, upload lag, dedup, failures), and a drill-down into picked ranks."
     )
     return dashboard("shardstream-training", "shardstream / Training", about, variables, panels)
 
