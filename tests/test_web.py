@@ -73,9 +73,14 @@ def store(root: Path) -> str:
 
 @pytest.fixture(scope="module")
 def web(root: Path, store: str) -> Iterator[str]:
+    yield from serve_web(root, "--root", str(root), "--store", store)
+
+
+def serve_web(root: Path, *args: str) -> Iterator[str]:
+    """`shardstream web ARGS` on a free port: its base URL while it runs; checks it left nothing over `root`."""
     port = unused_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardstream", "web", "--root", str(root), "--port", str(port), "--store", store],
+        [sys.executable, "-m", "shardstream", "web", "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -519,3 +524,49 @@ def test_text_rows_are_a_table_and_mixture_rows_are_coloured_and_counted_by_sour
     head = [th.inner_text() for th in pg.query_selector_all("table.dense th")]
     assert head[2:] == ["id", "name", "text"]
     assert len(pg.query_selector_all("table.dense td.text details")) == 16
+
+
+def test_the_job_page_lists_the_checkpoints_the_fleet_keeps(root: Path, tmp_path: Path) -> None:
+    """A server with --checkpoint-root keeps two checkpoints of job ckpt-run (each with its Loader's
+    position): the job page lists them newest first with step, size, age, ranks and data position;
+    a server without a checkpoint root says so on the page."""
+    import re
+
+    from shardstream.client.checkpoint import Checkpointer
+
+    (tmp_path / "ck").mkdir()
+    with Servers(root) as servers:
+        server = servers.start(extra_args=("--checkpoint-root", str(tmp_path / "ck")))
+        with Loader([server.target], "text@1", batch_size=4, seed=0) as loader, Checkpointer(
+            [server.target], job="ckpt-run"
+        ) as ck:
+            it = iter(loader)
+            for _ in range(2):
+                next(it)
+            ck.save(2, {"w": np.zeros(1024, np.float32)}, loader=loader, blocking=True)
+            next(it)
+            ck.save(3, {"w": np.ones(2048, np.float32)}, loader=loader, blocking=True)
+            it.close()
+        gen = serve_web(root, "--server", server.target, "--store", f"sqlite:///{tmp_path / 'none.db'}")
+        base = next(gen)
+        try:
+            with urllib.request.urlopen(base + "/jobs/ckpt-run", timeout=30) as resp:
+                html = resp.read().decode()
+        finally:
+            gen.close()
+    rows = re.findall(
+        r'<tr data-step="(\d+)" data-bytes="(\d+)"><td>\d+</td><td>[^<]+</td>\s*<td>(\d+)s</td><td>(\d+)</td><td>([^<]+)</td>',
+        html,
+    )
+    assert [(step, ranks, position) for step, _, _, ranks, position in rows] == [
+        ("3", "1", "epoch 0 offset 12, step 3"),
+        ("2", "1", "epoch 0 offset 8, step 2"),
+    ]
+    assert [int(b) for _, b, _, _, _ in rows] == [2048 * 4, 1024 * 4]
+    assert all(int(age) < 120 for _, _, age, _, _ in rows)
+
+
+def test_the_job_page_says_when_the_servers_keep_no_checkpoints(web: str) -> None:
+    with urllib.request.urlopen(web + "/jobs/train-1", timeout=30) as resp:
+        html = resp.read().decode()
+    assert '<p id="no-checkpoints">the servers keep no checkpoints (serve --checkpoint-root URL)</p>' in html

@@ -1,9 +1,12 @@
-"""The fleet and the jobs, for the web app: each server's health and load, each job's committed steps.
+"""The fleet and the jobs, for the web app: each server's health and load, each job's committed steps
+and the checkpoints the fleet keeps for it.
 
 Health is grpc.health.v1 `Check` (the probe Kubernetes runs), sent as raw bytes so the web extra
 needs no health-checking package; load comes from a server's Prometheus `/metrics`: streams active
 and rows sent, whose rate is measured between two scrapes. Jobs come from a cursor store, read only
-(an embedded SQLite store that does not exist holds no jobs and is not created).
+(an embedded SQLite store that does not exist holds no jobs and is not created); their checkpoints
+from the servers (`serve --checkpoint-root`), through the Checkpointer's public API: `steps()` and
+each step's `manifest()` (what `shardstream checkpoint list|show` print).
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from typing import Any
 
 import grpc
 
-from shardstream.client.credentials import ChannelSecurity
+from shardstream.client import ChannelSecurity
 
-__all__ = ["FleetMonitor", "JobStep", "ServerStatus", "job_steps", "list_jobs"]
+__all__ = ["CheckpointRow", "FleetMonitor", "JobStep", "ServerStatus", "job_checkpoints", "job_steps", "list_jobs"]
 
 HEALTH = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
 RATE_WINDOW_S = 0.5  # a first visit scrapes twice, this far apart
@@ -161,3 +164,56 @@ def job_steps(url: str | None, job: str, limit: int = 20) -> list[JobStep]:
         return out
     finally:
         store.close()
+
+
+# --- checkpoints (DESIGN §13) -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointRow:
+    step: int
+    world_size: int  # ranks that saved it
+    bytes: int  # the state's bytes (every rank's parts)
+    age_s: float  # since its commit
+    position: str  # rank 0's data position: "epoch E offset O, step S", "-" when saved without a Loader
+
+    @property
+    def age(self) -> str:
+        """The age in its largest unit: 42s, 7m, 3h, 2d."""
+        for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60)):
+            if self.age_s >= seconds:
+                return f"{int(self.age_s // seconds)}{unit}"
+        return f"{max(0, int(self.age_s))}s"
+
+
+def _position(part: dict[str, Any]) -> str:
+    loader = part.get("loader") or {}
+    if "offset" not in loader:
+        return "-"
+    steps = f", step {loader['steps']}" if "steps" in loader else ""
+    return f"epoch {loader['epoch']} offset {loader['offset']}{steps}"
+
+
+def job_checkpoints(
+    endpoints: list[str], job: str, *, tls: Any = None, token: str | None = None, limit: int = 20
+) -> tuple[list[CheckpointRow], str]:
+    """The job's newest `limit` committed checkpoints, newest first, and a note saying why there are
+    none when the fleet cannot list them ("" when it can: no checkpoint yet is an empty list)."""
+    from shardstream.client.checkpoint import Checkpointer
+    from shardstream.errors import FailedPreconditionError, InvalidArgumentError, ShardstreamError
+
+    try:
+        ck = Checkpointer(endpoints, job=job, tls=tls, token=token)
+    except InvalidArgumentError as exc:  # a cursor-store job name that no checkpoint job can have
+        return [], str(exc)
+    with ck:
+        try:
+            steps = ck.steps()
+        except FailedPreconditionError:
+            return [], "the servers keep no checkpoints (serve --checkpoint-root URL)"
+        except ShardstreamError as exc:
+            return [], f"checkpoints unavailable: {exc}"
+        rows, now = [], time.time()
+        for step in sorted(steps, reverse=True)[:limit]:
+            m = ck.manifest(step)
+            part = m["parts"][0] if m.get("parts") else {}
+            rows.append(CheckpointRow(step, m["world_size"], m["bytes"], now - m["committed_s"], _position(part)))
+        return rows, ""

@@ -13,7 +13,7 @@ from shardstream.order.explain import Cursor
 from shardstream.order.read_order import StepLayout
 
 from ..catalog import presets
-from ..fleet_status import job_steps, list_jobs
+from ..fleet_status import job_checkpoints, job_steps, list_jobs
 from ..query import StepQuery
 from . import links
 from .state import Viz
@@ -79,10 +79,17 @@ def _cursor(state: Any) -> Cursor:
     return Cursor(state.epoch, state.offset, state.steps, state.world_size, state.batch_size, state.drop_last)
 
 
+def _token(viz: Viz) -> str:
+    """The web's own bearer token (its call metadata), for the Checkpointer: "" for none."""
+    auth = dict(viz.source.security.metadata).get("authorization", "")
+    return auth.removeprefix("Bearer ")
+
+
 def job(request: Request) -> Response:
     """Each checkpoint's step as the job counts it: the step the checkpoint's cursor starts (the job's
     step S, counted from 0 like `explain --job --step S`) on the ranks of the run that committed it,
-    each rank's positions and a link to what it received there, with the job's columns and transforms."""
+    each rank's positions and a link to what it received there, with the job's columns and transforms.
+    Then the job's checkpoints the fleet keeps (step, size, age, data position), when it keeps them."""
     viz = _viz(request)
     name = request.path_params["job"]
     steps = job_steps(viz.store, name)
@@ -132,7 +139,17 @@ def job(request: Request) -> Response:
                 "ranks": ranks,
             }
         )
-    return viz.page(request, "job.html", title=f"job {name}", job=name, store=viz.store, rows=rows)
+    checkpoints, why_none = job_checkpoints(viz.source.endpoints, name, tls=viz.source.tls, token=_token(viz))
+    return viz.page(
+        request,
+        "job.html",
+        title=f"job {name}",
+        job=name,
+        store=viz.store,
+        rows=rows,
+        checkpoints=checkpoints,
+        why_no_checkpoints=why_none,
+    )
 
 
 def fleet(request: Request) -> Response:
