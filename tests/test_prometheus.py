@@ -75,7 +75,7 @@ TRAINER = textwrap.dedent(
     """
     import sys, threading
     from pathlib import Path
-    import torch
+    import numpy as np
     from shardstream.client import Loader, metrics
     from shardstream.client.checkpoint import Checkpointer
 
@@ -84,7 +84,7 @@ TRAINER = textwrap.dedent(
     (out / "port").write_text(str(port))
     step = threading.Event()  # never set: its wait() is the training step's compute time
     transforms = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
-    frozen = torch.arange(8192, dtype=torch.float32)  # unchanged between saves: deduplicated
+    frozen = np.arange(8192, dtype=np.float32)  # unchanged between saves: deduplicated
     with Loader(endpoints, "toy@1", batch_size=50, job="obs", cursor_store=store, epochs=None,
                 transforms=transforms) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
         for i, batch in enumerate(loader):
@@ -92,7 +92,7 @@ TRAINER = textwrap.dedent(
             if i % 10 == 9:
                 loader.commit(i + 1)
             if i % 50 == 49:  # a checkpoint every 50 steps, uploaded while training goes on
-                handle = ck.save(i + 1, {"frozen": frozen, "moving": torch.full((1024,), float(i))}, loader=loader)
+                handle = ck.save(i + 1, {"frozen": frozen, "moving": np.full(1024, i, np.float32)}, loader=loader)
                 if i == 49:
                     handle.result(timeout=60)
                     ck.load("latest")  # read back once (a rollout worker's load), so loaded bytes move
