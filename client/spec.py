@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
 from shardstream.order.read_order import ShuffleSpec
+from shardstream.order.read_query import BatchPhase, SkipRange, Transform, encode
 from shardstream.order.schedule import Schedule
 from shardstream.order.scheduled_steps import Layout, make_layout, split_start
 from shardstream.v1 import shardstream_pb2 as pb
@@ -133,29 +134,30 @@ class ReadSpec:
 
     def request(self, epoch: int, offset: int, first_step: int, step_stride: int) -> pb.ReadRequest:
         """The Read of steps first_step, first_step + step_stride, ... of the epoch from `offset`."""
-        request = pb.ReadRequest(
+        batch_size, batch_schedule, skips = self.batch_size, (), ()
+        if self.schedule is not None:
+            if len(self.schedule.batch) > 1:
+                batch_size = 0
+                batch_schedule = tuple(BatchPhase(start, size) for start, size in self.schedule.batch)
+            skips = tuple(SkipRange(start, end) for start, end in self.schedule.skips)
+        query = self.target.query(
             seed=self.seed,
             epoch=epoch,
-            shuffle=pb.Shuffle(mode=self.shuffle.mode, window=self.shuffle.window),
+            shuffle_mode=self.shuffle.mode,
+            shuffle_window=self.shuffle.window,
             start_offset=offset,
             rank=self.rank,
             world_size=self.world_size,
-            batch_size=self.batch_size,
+            batch_size=batch_size,
+            batch_schedule=batch_schedule,
+            skips=skips,
             first_step=first_step,
             step_stride=step_stride,
             drop_last=self.drop_last,
-            columns=list(self.columns),
+            columns=tuple(self.columns),
             max_message_bytes=self.max_message_bytes,
-            transforms=list(self.transforms),
+            transforms=tuple(Transform(t.op, t.params_json) for t in self.transforms),
             on_error=self.on_error if self.transforms else "",
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
         )
-        self.target.fill(request)
-        if self.schedule is not None:
-            if len(self.schedule.batch) > 1:
-                request.batch_size = 0
-                for start, size in self.schedule.batch:
-                    request.batch_schedule.add(start=start, batch_size=size)
-            for start, end in self.schedule.skips:
-                request.skip.add(start=start, end=end)
-        return request
+        return encode(query)

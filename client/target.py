@@ -7,7 +7,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from shardstream.errors import InvalidArgumentError, ShardstreamError, UnavailableError
 from shardstream.manifest import DatasetRef
@@ -18,6 +18,7 @@ from shardstream.order.curriculum import (
     schedule_sources,
 )
 from shardstream.order.mixture import MixturePlan, SourceInfo, is_mixture, parse_mixture
+from shardstream.order.read_query import MixturePhase, ReadQuery, Source
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["Target", "find_dataset", "normalize_dataset", "resolve_target"]
@@ -48,23 +49,26 @@ class Target:
     sources: list[pb.DatasetInfo]
     mixture: MixturePlan | MixtureSchedule | None
 
-    def fill(self, request: pb.ReadRequest) -> None:
-        """Name what to read in a Read request."""
+    def query(self, **fields: Any) -> ReadQuery:
+        """The read of this target with `fields` (the order, the slice, the output: ReadQuery's)."""
         if self.mixture is None:
             info = self.sources[0]
-            request.dataset = f"{info.name}@{info.version}"
-            request.fingerprint = info.fingerprint
-            return
+            return ReadQuery(sources=(Source(f"{info.name}@{info.version}", info.fingerprint),), **fields)
         phases = isinstance(self.mixture, MixtureSchedule)
-        for src, info in zip(self.mixture.sources, self.sources, strict=True):
-            request.mixture.add(
-                dataset=src.ref, fingerprint=info.fingerprint, weight=0.0 if phases else src.weight
-            )
-        if isinstance(self.mixture, MixtureSchedule):
-            for start, weights in self.mixture.requested:
-                request.mixture_phases.add(start=start, weights=weights)
-        request.mixture_block = self.mixture.block_size
-        request.mixture_epoch_samples = self.mixture.epoch_samples
+        return ReadQuery(
+            sources=tuple(
+                Source(src.ref, info.fingerprint, 0.0 if phases else src.weight)
+                for src, info in zip(self.mixture.sources, self.sources, strict=True)
+            ),
+            mixture=True,
+            mixture_phases=tuple(
+                MixturePhase(start, tuple(weights))
+                for start, weights in (self.mixture.requested if isinstance(self.mixture, MixtureSchedule) else ())
+            ),
+            mixture_block=self.mixture.block_size,
+            mixture_epoch_samples=self.mixture.epoch_samples,
+            **fields,
+        )
 
 
 class _Connection(Protocol):

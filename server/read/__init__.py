@@ -1,8 +1,8 @@
 """The read path: a decoded request in, Arrow record batches out (blocking code, run in worker threads).
 
-    plan.py               request -> read plan: everything a stream needs, decided before a row is read
-    request_schedules.py  a request's batch-size phases, skip ranges and mixture phases
-    request_limits.py     what one request may ask for, checked before anything is planned
+    plan.py               decoded query -> read plan: everything a stream needs, decided before a row is read
+    request_schedules.py  a query's batch-size phases, skip ranges and mixture phases
+    request_limits.py     this server's limits on a query (the fixed ones: order/read_query.py)
     build.py              read plan + steps -> messages
     selection.py          selected rows of a dataset or of a mixture's sources -> one record batch
     reader.py             rows of a dataset version -> one record batch (take, provenance)

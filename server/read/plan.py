@@ -1,13 +1,15 @@
 """Request -> read plan: everything a stream needs to build its messages, decided before a row is read.
 
-`ReadPlanner.plan(request)` validates a `ReadRequest` against the registry and turns it into a
-`ReadPlan`: the dataset readers (one per mixture source), the sample order (DESIGN §4), the step
-layout of this slice, the columns, the steps to send and the transform pipeline. A bad request
-fails here, as the ShardstreamError that says what is wrong (INVALID_ARGUMENT, NOT_FOUND,
-FAILED_PRECONDITION), before a byte is read; a field over its limit (request_limits.py) is
-INVALID_ARGUMENT naming the field and the limit. The caller's principal (server/serving/auth.py) is checked on
-every dataset the request names — each mixture source in turn — before the registry is asked about
-it: PERMISSION_DENIED says no more than NOT_FOUND would.
+`ReadPlanner.plan(request)` decodes a `ReadRequest` (shardstream/order/read_query.py: a field over its
+limit is INVALID_ARGUMENT naming it) and plans from the decoded `ReadQuery` alone (`plan_query`): it
+validates the query against the registry and turns it into a `ReadPlan`: the dataset readers (one
+per mixture source), the sample order (DESIGN §4), the step layout of this slice, the columns, the
+steps to send and the transform pipeline. A bad request fails here, as the ShardstreamError that
+says what is wrong (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION), before a byte is read; a field
+over this server's limits (request_limits.py) is INVALID_ARGUMENT naming the field and the limit.
+The caller's principal (server/serving/auth.py) is checked on every dataset the request names — each
+mixture source in turn — before the registry is asked about it: PERMISSION_DENIED says no more than
+NOT_FOUND would.
 
 Blocking (manifests are read from storage, a pipeline may load a tokenizer or import a codec): the
 servicer calls it in a worker thread; tests and tools call it directly. The planner keeps what
@@ -27,6 +29,7 @@ from shardstream.errors import FailedPreconditionError, InvalidArgumentError
 from shardstream.manifest import DatasetRef, Manifest
 from shardstream.order.mixture import MixtureOrder
 from shardstream.order.read_order import DatasetOrder, ShuffleSpec
+from shardstream.order.read_query import ReadQuery, decode
 from shardstream.order.scheduled_steps import Layout, make_layout
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
@@ -141,26 +144,30 @@ class ReadPlanner:
         return manifest
 
     def plan(self, req: pb.ReadRequest, principal: Principal = OPEN) -> ReadPlan:
-        self.limits.check(req)
-        spec = ShuffleSpec.parse(req.shuffle.mode or "none", req.shuffle.window or None)
+        """The plan of a Read ticket: decoded once, then planned from the query alone."""
+        return self.plan_query(decode(req), principal)
+
+    def plan_query(self, q: ReadQuery, principal: Principal = OPEN) -> ReadPlan:
+        self.limits.check(q)
+        spec = ShuffleSpec.parse(q.shuffle_mode or "none", q.shuffle_window or None)
         selector: DatasetOrder | MixtureOrder
-        if req.mixture:
-            weights = mixture_weights(req)
+        if q.mixture:
+            weights = mixture_weights(q)
             manifests = [
                 self._pinned(s.dataset, s.fingerprint, principal, f"mixture source {i}: ")
-                for i, s in enumerate(req.mixture)
+                for i, s in enumerate(q.sources)
             ]
             readers = [self.reader(m) for m in manifests]
-            mixture = request_mixture(req, manifests, weights)
-            selector = MixtureOrder(mixture, [self._order(r, req.seed, spec) for r in readers])
-            columns = check_mixture_columns(readers, list(req.columns))
+            mixture = request_mixture(q, manifests, weights)
+            selector = MixtureOrder(mixture, [self._order(r, q.seed, spec) for r in readers])
+            columns = check_mixture_columns(readers, list(q.columns))
         else:
-            manifest = self._pinned(req.dataset, req.fingerprint, principal)
+            manifest = self._pinned(q.dataset, q.fingerprint, principal)
             readers = [self.reader(manifest)]
-            selector = self._order(readers[0], req.seed, spec)
-            columns = readers[0].check_columns(list(req.columns))
+            selector = self._order(readers[0], q.seed, spec)
+            columns = readers[0].check_columns(list(q.columns))
         pipeline = None
-        if req.transforms or req.on_error:
+        if q.transforms or q.on_error:
             first = readers[0]
             schema = pa.schema([first.manifest.schema.field(c) for c in columns])
 
@@ -169,8 +176,8 @@ class ReadPlanner:
                 return f"{m.ref} shard {shard} ({m.shards[shard].uri}) row {row}"
 
             pipeline = build_pipeline(
-                list(req.transforms),
-                req.on_error,
+                list(q.transforms),
+                q.on_error,
                 schema,
                 describe,
                 max_sample_bytes=self.limits.max_sample_bytes,
@@ -178,37 +185,37 @@ class ReadPlanner:
             share_head(pipeline, self._cache, readers, columns)  # decode once per node (feature_cache.py)
         layout = make_layout(
             selector.num_rows,
-            req.start_offset,
-            req.world_size,
-            req.batch_size,
-            req.drop_last,
-            epoch=req.epoch,
-            schedule=request_schedule(req),
+            q.start_offset,
+            q.world_size,
+            q.batch_size,
+            q.drop_last,
+            epoch=q.epoch,
+            schedule=request_schedule(q),
         )
-        if req.first_step > layout.num_steps:
+        if q.first_step > layout.num_steps:
             raise InvalidArgumentError(
-                f"first_step {req.first_step} is past the epoch's {layout.num_steps} steps"
+                f"first_step {q.first_step} is past the epoch's {layout.num_steps} steps"
             )
         end = (
-            layout.num_steps if req.num_steps == 0 else min(layout.num_steps, req.first_step + req.num_steps)
+            layout.num_steps if q.num_steps == 0 else min(layout.num_steps, q.first_step + q.num_steps)
         )
         cap = self.limits.max_message_bytes
         return ReadPlan(
             readers=readers,
             selector=selector,
-            mixture=bool(req.mixture),
+            mixture=q.mixture,
             layout=layout,
             columns=columns,
-            rank=req.rank,
-            epoch=req.epoch,
-            first_step=req.first_step,
+            rank=q.rank,
+            epoch=q.epoch,
+            first_step=q.first_step,
             end_step=end,
-            stride=max(1, req.step_stride),
-            max_message_bytes=min(req.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES, cap),
-            seed=req.seed,
+            stride=max(1, q.step_stride),
+            max_message_bytes=min(q.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES, cap),
+            seed=q.seed,
             pipeline=pipeline,
             message_cap_bytes=cap,
-            split_steps=req.split_steps,
+            split_steps=q.split_steps,
             per_sample=pipeline is None or pipeline.per_sample,
             sample_bytes=_sample_bytes(readers, columns, pipeline),
         )

@@ -10,6 +10,7 @@
     cursor_math.py      the exactly-once cursor arithmetic: next offset, worker splits, epoch start
     delivery.py         what the plan delivers to a rank at a step (the pure half of `inspect`)
     explain.py          where a job's step was in the plan, and where a sample lands (`explain`)
+    read_query.py       the wire codec: ReadQuery <-> ReadRequest, the fixed limits of a request
 
 Import rule: this wing imports the core (`shardstream.errors`, `.manifest`, ...) and itself only; never
 `shardstream.client` or `shardstream.server`. Both sides run the same functions, so a server and a
