@@ -5,6 +5,15 @@ A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurit
 data plane in its GetDataset answers: Read streams are Arrow Flight DoGets on the same host
 (flight_call.py), with the same credentials, token and keepalive (and the grant it gave a caller
 it knew by a client certificate, with the proof that the certificate is this client's: credentials.py).
+Every call raises the project's own errors (shardstream/errors.py); a Read is a `flight_call.ReadCall`.
+
+Retries: one layer, the caller's `RetryPolicy` (spec.py) — a stream session's (session.py) and
+discovery's (target.find_dataset), with its backoff and budget. gRPC keeps only what it alone can do:
+round-robin load balancing over the addresses of a dns:/// name (skipping those that are down), and
+its transparent retry of a call that never left this client (`grpc.enable_retries`: only gRPC knows
+the server never saw it). It has no retryPolicy of its own (the service config's methodConfig is
+gone), so a GetDataset that fails UNAVAILABLE reaches the RetryPolicy at once, not after gRPC's
+hidden attempts and backoff.
 """
 
 from __future__ import annotations
@@ -19,39 +28,23 @@ import grpc
 import pyarrow.flight as flight
 
 from shardstream import allocator
-from shardstream.errors import FlightStatus, InvalidArgumentError, from_grpc_error
+from shardstream.errors import InvalidArgumentError, from_grpc_error, status_error
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .credentials import ChannelSecurity
-from .flight_call import FlightCall
+from .flight_call import FlightCall, ReadCall
 from .port_probe import wrong_port
 
 __all__ = ["Connection", "normalize_endpoints"]
 
 _SERVICE = "shardstream.v1.ShardStream"
 
-# Unary control-plane calls are retried by gRPC itself on UNAVAILABLE. Streams are never retried by
-# gRPC once headers arrive: the Loader resumes them from its cursor instead.
+# Only load balancing (see the module docstring): no methodConfig retryPolicy — the RetryPolicy retries.
 _SERVICE_CONFIG = json.dumps(
     {
         # A dns:/// target that resolves to several servers (a Kubernetes headless service) spreads
         # calls over all of them and skips the ones that are down.
         "loadBalancingConfig": [{"round_robin": {}}],
-        "methodConfig": [
-            {
-                "name": [
-                    {"service": _SERVICE, "method": "GetDataset"},
-                    {"service": _SERVICE, "method": "ListDatasets"},
-                ],
-                "retryPolicy": {
-                    "maxAttempts": 3,
-                    "initialBackoff": "0.1s",
-                    "maxBackoff": "1s",
-                    "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
-                },
-            }
-        ],
     }
 )
 
@@ -68,7 +61,7 @@ CHANNEL_OPTIONS = [
     ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.enable_retries", 1),
+    ("grpc.enable_retries", 1),  # transparent retries only: no retryPolicy in the service config
     ("grpc.service_config", _SERVICE_CONFIG),
     # A channel of its own connections: gRPC shares subchannels between channels of one process with
     # the same target and options, so a new Loader would inherit another's reconnect backoff to a
@@ -188,18 +181,18 @@ class Connection:
         wrong = wrong_port(self.target, exc, self._security)
         return InvalidArgumentError(wrong) if wrong else from_grpc_error(exc, target=self.target)
 
-    def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> FlightCall:
+    def read(self, request: pb.ReadRequest, timeout_s: float | None = None) -> ReadCall:
         """A Read stream: a Flight DoGet on the server's data plane (its port from GetDataset), an
         iterator of (header, rows) that can be cancelled; `timeout_s`: a deadline for the whole
         stream (None: none; the Loader's streams have none, its idle watchdog ends a silent one)."""
         data_port = self._data_port
         stale_grant = self._grant and time.monotonic() > self._grant_until - GRANT_MARGIN_S
         if data_port is None or stale_grant:  # not asked yet (or its grant runs out): GetDataset
-            # (a failure is the grpc.RpcError a Read would raise: the session retries it as one)
+            # (a failure is the ShardstreamError a Read would raise: the session retries it as one)
             name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
             data_port = self._discover(pb.GetDatasetRequest(dataset=name)).data_port
         if not data_port:  # a server from before the Flight data plane
-            raise FlightStatus(
+            raise status_error(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the server at {self.target} names no data port: it predates this client (upgrade the fleet)",
             )
@@ -218,11 +211,17 @@ class Connection:
         if grant:  # with the proof that it is this client's (the data plane cannot see the certificate)
             headers = [*headers, *self._security.grant_headers(grant, ticket)]
         options = flight.FlightCallOptions(headers=headers, timeout=timeout_s)
-        return FlightCall(client, ticket, options, self.forget_data_port)
+        return FlightCall(client, ticket, options, self.forget_data_port, target=self.target)
 
     def _discover(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
-        """GetDataset from the server the next stream will dial (a failure is the grpc.RpcError a
+        """GetDataset from the server the next stream will dial (a failure is the ShardstreamError a
         Read would raise: the session retries it as one)."""
+        try:
+            return self._discover_once(request)
+        except grpc.RpcError as exc:
+            raise from_grpc_error(exc, target=self.target) from exc
+
+    def _discover_once(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
         if not self._dns:
             info = self._get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
             self._remember(info, self._host)
@@ -249,9 +248,7 @@ class Connection:
         try:
             infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise FlightStatus(
-                grpc.StatusCode.UNAVAILABLE, f"cannot resolve {self._host}: {exc.strerror}"
-            ) from exc
+            raise status_error(grpc.StatusCode.UNAVAILABLE, f"cannot resolve {self._host}: {exc.strerror}") from exc
         addresses = list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in infos))
         address = addresses[self._picks % len(addresses)]
         self._picks += 1

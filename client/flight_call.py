@@ -1,12 +1,14 @@
-"""One Read stream over a server's Arrow Flight data plane, shaped as the grpcio call the session uses.
+"""The client's read transport: the `ReadCall` protocol the session reads through, and `FlightCall`,
+the one implementation — one Read stream over a server's Arrow Flight data plane.
 
-The session (session.py) iterates a call for (ReadHeader, rows) pairs, cancels it (stop, the idle
-watchdog, failover) and asks it for its initial metadata (the server's stream id: here from the
-first message's header, or from the error that ended the stream); a failed call raises a
-`grpc.RpcError`. `FlightCall` is that over a Flight DoGet: the ticket is the serialized
-ReadRequest, each record batch is one message's rows and its app_metadata the message's header,
-and a Flight error becomes `errors.FlightStatus` (the exact status code and retry hint a shardstream
-server put in its extra_info).
+A `ReadCall` is an iterator of (ReadHeader, RecordBatch) messages that can be cancelled (stop, the idle
+watchdog, failover) and names the server's id of its stream (`stream_id`: from the first message's
+header, or from the error that ended the stream; "" until the server said). A failed call raises the
+project's own error (shardstream/errors.py: `ShardstreamError`, with the exact status code, retry hint
+and stream id it ended with), which the session (session.py) retries or hands on; `ReadOpener` opens
+one on an endpoint. `FlightCall` is that over a Flight DoGet: the ticket is the serialized ReadRequest,
+each record batch is one message's rows and its app_metadata the message's header, and a Flight error
+becomes `errors.from_flight_error` (the status a shardstream server put in its extra_info).
 
 Flight's DoGet returns only once the server sent its first message, and cannot be cancelled before
 it returns; so it runs in a thread of its own and the session waits on it cancellably: a call
@@ -16,21 +18,42 @@ cancelled while it waits is given up (its thread cancels the stream as soon as D
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from shardstream.errors import FlightStatus
-from shardstream.ipc import STREAM_ID_METADATA, plain_batch
+from shardstream.errors import ShardstreamError, from_flight_error, status_error
+from shardstream.ipc import plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["FlightCall"]
+__all__ = ["FlightCall", "Message", "ReadCall", "ReadOpener"]
+
+Message = tuple[pb.ReadHeader, pa.RecordBatch]  # one step (or part of one) and its header
+
+
+class ReadCall(Protocol):
+    """One Read stream in progress: its messages, in order; raises a `ShardstreamError` when it fails."""
+
+    def __iter__(self) -> Iterator[Message]: ...
+
+    def cancel(self) -> object:
+        """End the stream (from any thread): the iterating thread stops waiting."""
+        ...
+
+    @property
+    def stream_id(self) -> str:
+        """The server's id of this stream ("" until the server said; never blocks)."""
+        ...
+
+
+ReadOpener = Callable[[str, pb.ReadRequest], ReadCall]  # (endpoint, request) -> its stream
 
 
 class FlightCall:
-    """A cancellable iterator of (ReadHeader, RecordBatch) over one DoGet."""
+    """A `ReadCall` over one DoGet."""
 
     def __init__(
         self,
@@ -38,7 +61,9 @@ class FlightCall:
         request: pb.ReadRequest | bytes,
         options: flight.FlightCallOptions,
         on_unreachable: Callable[[], None] | None = None,
+        target: str = "",
     ) -> None:
+        self._target = target  # the server's control address, as errors name it
         self._on_unreachable = on_unreachable  # the data port refused the call: ask for it again
         # The reader uses its client's C++ channel: the client must outlive it (a Connection that
         # moves to another server, or closes, lets go of its client; this call keeps it).
@@ -48,7 +73,6 @@ class FlightCall:
         self._reader: flight.FlightStreamReader | None = None
         self._error: BaseException | None = None
         self._cancelled = False
-        self._done = False
         self._stream_id = ""  # the server's, from the first message's header
         # the serialized ReadRequest (as given: a grant's proof signed these very bytes)
         ticket = flight.Ticket(request if isinstance(request, bytes) else request.SerializeToString())
@@ -71,34 +95,38 @@ class FlightCall:
     def __iter__(self) -> FlightCall:
         return self
 
-    def __next__(self) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+    @property
+    def stream_id(self) -> str:
+        return self._stream_id
+
+    def _failed(self, exc: BaseException) -> ShardstreamError:
+        error = from_flight_error(exc, target=self._target)
+        self._stream_id = error.stream_id or self._stream_id
+        error.stream_id = self._stream_id
+        return error
+
+    def _status(self, code: grpc.StatusCode, details: str) -> ShardstreamError:
+        return status_error(code, details, target=self._target, stream_id=self._stream_id)
+
+    def __next__(self) -> Message:
         self._opened.wait()
         if self._cancelled:
-            self._done = True
-            raise FlightStatus(grpc.StatusCode.CANCELLED, "the stream was cancelled")
+            raise self._status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
         if self._error is not None:
-            self._done = True
-            status = FlightStatus.of(self._error)
-            self._stream_id = status.stream_id or self._stream_id
-            if status.code() == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
+            error = self._failed(self._error)
+            if error.status == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
                 self._on_unreachable()
-            raise status from self._error
+            raise error from self._error
         assert self._reader is not None
         try:
-            chunk = self._reader.read_chunk()
-        except StopIteration:
-            self._done = True
-            raise
+            chunk = self._reader.read_chunk()  # StopIteration at the stream's end
         except pa.ArrowException as exc:  # FlightError, or a stream that broke while decoding
-            self._done = True
             if self._cancelled:
-                raise FlightStatus(grpc.StatusCode.CANCELLED, "the stream was cancelled") from exc
-            status = FlightStatus.of(exc)
-            self._stream_id = status.stream_id or self._stream_id
-            raise status from exc
+                raise self._status(grpc.StatusCode.CANCELLED, "the stream was cancelled") from exc
+            raise self._failed(exc) from exc
         meta = chunk.app_metadata
         if meta is None:
-            raise FlightStatus(grpc.StatusCode.DATA_LOSS, "a Flight message without its ReadHeader")
+            raise self._status(grpc.StatusCode.DATA_LOSS, "a Flight message without its ReadHeader")
         header = pb.ReadHeader.FromString(meta.to_pybytes())
         if header.stream_id:
             self._stream_id = header.stream_id
@@ -111,10 +139,3 @@ class FlightCall:
         self._opened.set()  # a wait for DoGet ends now; its thread cancels the stream once it returns
         if reader is not None:
             reader.cancel()
-
-    def done(self) -> bool:
-        return self._done or self._opened.is_set()  # headers are in once DoGet returned
-
-    def initial_metadata(self) -> list[tuple[str, str]]:
-        """The server's stream id as gRPC initial metadata would carry it (the session logs it)."""
-        return [(STREAM_ID_METADATA, self._stream_id)] if self._stream_id else []

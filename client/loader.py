@@ -139,8 +139,8 @@ class Loader:
 
     # --- dataset -------------------------------------------------------------------------------
     def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
-        """Asked of the endpoints in turn, from this rank's, for up to timeout_s (target.find_dataset)."""
-        return find_dataset(dataset, self.endpoints, self.rank, self.timeout_s, self._conn)
+        """Asked of the endpoints in turn, from this rank's, on its streams' RetryPolicy (target.find_dataset)."""
+        return find_dataset(dataset, self.endpoints, self.rank, self.options.retry, self._conn)
 
     @property
     def target(self) -> Target:

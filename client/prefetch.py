@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any
-
-from shardstream.v1 import shardstream_pb2 as pb
 
 from .decode import Item, decode_message
+from .flight_call import ReadOpener
 from .session import CallRegistry, StreamSession
 from .spec import ReadSpec
 from .striped import stream_epoch_striped
@@ -37,9 +34,7 @@ class _Failed:
 class Producer:
     """The background thread: streams, failover, decode; hands results over a bounded queue."""
 
-    def __init__(
-        self, spec: ReadSpec, open_call: Callable[[str, pb.ReadRequest], Any], epoch: int, offset: int
-    ) -> None:
+    def __init__(self, spec: ReadSpec, open_call: ReadOpener, epoch: int, offset: int) -> None:
         self._spec = spec
         self._queue: queue.Queue[Item | Done | _Failed] = queue.Queue(maxsize=spec.prefetch)
         self._calls = CallRegistry(open_call)

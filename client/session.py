@@ -11,7 +11,9 @@ Both the single stream of a rank (prefetch.py) and each of its striped streams (
 A step the server sends in parts (larger than its message cap) is handed on whole, once its last
 part is in (parts.py); the next step moves with whole steps only, so a stream that breaks mid-step
 resumes at that step. An overloaded server's retry hint (RESOURCE_EXHAUSTED with
-`grpc-retry-pushback-ms`) lengthens the backoff before this session tries it again.
+`grpc-retry-pushback-ms`, the error's `retry_after_s`) lengthens the backoff before this session tries
+it again. The calls are `flight_call.ReadCall`s: what fails raises a `ShardstreamError`, whose exact
+status code (`.status`) decides what is retried (errors.RETRYABLE_CODES, RETRY_ONCE_CODES).
 
 `CallRegistry` holds the calls of one prefetch thread: `stop()` cancels them all, and the consumer's
 `check_idle()` cancels the one the thread has waited on for longer than the idle timeout (a hung
@@ -25,23 +27,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
-import grpc
-import pyarrow as pa
-
-from shardstream.errors import (
-    RETRY_ONCE_CODES,
-    RETRYABLE_CODES,
-    ShardstreamError,
-    UnavailableError,
-    from_grpc_error,
-    retry_pushback_s,
-)
-from shardstream.ipc import STREAM_ID_METADATA
+from shardstream.errors import RETRY_ONCE_CODES, RETRYABLE_CODES, ShardstreamError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
+from .flight_call import Message, ReadCall, ReadOpener
 from .parts import StepParts
 from .spec import RetryPolicy
 
@@ -49,21 +40,18 @@ __all__ = ["CallRegistry", "Message", "StreamSession"]
 
 log = logging.getLogger("shardstream.client")
 
-Message = tuple[pb.ReadHeader, pa.RecordBatch]
-OpenCall = Callable[[str, pb.ReadRequest], Any]  # (endpoint, request) -> a cancellable call iterator
-
 
 class CallRegistry:
     """The Read calls in progress of one prefetch thread; cancels them on stop or when one idles."""
 
-    def __init__(self, open_call: OpenCall) -> None:
+    def __init__(self, open_call: ReadOpener) -> None:
         self._open_call = open_call
         self._lock = threading.Lock()
-        self._calls: set[Any] = set()
-        self._waiting: tuple[Any, float] | None = None  # (call, since when the thread waits on it)
+        self._calls: set[ReadCall] = set()
+        self._waiting: tuple[ReadCall, float] | None = None  # (call, since when the thread waits on it)
         self.stopped = threading.Event()
 
-    def open(self, endpoint: str, request: pb.ReadRequest) -> Any:
+    def open(self, endpoint: str, request: pb.ReadRequest) -> ReadCall:
         call = self._open_call(endpoint, request)
         with self._lock:
             self._calls.add(call)
@@ -71,13 +59,13 @@ class CallRegistry:
             call.cancel()
         return call
 
-    def close(self, call: Any) -> None:
+    def close(self, call: ReadCall) -> None:
         call.cancel()
         with self._lock:
             self._calls.discard(call)
 
     @contextlib.contextmanager
-    def waiting(self, call: Any) -> Iterator[None]:
+    def waiting(self, call: ReadCall) -> Iterator[None]:
         """Mark the thread as blocked on `call` (see check_idle)."""
         self._waiting = (call, time.monotonic())
         try:
@@ -125,7 +113,7 @@ class StreamSession:
         self.step_stride = step_stride
         self._retry = retry
         self._what = what  # for errors: "web@3 epoch 2", "... (stream 1 of 4)"
-        self._call: Any = None
+        self._call: ReadCall | None = None
         self._it: Iterator[Message] | None = None
         self.failures = 0  # in a row, without progress
         self._failing_since = 0.0  # when the first of them happened
@@ -149,19 +137,18 @@ class StreamSession:
                     header, rows = next(self._it)
             except StopIteration:
                 pass  # the stream ended before the steps it owes
-            except grpc.RpcError as exc:
+            except ShardstreamError as exc:  # the read call's (or its discovery's): flight_call.ReadCall
                 if self._calls.stopped.is_set():
                     return None
-                code = exc.code()
+                code = exc.status
                 if code in RETRY_ONCE_CODES and not self._retried_once:
                     self._retried_once = True
                     log.warning("%s from %s: trying another endpoint once", code.name, endpoint)
                 elif code not in RETRYABLE_CODES:
-                    raise from_grpc_error(exc, target=endpoint) from exc
-                error = from_grpc_error(exc, target=endpoint)
-                pushback = retry_pushback_s(exc)
-                if pushback is not None:
-                    self._pushback[self.endpoint] = time.monotonic() + pushback
+                    raise
+                error = exc
+                if exc.retry_after_s is not None:
+                    self._pushback[self.endpoint] = time.monotonic() + exc.retry_after_s
             else:
                 whole = self._parts.add(header, rows)
                 if whole is None:
@@ -217,17 +204,8 @@ class StreamSession:
         return not self._calls.stopped.wait(wait)
 
     def _stream_id(self) -> str:
-        """The server's id of the current stream (initial metadata), '-' if it sent none yet."""
-        call = self._call
-        try:
-            if call is None or not call.done():  # initial_metadata() would wait for the headers
-                return "-"
-            for key, value in call.initial_metadata() or ():
-                if key == STREAM_ID_METADATA:
-                    return str(value)
-        except Exception:  # noqa: BLE001 - a call without metadata (a test's scripted call)
-            pass
-        return "-"
+        """The server's id of the current stream, '-' if it sent none yet."""
+        return (self._call.stream_id if self._call is not None else "") or "-"
 
     def close(self) -> None:
         if self._call is not None:

@@ -75,26 +75,38 @@ class _Connection(Protocol):
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo: ...
 
 
+class _RetryPolicy(Protocol):  # spec.RetryPolicy (spec.py imports this module)
+    max_retries: int
+    budget_s: float
+
+    def backoff_s(self, failures: int) -> float: ...
+
+
 def find_dataset(
-    dataset: str, endpoints: Sequence[str], first: int, timeout_s: float, conn: Callable[[str], _Connection]
+    dataset: str,
+    endpoints: Sequence[str],
+    first: int,
+    retry: _RetryPolicy,
+    conn: Callable[[str], _Connection],
 ) -> pb.DatasetInfo:
-    """Ask the endpoints in turn (from the `first`-th: a rank's own) until one answers or `timeout_s` has
-    passed: a server that is still starting is waited for, and "no server" is only said after timeout_s."""
-    deadline = time.monotonic() + timeout_s
+    """Ask the endpoints in turn (from the `first`-th: a rank's own) until one answers, on the stream
+    session's `RetryPolicy` (spec.py; session.py): after a failure that says no server answered
+    (UnavailableError) the next endpoint is asked after the policy's jittered backoff, and "no server"
+    is said once more than max_retries failures in a row span at least budget_s (the Loader's
+    timeout_s) — a server that is still starting is waited for. Any other error is the caller's."""
+    start = time.monotonic()
     last: ShardstreamError | None = None
-    for attempt in itertools.count():
-        for i in range(len(endpoints)):
-            target = endpoints[(first + i) % len(endpoints)]
-            try:
-                return conn(target).get_dataset(dataset, max(0.1, deadline - time.monotonic()))
-            except UnavailableError as exc:
-                last = exc
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    for failures in itertools.count(1):
+        target = endpoints[(first + failures - 1) % len(endpoints)]
+        try:
+            return conn(target).get_dataset(dataset, max(0.1, retry.budget_s - (time.monotonic() - start)))
+        except UnavailableError as exc:
+            last = exc
+        if failures > retry.max_retries and time.monotonic() - start >= retry.budget_s:
             break
-        time.sleep(min(remaining, 0.05 * 2 ** min(attempt, 5)))
+        time.sleep(retry.backoff_s(failures))
     raise UnavailableError(
-        f"no shardstream server reachable at {', '.join(endpoints)} within {timeout_s:g} s: "
+        f"no shardstream server reachable at {', '.join(endpoints)} within {retry.budget_s:g} s: "
         f"is `shardstream serve` running there? (last error: {last})"
     )
 

@@ -30,8 +30,10 @@ On the Arrow Flight data plane (Read streams: server/serving/data_plane.py) the 
 error: `to_flight_error` picks the nearest Flight error class (Flight has none for INVALID_ARGUMENT,
 NOT_FOUND, DATA_LOSS or RESOURCE_EXHAUSTED: a plain Flight client sees UNKNOWN with the code named
 at the start of the message) and puts the exact code, the message and the retry hint in the
-error's `extra_info` as JSON; `FlightStatus.of(exc)` reads them back on the client as the
-`grpc.RpcError` the rest of the client handles (`from_grpc_error`, `retry_pushback_s`).
+error's `extra_info` as JSON; `from_flight_error(exc)` reads them back on the client as the
+shardstream error a read call raises (its exact code, retry hint and stream id kept:
+`ShardstreamError.status`, `.retry_after_s`, `.stream_id`); `FlightStatus.of(exc)` is the same status
+shaped as a `grpc.RpcError` (for a plain Flight client's checks).
 
 A message that quotes what a caller sent quotes `excerpt(text)` — its repr, cut to EXCERPT_CHARS —
 so an error never echoes a request back (a server's answer to untrusted input stays small and says
@@ -69,8 +71,10 @@ __all__ = [
     "UnavailableError",
     "UnclaimedError",
     "excerpt",
+    "from_flight_error",
     "from_grpc_error",
     "retry_pushback_s",
+    "status_error",
     "to_flight_error",
 ]
 
@@ -91,9 +95,22 @@ def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
 
 
 class ShardstreamError(Exception):
-    """Base of every error shardstream raises on purpose."""
+    """Base of every error shardstream raises on purpose.
+
+    An error that ended a call (`status_error`, `from_grpc_error`, `from_flight_error`) keeps the exact
+    status code it came with in `status` (UNKNOWN is an InternalError, DEADLINE_EXCEEDED an
+    UnavailableError, yet a client retries on both: RETRYABLE_CODES), the server's retry hint in
+    `retry_after_s` and the server's id of the stream it ended in `stream_id`."""
 
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    retry_after_s: float | None = None
+    stream_id: str = ""
+    _status: grpc.StatusCode | None = None
+
+    @property
+    def status(self) -> grpc.StatusCode:
+        """The status code this error came with (its class's own when it was raised here)."""
+        return self._status or self.grpc_code
 
 
 class InvalidArgumentError(ShardstreamError, ValueError):
@@ -214,13 +231,37 @@ def retry_pushback_s(exc: grpc.RpcError) -> float | None:
     return None
 
 
+def status_error(
+    code: grpc.StatusCode,
+    details: str,
+    *,
+    target: str = "",
+    retry_after_s: float | None = None,
+    stream_id: str = "",
+) -> ShardstreamError:
+    """The shardstream error for a call that ended with status `code` (the one mapping of codes to
+    classes; the code, retry hint and stream id are kept on the error: ShardstreamError)."""
+    cls = _BY_CODE.get(code, InternalError)
+    where = f" (server {target})" if target else ""
+    err = cls(f"{details}{where}" if cls is not UnavailableError else f"{code.name}: {details}{where}")
+    err._status = code
+    err.retry_after_s = retry_after_s
+    err.stream_id = stream_id
+    return err
+
+
 def from_grpc_error(exc: grpc.RpcError, *, target: str = "") -> ShardstreamError:
     """The shardstream error for a failed RPC (raise it `from exc`)."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    cls = _BY_CODE.get(code, InternalError)
-    where = f" (server {target})" if target else ""
-    return cls(f"{details}{where}" if cls is not UnavailableError else f"{code.name}: {details}{where}")
+    stream_id = getattr(exc, "stream_id", "")
+    return status_error(
+        code,
+        details,
+        target=target,
+        retry_after_s=retry_pushback_s(exc),
+        stream_id=stream_id if isinstance(stream_id, str) else "",
+    )
 
 
 # --- the Flight data plane ------------------------------------------------------------------------
@@ -298,3 +339,9 @@ class FlightStatus(grpc.RpcError):
         metadata = ((RETRY_PUSHBACK_KEY, str(ms)),) if isinstance(ms, int) else ()
         stream_id = info.get("stream_id")
         return cls(code, details, metadata, stream_id if isinstance(stream_id, str) else "")
+
+
+def from_flight_error(exc: BaseException, *, target: str = "") -> ShardstreamError:
+    """The shardstream error for a failed Flight call (a FlightError, or another Arrow error a Flight
+    reader raised): the exact code, retry hint and stream id a shardstream server sent (raise it `from exc`)."""
+    return from_grpc_error(FlightStatus.of(exc), target=target)

@@ -21,7 +21,7 @@ import yaml
 
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.errors import FlightStatus, UnauthenticatedError, to_flight_error
+from shardstream.errors import FlightStatus, UnauthenticatedError, UnavailableError, to_flight_error
 from shardstream.server.local_fleet import LocalServer
 from shardstream.server.serving.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
@@ -335,7 +335,7 @@ def test_a_dns_name_streams_from_the_address_that_answered_and_fails_over_to_the
                     c.forget_data_port()  # as after a broken stream
                 assert scrape(a)["shardstream_rows_sent_total"] == 2 * N  # the other stream was b's
                 b.kill()
-                with pytest.raises(grpc.RpcError):  # b's turn: gone
+                with pytest.raises(UnavailableError, match="UNAVAILABLE"):  # b's turn: gone
                     list(c.read(request))
                 assert sum(batch.num_rows for _, batch in c.read(request)) == N  # the next address: a
             finally:

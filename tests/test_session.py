@@ -1,7 +1,7 @@
 """The stream session's retry loop alone (client/session.py), over scripted calls.
 
-The calls here are stand-ins for gRPC Read calls — iterators of (header, payload) that end, or raise
-an RpcError with a status code, where the script says — so every branch of the retry loop (resume at
+The calls here are stand-ins for Read calls (client/flight_call.py's ReadCall) — iterators of (header,
+payload) that end, or raise the project's error for a status code, where the script says — so every branch of the retry loop (resume at
 the first missing step, next endpoint, budget reset by progress, non-retryable codes, stop, idle
 watchdog) is exercised deterministically. The same loop against real servers, killed and restarted,
 is tested end to end in test_loader_e2e.py, test_striped.py and test_server.py.
@@ -18,21 +18,21 @@ import pytest
 
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
-from shardstream.errors import DataLossError, InternalError, NotFoundError, UnavailableError
+from shardstream.errors import (
+    DataLossError,
+    InternalError,
+    NotFoundError,
+    ShardstreamError,
+    UnavailableError,
+    status_error,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 NO_WAIT = RetryPolicy(max_retries=3, backoff_base_s=0.0, budget_s=0.0)
 
 
-class ScriptedError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return f"scripted {self._code.name}"
+def ScriptedError(code: grpc.StatusCode) -> ShardstreamError:  # noqa: N802 — reads as the class it was
+    return status_error(code, f"scripted {code.name}")
 
 
 class ScriptedCall:
@@ -43,6 +43,7 @@ class ScriptedCall:
     ):
         self.steps, self.then, self.block = steps, then, block
         self.cancelled = threading.Event()
+        self.stream_id = ""
 
     def __iter__(self) -> Iterator[tuple[pb.ReadHeader, None]]:
         for s in self.steps:

@@ -27,7 +27,7 @@ from shardstream.client import Loader
 from shardstream.client.parts import StepParts
 from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
-from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError
+from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError, from_grpc_error
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import Message, MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
@@ -193,13 +193,15 @@ class _Error(grpc.RpcError):
 
 
 class _Call:
+    stream_id = ""
+
     def __init__(self, messages: list[tuple[pb.ReadHeader, pa.Buffer]], then: _Error | None = None) -> None:
         self.messages, self.then = messages, then
 
     def __iter__(self) -> Iterator[tuple[pb.ReadHeader, pa.Buffer]]:
         yield from self.messages
         if self.then is not None:
-            raise self.then
+            raise from_grpc_error(self.then)  # the project's error, as a ReadCall raises it
 
     def cancel(self) -> bool:
         return True
