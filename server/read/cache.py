@@ -103,17 +103,27 @@ class LRUCache(Generic[V]):
         CACHE_MISS_BYTES.inc(self._sizeof(value))
         return value
 
-    def held(self, key: Hashable) -> V | None:
-        """The value of `key` if held (a hit, as `get` counts it), else None: nothing is read."""
+    def held(self, keys: list[Hashable]) -> list[V | None]:
+        """The value of each of `keys` that is held (a hit, as `get` counts it), else None: nothing
+        is read. One lock and one count for all (a full-shuffled message asks for every row group
+        of the dataset: two counter increments each cost it ~0.5 ms at 128)."""
+        out: list[V | None] = []
+        hits = hit_bytes = 0
         with self._lock:
-            hit = self._items.get(key)
-            if hit is None:
-                return None
-            self._items.move_to_end(key)
-            self._used(key, hit[1])
-        CACHE_HITS.inc()
-        CACHE_HIT_BYTES.inc(hit[1])
-        return hit[0]
+            for key in keys:
+                hit = self._items.get(key)
+                if hit is None:
+                    out.append(None)
+                    continue
+                self._items.move_to_end(key)
+                self._used(key, hit[1])
+                hits += 1
+                hit_bytes += hit[1]
+                out.append(hit[0])
+        if hits:
+            CACHE_HITS.inc(hits)
+            CACHE_HIT_BYTES.inc(hit_bytes)
+        return out
 
     def prefetch(self, key: Hashable, fetch: Callable[[], V]) -> bool:
         """Read `key` ahead of need unless held or being read (then only refresh it); True if it read.

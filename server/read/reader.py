@@ -255,9 +255,7 @@ class DatasetReader:
         fetched several at a time (concurrent ranged reads on remote storage)."""
         fp = self.manifest.fingerprint
         places = [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys.tolist()]
-        tables: list[pa.Table | None] = [
-            self._cache.held((fp, s, g, cols, self._checked[s])) for s, g in places
-        ]
+        tables = self._cache.held([(fp, s, g, cols, self._checked[s]) for s, g in places])
         missing = [i for i, t in enumerate(tables) if t is None]
         if len(missing) > 1:
             fetched = _FETCH_POOL.map(lambda i: self._row_group(*places[i], cols), missing)
