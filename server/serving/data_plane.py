@@ -22,7 +22,7 @@ a stream without room waits for it, holding nothing, and a new stream without ro
 message is refused. RPC metrics: grpc_server_* with
 grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
 
-A client that stops reading is cut (reaper.py): Flight asks for a stream's next message once the
+A client that stops reading is cut (reaper.py, one `Reaper` per plane): Flight asks for a stream's next message once the
 last one is written, so a stream not asked for --write-timeout is reaped — its connection shut
 down, which ends the blocked write — and leaves its slot and memory.
 
@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -73,7 +72,7 @@ from .control_plane import (
     ShardStreamService,
 )
 from .grants import GRANT_HEADER
-from .reaper import STREAMS_REAPED, shutdown_connection
+from .reaper import Reaper
 from .rpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
 
@@ -86,7 +85,6 @@ FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label
 preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 _MIDDLEWARE = "shardstream"
-_REMEMBER_SHUT_S = 60.0  # how long the streams of a connection the reaper shut down count as reaped
 
 
 class _Call(flight.ServerMiddleware):  # type: ignore[misc]
@@ -125,20 +123,6 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
         HANDLED.labels("server_stream", FLIGHT_SERVICE, "DoGet", code_name(code)).inc()
 
 
-@dataclass
-class _Writing:
-    """A stream as the reaper sees it: since when Flight writes its message (None: it does not)."""
-
-    peer: str
-    stream: StreamLog
-    since: float | None = None
-    reaped: bool = False
-
-    def overdue(self, now: float, timeout_s: float) -> bool:
-        since = self.since
-        return since is not None and not self.reaped and now - since > timeout_s
-
-
 class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Call | None:
         return _Call(headers) if info.method == flight.FlightMethod.DO_GET else None
@@ -167,64 +151,14 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self.checkpoints: CheckpointPlane | None = getattr(service, "checkpoints", None)
         # Every stream's message builds (one at a time per stream: _Messages)
         self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
-        # Streams whose message Flight is writing: key -> [since, peer, stream log]; the sweeper
-        # reaps those it has been writing for longer than the write timeout.
-        self._writing: dict[int, _Writing] = {}
-        self._shut: dict[str, float] = {}  # peer -> when the reaper shut its connection down
-        self._keys = iter(range(1 << 62))
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._sweeper = threading.Thread(target=self._sweep, name="flight-reaper", daemon=True)
-        self._sweeper.start()
+        # Streams whose message Flight is writing; those written to for longer than the write
+        # timeout are reaped with their connection (reaper.py)
+        self.reaper = Reaper(service.write_timeout_s, lambda: self.port)
 
     def shutdown(self) -> None:
         super().shutdown()
-        self._stopped.set()
+        self.reaper.stop()
         self.builds.shutdown(wait=False, cancel_futures=True)
-
-    def _was_shut(self, peer: str) -> bool:
-        """Whether the reaper shut `peer`'s connection down lately (its streams end as reaped too)."""
-        now = time.monotonic()
-        with self._lock:
-            for old in [p for p, t in self._shut.items() if now - t > _REMEMBER_SHUT_S]:
-                del self._shut[old]
-            return peer in self._shut
-
-    def _reap(self, writing: _Writing, reason: str) -> bool:
-        """Count `writing`'s stream as reaped, once (the sweeper and its connection's end may both
-        see it): True the first time."""
-        with self._lock:
-            if writing.reaped:
-                return False
-            writing.reaped = True
-        STREAMS_REAPED.inc()
-        writing.stream.reason = reason
-        return True
-
-    def _sweep(self) -> None:
-        timeout_s = self.service.write_timeout_s
-        while not self._stopped.wait(min(1.0, timeout_s / 4)):
-            now = time.monotonic()
-            with self._lock:
-                overdue = [w for w in self._writing.values() if w.overdue(now, timeout_s)]
-            shut: set[str] = set()  # a connection's streams go together
-            for w in overdue:
-                if not self._reap(w, "reaped: nothing read for --write-timeout") or w.peer in shut:
-                    continue
-                with self._lock:  # before the shutdown: its other streams end as reaped, not gone
-                    self._shut[w.peer] = time.monotonic()
-                closed = shutdown_connection(w.peer, self.port)
-                if closed:
-                    shut.add(w.peer)
-                else:
-                    with self._lock:
-                        self._shut.pop(w.peer, None)
-                log.warning(
-                    "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
-                    w.peer or "an unknown peer",
-                    timeout_s,
-                    "connection shut down" if closed else "its connection was not found",
-                )
 
     def _principal(self, call: _Call, ticket: bytes) -> Principal:
         """The caller: its token's principal when it sent a token (a grant beside it is not looked
@@ -315,10 +249,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         outcome = "GONE"  # until it ends otherwise: Flight stopped asking, its client went away
         stream.reason = "client left"
         message: Message | None = first
-        key = next(self._keys)
-        writing = _Writing(stream.peer, stream)
-        with self._lock:
-            self._writing[key] = writing
+        key, writing = self.reaper.watch(stream)
         try:
             while message is not None:
                 batch = message.batch
@@ -347,16 +278,14 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             messages.cancel()
         except GeneratorExit:
             messages.cancel()
-            if self._was_shut(writing.peer):  # its connection's other streams
-                self._reap(writing, "reaped: its connection was shut down (another stream read nothing)")
+            self.reaper.left(writing)  # reaped if its connection was shut down for another stream
             raise
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
             stream.reason = ""
             raise self._fail(call, exc, stream) from None
         finally:
-            with self._lock:
-                self._writing.pop(key, None)
+            self.reaper.forget(key)
             self._end(admitted, active, audit, stream, outcome)
 
     def _end(

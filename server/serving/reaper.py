@@ -7,8 +7,9 @@ stream's admission slot (admission.py) and the next message built ahead for as l
 gRPC offers a server no way to cancel one call, and a frozen process's kernel keeps acknowledging
 TCP, so nothing ends it.
 
-The data plane (data_plane.py) times each write; one that has waited the write timeout (plus
-at most a quarter of it, or 1 s) is reaped: logged, counted (`shardstream_streams_reaped_total`)
+The data plane (data_plane.py) times each write with a `Reaper`: `watch(stream)` when a stream starts,
+`writing.since` set while Flight writes a message, `forget(writing)` when it ends. A write that has
+waited the write timeout (plus at most a quarter of it, or 1 s) is reaped by the Reaper's sweeper thread: logged, counted (`shardstream_streams_reaped_total`)
 and its connection shut down by `shutdown_connection(peer, port)` — the socket whose remote address
 is the call's peer, found in /proc/net/tcp{,6} and among this process's descriptors (Linux; the
 descriptor is checked to be that socket before `shutdown`). gRPC then ends every call of that
@@ -18,14 +19,21 @@ resumes at its first missing step (on any endpoint), as after any broken connect
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 from prometheus_client import Counter
 
-__all__ = ["STREAMS_REAPED", "shutdown_connection"]
+from .stream_log import StreamLog
+
+__all__ = ["STREAMS_REAPED", "Reaper", "Writing", "shutdown_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,102 @@ STREAMS_REAPED = Counter(
     "shardstream_streams_reaped_total",
     "Read streams cut because their client read nothing for the write timeout (--write-timeout-s)",
 )
+_REMEMBER_SHUT_S = 60.0  # how long the streams of a connection the reaper shut down count as reaped
+
+
+@dataclass
+class Writing:
+    """A stream as the reaper sees it: since when Flight writes its message (None: it does not)."""
+
+    peer: str
+    stream: StreamLog
+    since: float | None = None
+    reaped: bool = False
+
+    def overdue(self, now: float, timeout_s: float) -> bool:
+        since = self.since
+        return since is not None and not self.reaped and now - since > timeout_s
+
+
+class Reaper:
+    """The streams of one data plane that Flight is writing, and the sweeper thread that cuts those
+    written to for longer than `timeout_s`: their connection (on the plane's `local_port()`) is shut
+    down and every stream of it ends as reaped."""
+
+    def __init__(self, timeout_s: float, local_port: Callable[[], int]) -> None:
+        self.timeout_s = timeout_s
+        self._local_port = local_port
+        self._writing: dict[int, Writing] = {}
+        self._shut: dict[str, float] = {}  # peer -> when the reaper shut its connection down
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="flight-reaper", daemon=True)
+        self._sweeper.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def watch(self, stream: StreamLog) -> tuple[int, Writing]:
+        """Start watching `stream`'s writes: its key (for `forget`) and what its sender updates."""
+        writing = Writing(stream.peer, stream)
+        key = next(self._keys)
+        with self._lock:
+            self._writing[key] = writing
+        return key, writing
+
+    def forget(self, key: int) -> None:
+        with self._lock:
+            self._writing.pop(key, None)
+
+    def left(self, writing: Writing) -> None:
+        """Its client stopped asking: reaped if the reaper shut its connection down lately (another
+        stream of the connection read nothing), else simply gone."""
+        if self._was_shut(writing.peer):
+            self._reap(writing, "reaped: its connection was shut down (another stream read nothing)")
+
+    def _was_shut(self, peer: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            for old in [p for p, t in self._shut.items() if now - t > _REMEMBER_SHUT_S]:
+                del self._shut[old]
+            return peer in self._shut
+
+    def _reap(self, writing: Writing, reason: str) -> bool:
+        """Count `writing`'s stream as reaped, once (the sweeper and its connection's end may both
+        see it): True the first time."""
+        with self._lock:
+            if writing.reaped:
+                return False
+            writing.reaped = True
+        STREAMS_REAPED.inc()
+        writing.stream.reason = reason
+        return True
+
+    def _sweep(self) -> None:
+        timeout_s = self.timeout_s
+        while not self._stopped.wait(min(1.0, timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [w for w in self._writing.values() if w.overdue(now, timeout_s)]
+            shut: set[str] = set()  # a connection's streams go together
+            for w in overdue:
+                if not self._reap(w, "reaped: nothing read for --write-timeout") or w.peer in shut:
+                    continue
+                with self._lock:  # before the shutdown: its other streams end as reaped, not gone
+                    self._shut[w.peer] = time.monotonic()
+                closed = shutdown_connection(w.peer, self._local_port())
+                if closed:
+                    shut.add(w.peer)
+                else:
+                    with self._lock:
+                        self._shut.pop(w.peer, None)
+                log.warning(
+                    "reaped the Read streams of %s on the Flight data plane: its client read nothing for %g s (%s)",
+                    w.peer or "an unknown peer",
+                    timeout_s,
+                    "connection shut down" if closed else "its connection was not found",
+                )
 
 
 def _parse_peer(peer: str) -> tuple[str, int] | None:
