@@ -21,9 +21,9 @@ from shardstream.client.credentials import ChannelSecurity
 from shardstream.errors import (
     NotFoundError,
     PermissionDeniedError,
+    ShardstreamError,
     UnauthenticatedError,
     UnavailableError,
-    from_grpc_error,
 )
 from shardstream.server.serving.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
@@ -121,16 +121,16 @@ def read_code(c: Connection, request: pb.ReadRequest) -> grpc.StatusCode:
     try:
         for _ in c.read(request, timeout_s=10):
             pass
-    except grpc.RpcError as exc:
-        return exc.code()
+    except ShardstreamError as exc:  # what a read call raises (client/flight_call.py ReadCall)
+        return exc.status
     return grpc.StatusCode.OK
 
 
-def read_error(c: Connection, request: pb.ReadRequest) -> grpc.RpcError:
+def read_error(c: Connection, request: pb.ReadRequest) -> ShardstreamError:
     try:
         for _ in c.read(request, timeout_s=10):
             pass
-    except grpc.RpcError as exc:
+    except ShardstreamError as exc:
         return exc
     raise AssertionError("the Read succeeded")
 
@@ -226,19 +226,19 @@ def test_a_token_without_web_is_denied_on_get_dataset_read_and_as_a_mixture_sour
         next(iter(ld))
     read = pb.ReadRequest(dataset="web@1", world_size=1, batch_size=4)
     err = read_error(c, read)
-    assert isinstance(from_grpc_error(err), PermissionDeniedError)
+    assert isinstance(err, PermissionDeniedError)
     mixture = pb.ReadRequest(world_size=1, batch_size=4)
     mixture.mixture.add(dataset="toy@1", weight=1.0)
     mixture.mixture.add(dataset="web@1", weight=1.0)
     err = read_error(c, mixture)
-    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "mixture source 1" in err.details()
+    assert err.status == grpc.StatusCode.PERMISSION_DENIED and "mixture source 1" in str(err)
     # what the answer reveals: the same words for a dataset that exists and one that does not
     details = {}
     for name in ("web", "nothing-here"):
         with pytest.raises(PermissionDeniedError) as exc:
             c.get_dataset(f"{name}@1", 5)
         details[name] = str(exc.value).replace(name, "NAME")
-        assert read_error(c, pb.ReadRequest(dataset=f"{name}@1", world_size=1, batch_size=4)).code() == grpc.StatusCode.PERMISSION_DENIED
+        assert read_error(c, pb.ReadRequest(dataset=f"{name}@1", world_size=1, batch_size=4)).status == grpc.StatusCode.PERMISSION_DENIED
     assert details["web"] == details["nothing-here"]
     # inside the principal's patterns, a dataset that does not exist is NOT_FOUND as usual
     with pytest.raises(NotFoundError):

@@ -16,7 +16,7 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
-from shardstream.ipc import STREAM_ID_METADATA
+from shardstream.errors import InvalidArgumentError
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
@@ -81,13 +81,15 @@ def test_errors_carry_the_stream_id_in_text_and_json(root: Path, tmp_path: Path)
             conn = Connection(server.target)
             try:
                 call = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=0))
-                with pytest.raises(grpc.RpcError) as err:
+                with pytest.raises(InvalidArgumentError) as err:
                     list(call)
-                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                stream_id = dict(call.initial_metadata())[STREAM_ID_METADATA]
+                assert err.value.status == grpc.StatusCode.INVALID_ARGUMENT
+                stream_id = call.stream_id  # the read call's (client/flight_call.py ReadCall)
+                assert stream_id and err.value.stream_id == stream_id
                 ok = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=100))
                 assert sum(1 for _ in ok) >= 1
-                ok_id = dict(ok.initial_metadata())[STREAM_ID_METADATA]
+                ok_id = ok.stream_id
+                assert ok_id
             finally:
                 conn.close()
         if fmt == "json":
