@@ -253,3 +253,39 @@ def test_the_distribution_lists_every_package() -> None:
     assert found == listed, (
         f"missing from pyproject: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
     )
+
+
+# --- the visualizers read through the client's public names only ---------------------------------
+PUBLIC_CLIENT = "shardstream.client"  # its __all__: Loader, StepReader, read_step, ...
+# Sub-packages whose modules are each documented in their package docstring (job cursors, checkpoints).
+PUBLIC_CLIENT_PACKAGES = ("shardstream.client.cursors", "shardstream.client.checkpoint")
+
+
+def private_client_imports(graph: Mapping[str, set[str]], entry: str = "shardstream.viz") -> list[str]:
+    """`entry`'s imports of client modules other than the public ones."""
+    return sorted(
+        f"{mod} imports {target}"
+        for mod, targets in graph.items()
+        if mod == entry or mod.startswith(entry + ".")
+        for target in targets
+        if layer(target) == "client"
+        and target != PUBLIC_CLIENT
+        and not any(target == p or target.startswith(p + ".") for p in PUBLIC_CLIENT_PACKAGES)
+    )
+
+
+def test_the_visualizers_import_no_private_client_module() -> None:
+    assert not private_client_imports(edges(product_sources()))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from shardstream.client.session import StreamSession",
+        "def f():\n    import shardstream.client.session",
+        "from shardstream.client import session",
+    ],
+)
+def test_a_private_client_import_of_the_visualizers_is_reported(line: str) -> None:
+    found = private_client_imports(edges(with_extra("shardstream.viz.source", line)))
+    assert found == ["shardstream.viz.source imports shardstream.client.session"], found

@@ -1,11 +1,10 @@
 """The one data source of both visualizers: one rank's batch at one step, exactly as the trainer gets it.
 
-A step is read through shardstream servers with the client's own pieces — the pinned `Target`
-(client/target.py), the `ReadSpec` a Loader builds (client/spec.py), one `StreamSession` with its
-retries and failover (client/session.py) and the message decoder (client/decode.py) — starting at
-the step's global offset `step * world_size * batch_size` (or, for a job's step, where the job's
+A step is read through shardstream servers with the client's public `StepReader`
+(shardstream.client: a Loader's options and read spec, one stream session with its retries and
+failover, the Loader's decoder) — starting at the step's global offset `step * world_size * batch_size` (or, for a job's step, where the job's
 cursor walks to: `place()`), which is where a Loader whose state says that offset starts
-(`loader_state()` returns that state). Only that one step is asked for
+(`loader_state()` returns that state, `StepReader.state`). Only that one step is asked for
 (`num_steps = 1`): looking at step 12,345 reads step 12,345, not the epoch before it. Nothing is
 decoded differently for display; the panes draw the arrays the trainer would get.
 
@@ -26,20 +25,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardstream.client.batch import PROVENANCE, BatchInfo
-from shardstream.client.channel import Connection, normalize_endpoints
-from shardstream.client.convert import to_numpy
-from shardstream.client.credentials import ChannelSecurity, TlsOption
-from shardstream.client.decode import decode_message
-from shardstream.client.loader_state import LoaderState
-from shardstream.client.session import CallRegistry, StreamSession
-from shardstream.client.spec import ReadSpec, RetryPolicy
-from shardstream.client.target import Target, normalize_dataset, resolve_target
-from shardstream.errors import InvalidArgumentError, UnavailableError
+from shardstream.client import BatchInfo, ChannelSecurity, StepReader, Target, TlsOption, as_numpy
+from shardstream.errors import InvalidArgumentError
 from shardstream.order.explain import Cursor, place_step
 from shardstream.order.read_order import StepLayout
 from shardstream.registry import Registry
-from shardstream.transform_spec import to_wire
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .query import StepQuery
@@ -73,8 +63,7 @@ class StepBatch:
     @cached_property
     def arrays(self) -> dict[str, np.ndarray]:
         """What `Loader(output="numpy")` hands over: the data columns as numpy arrays."""
-        data = self.batch.drop_columns([c for c in PROVENANCE if c in self.batch.schema.names])
-        return to_numpy(data)
+        return as_numpy(self.batch)
 
     @property
     def num_rows(self) -> int:
@@ -108,15 +97,14 @@ class DataSource:
         security: ChannelSecurity | None = None,
         tls: TlsOption = None,
     ) -> None:
-        self.endpoints = normalize_endpoints(list(endpoints))
         self.security = security or ChannelSecurity()
+        self._reader = StepReader(list(endpoints), security=self.security, timeout_s=timeout_s, read_deadline_s=READ_DEADLINE_S)
+        self.endpoints = self._reader.endpoints
         self.tls = tls  # the Loader's tls= as given (file paths), for the scripts the pages show
         self.registry = registry  # manifests: history, diffs, shard names, shuffle stats (optional)
         self.metrics_urls = list(metrics_urls)  # the servers' /metrics (the fleet page)
         self.timeout_s = timeout_s
         self._owned = owned  # an embedded LocalServer, stopped on close
-        self._conns = {e: Connection(e, self.security) for e in self.endpoints}
-        self._targets: dict[tuple[Any, ...], Target] = {}
         self._cache: OrderedDict[StepQuery, StepBatch] = OrderedDict()
         self._lock = threading.Lock()
         self._inflight: dict[StepQuery, threading.Lock] = {}
@@ -156,9 +144,7 @@ class DataSource:
         self.close()
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._reader.close()
         if self._owned is not None:
             self._owned.stop()
             self._owned = None
@@ -166,38 +152,16 @@ class DataSource:
             self.registry.close()
 
     # --- what there is ---------------------------------------------------------------------------
-    def _first(self, call: Any) -> Any:
-        last: Exception | None = None
-        for endpoint in self.endpoints:
-            try:
-                return call(self._conns[endpoint])
-            except UnavailableError as exc:
-                last = exc
-        raise UnavailableError(f"no shardstream server reachable at {', '.join(self.endpoints)} ({last})")
-
     def list_datasets(self) -> list[pb.DatasetInfo]:
         """Each dataset's latest version, as the fleet lists it."""
-        resp = self._first(lambda c: c.list_datasets(self.timeout_s))
-        return sorted(resp.datasets, key=lambda d: d.name)
+        return self._reader.list_datasets()
 
     def dataset_info(self, ref: str) -> pb.DatasetInfo:
-        return self._first(lambda c: c.get_dataset(ref, self.timeout_s))
+        return self._reader.dataset_info(ref)
 
     def target(self, query: StepQuery) -> Target:
         """The pinned dataset version or mixture the query reads (resolved once)."""
-        key = (query.dataset, query.column_list, query.seed)
-        with self._lock:
-            found = self._targets.get(key)
-        if found is None:
-            found = resolve_target(
-                self.dataset_info,
-                normalize_dataset(query.dataset),
-                columns=list(query.column_list) or None,
-                seed=query.seed,
-            )
-            with self._lock:
-                self._targets[key] = found
-        return found
+        return self._reader.target(query.dataset, columns=list(query.column_list) or None, seed=query.seed)
 
     def place(self, query: StepQuery) -> Placed:
         """Where the query's step is: its epoch, the offset it starts at and the epoch's last step
@@ -224,19 +188,10 @@ class DataSource:
 
     def loader_state(self, query: StepQuery) -> dict[str, Any]:
         """The `Loader.state_dict()` after which the query's step is the next one (any rank)."""
-        target = self.target(query)
         placed = self.place(query)
-        return LoaderState(
-            dataset=target.label,
-            fingerprint=target.fingerprint,
-            seed=query.seed,
-            shuffle=str(query.shuffle_spec),
-            epoch=placed.epoch,
-            offset=placed.start,
-            world_size=query.world_size,
-            batch_size=query.batch_size,
-            steps=query.step,
-        ).to_dict()
+        return self._reader.state(
+            self.target(query), epoch=placed.epoch, offset=placed.start, steps=query.step, **_options(query)
+        )
 
     # --- one step --------------------------------------------------------------------------------
     def read_step(self, query: StepQuery) -> StepBatch:
@@ -264,69 +219,32 @@ class DataSource:
         """The same step's stored values of `column`, before any transform (e.g. the encoded image)."""
         return self.read_step(query.moved(transforms="", columns=column, on_error="fail"))
 
-    def _spec(self, query: StepQuery, target: Target) -> ReadSpec:
-        return ReadSpec(
-            target=target,
-            endpoints=tuple(self.endpoints),
-            rank=query.rank,
-            world_size=query.world_size,
-            batch_size=query.batch_size,
-            seed=query.seed,
-            shuffle=query.shuffle_spec,
-            drop_last=query.drop_last,
-            columns=query.column_list,
-            max_message_bytes=0,
-            transforms=tuple(to_wire(_with_documents(query.transform_list), query.on_error)),
-            on_error=query.on_error,
-            output="arrow",
-            provenance=True,
-            pin_memory=False,
-            prefetch=1,
-            streams=1,
-            epochs=query.epoch + 1,
-            retry=RetryPolicy(budget_s=self.timeout_s),
-        )
-
     def _read(self, query: StepQuery) -> StepBatch:
         target = self.target(query)
         placed = self.place(query)
-        total = placed.last + 1
-        epoch, offset = placed.epoch, placed.start
-        spec = self._spec(query.moved(epoch=epoch), target)
-        # The Loader's cursor at this step: the offset where it starts, read from there.
-        layout = StepLayout(target.num_rows, offset, query.world_size, query.batch_size, query.drop_last)
-
-        def request_at(first: int) -> pb.ReadRequest:
-            request = spec.request(epoch, offset, first, 1)
-            request.num_steps = 1
-            return request
-
-        calls = CallRegistry(lambda endpoint, req: self._conns[endpoint].read(req, READ_DEADLINE_S))
-        session = StreamSession(
-            calls,
-            request_at,
-            endpoints=spec.endpoints,
-            endpoint=query.rank % len(spec.endpoints),
-            first_step=0,
-            step_stride=1,
-            retry=spec.retry,
-            what=f"{target.label} epoch {epoch} step {query.step}",
+        batch, info = self._reader.read(
+            target,
+            epoch=placed.epoch,
+            offset=placed.start,  # the Loader's cursor at this step: the offset where it starts
+            what=f"{target.label} epoch {placed.epoch} step {query.step}",
+            **_options(query),
         )
-        try:
-            message = session.next_message()
-        finally:
-            session.close()
-            calls.stop()
-        if message is None:
-            raise UnavailableError(f"the stream of {query.describe()} ended without its step")
-        header, rows = message
-        items = [i for i in decode_message(spec, epoch, layout, 0, 1, header, rows) if i.info]
-        if len(items) != 1:
-            raise UnavailableError(f"expected one step for {query.describe()}, got {len(items)}")
-        item = items[0]
-        assert item.info is not None
-        info = replace(item.info, step=query.step)
-        return StepBatch(query, target, total, item.batch, info)
+        return StepBatch(query, target, placed.last + 1, batch, replace(info, step=query.step))
+
+
+def _options(query: StepQuery) -> dict[str, Any]:
+    """The Loader options of the query's read (its rank's)."""
+    return {
+        "rank": query.rank,
+        "world_size": query.world_size,
+        "batch_size": query.batch_size,
+        "seed": query.seed,
+        "shuffle": query.shuffle_spec,
+        "drop_last": query.drop_last,
+        "columns": list(query.column_list) or None,
+        "transforms": _with_documents(query.transform_list),
+        "on_error": query.on_error,
+    }
 
 
 def _with_documents(transforms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
