@@ -46,6 +46,7 @@ from .serving.process_metrics import disable_created_series, register_build_info
 from .serving.ready import write_ready_file
 from .serving.rpc_metrics import RpcMetrics
 from .serving.status_http import Health, start_status_server
+from .serving.stream_runtime import StreamRuntime
 
 __all__ = ["SERVER_OPTIONS", "WORKER_OPTIONS", "run", "serve", "server_options"]
 
@@ -98,7 +99,7 @@ async def serve(cfg: ServerConfig) -> None:
 async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     spill = SpillTier(cfg.cache_dir, cfg.cache_dir_bytes) if cfg.cache_dir else None
     cache = new_row_group_cache(cfg.cache_bytes, spill)
-    service = ShardStreamService(
+    runtime = StreamRuntime(
         registry,
         cache,
         read_ahead=cfg.read_ahead,
@@ -109,9 +110,10 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         auth=Authenticator(cfg.auth_file),
     )
     if cfg.checkpoint_root:  # before the data plane starts: it serves them (serving/data_plane.py)
-        service.checkpoints = open_checkpoint_plane(  # type: ignore[attr-defined]
-            cfg.checkpoint_root, cache, service.auth, lambda: service.grants, s3_endpoint=cfg.s3_endpoint
+        runtime.checkpoints = open_checkpoint_plane(
+            cfg.checkpoint_root, cache, runtime.auth, lambda: runtime.grants, s3_endpoint=cfg.s3_endpoint
         )
+    service = ShardStreamService(runtime)  # the control plane; Read streams are the data plane's
     server = grpc.aio.server(options=server_options(cfg), interceptors=[RpcMetrics()])
     server.add_generic_rpc_handlers((service.handler(),))
     health_servicer = health.aio.HealthServicer()
@@ -134,7 +136,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     if port == 0:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
     service.port = port
-    data_plane = DataPlane.start(cfg, service)
+    data_plane = DataPlane.start(cfg, runtime)
     metrics_port = None
     status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:

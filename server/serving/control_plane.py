@@ -1,15 +1,12 @@
-"""The ShardStream servicer: the control plane on grpc.aio, and what its data plane shares with it.
+"""The ShardStream servicer: the control plane on grpc.aio (GetDataset, ListDatasets).
 
-GetDataset and ListDatasets are proto in -> registry -> proto out. GetDataset's answer names the
+GetDataset and ListDatasets are proto in -> registry -> proto out, over the process's stream runtime
+(stream_runtime.py: its planner resolves datasets, its grants vouch for certificate callers, its
+`status_of` maps errors to statuses). GetDataset's answer names the
 port of this process's data plane (data_plane.py: Read streams as Arrow Flight DoGet), and to a
 caller it authenticated by its client certificate it gives a grant bound to that certificate
-(grants.py). The servicer also holds what every Read stream of the process shares: the planner
-(server/read/plan.py), the message builder (server/read/build.py), admission (admission.py: streams per server and per
-peer, bytes held), read-ahead, the stream metrics, the stream log and the one mapping of errors to
-statuses (`status_of`): every ShardstreamError leaves as its own gRPC status code (errors.py; a
-request that does not even parse is INVALID_ARGUMENT); anything else is logged and leaves as
-INTERNAL. What a client reads of an error names dataset versions and shards, never a server path or
-an exception's text (redact.py); the server's log keeps the rest.
+(grants.py). Every ShardstreamError leaves as its own gRPC status code (a request that does not even
+parse is INVALID_ARGUMENT); anything else is logged and leaves as INTERNAL, its text redacted.
 
 ListDatasets lists every dataset it can read and skips the bad entries (server/transforms/ops.py): each is logged
 once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
@@ -18,9 +15,8 @@ Every call is authenticated first (auth.py: a bearer token or a client certifica
 the server has `--auth`) and every dataset it names is checked against the caller's patterns;
 ListDatasets lists only the latest versions the caller may read. Each call refused as
 UNAUTHENTICATED or PERMISSION_DENIED leaves one line in the audit log (audit.py), as each Read
-stream does. Stream metrics carry the dataset's name as a bounded `dataset` label
-(dataset_label.py); RPC counts and times are the grpc-ecosystem metrics, kept by an interceptor for
-every service of this port (rpc_metrics.py) and by the data plane for its DoGet.
+stream does. RPC counts and times are the grpc-ecosystem metrics, kept by an interceptor for every
+service of this port (rpc_metrics.py) and by the data plane for its DoGet.
 """
 
 from __future__ import annotations
@@ -31,36 +27,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from prometheus_client import Counter, Gauge
+from prometheus_client import Gauge
 
 from shardstream import __version__
-from shardstream.errors import (
-    InternalError,
-    InvalidArgumentError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    ShardstreamError,
-    UnauthenticatedError,
-)
+from shardstream.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError
 from shardstream.extension_types import plain_schema
 from shardstream.manifest import Manifest
-from shardstream.registry import BadEntry, Registry
+from shardstream.registry import BadEntry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..config import DEFAULT_WRITE_TIMEOUT_S
-from ..read.build import MessageBuilder
-from ..read.plan import ReadPlan, ReadPlanner
-from ..read.readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
-from ..read.reader import RowGroupCache
-from ..read.request_limits import RequestLimits
-from .admission import Admission
 from .audit import audit_call
-from .auth import OPEN, Authenticator, Principal, has_token
-from .dataset_label import dataset_label, dataset_name
-from .grants import GRANT_TTL_S, Grants, peer_fingerprint
-from .redact import client_message
-from .rpc_metrics import code_name, preinitialize
-from .stream_log import StreamLog, new_stream_id
+from .auth import OPEN, Principal, has_token
+from .grants import GRANT_TTL_S, peer_fingerprint
+from .rpc_metrics import preinitialize
+from .stream_runtime import StreamRuntime
 
 __all__ = ["SERVICE_NAME", "ShardStreamService", "dataset_info"]
 
@@ -72,27 +52,14 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "shardstream.v1.ShardStream"
 METHODS = ("GetDataset", "ListDatasets")
 
-STREAMS_ACTIVE = Gauge(
-    "shardstream_streams_active", "Read streams in progress", ["dataset"], multiprocess_mode="livesum"
-)
-STREAMS = Counter("shardstream_streams_total", "Read streams started (planned)", ["dataset"])
-STREAM_ERRORS = Counter(
-    "shardstream_stream_errors_total", "Read streams that ended with an error status", ["dataset", "code"]
-)
-BATCHES_SENT = Counter("shardstream_batches_sent_total", "Steps (per-rank batches) sent", ["dataset"])
-MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent", ["dataset"])
-ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent", ["dataset"])
-BYTES_SENT = Counter("shardstream_bytes_sent_total", "Bytes of Read messages sent", ["dataset"])
 REGISTRY_BAD_ENTRIES = Gauge(
     "shardstream_registry_bad_entries",
     "Registry entries (manifests, dataset directories) ListDatasets found unreadable and skipped, at its last call",
     multiprocess_mode="livemax",
 )
-_LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
 preinitialize(SERVICE_NAME, {"GetDataset": "unary", "ListDatasets": "unary"})  # 0 for the known series
 
 T = TypeVar("T")
-_MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer
 
 
 def _lenient(parse: Callable[[bytes], T]) -> Callable[[bytes], T | None]:
@@ -109,31 +76,12 @@ def _lenient(parse: Callable[[bytes], T]) -> Callable[[bytes], T | None]:
 
 
 class ShardStreamService:
-    """One per server process, shared by all its streams (the planner's readers and orders too)."""
+    """The control plane of one server process, over its stream runtime."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        cache: RowGroupCache,
-        *,
-        read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES,
-        transform_threads: int = 1,
-        limits: RequestLimits | None = None,
-        admission: Admission | None = None,
-        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
-        auth: Authenticator | None = None,
-    ) -> None:
-        self.registry = registry
-        self.auth = auth or Authenticator(None)
-        self.planner = ReadPlanner(registry, cache, limits)
-        self.builder = MessageBuilder(transform_threads=transform_threads)
-        self.admission = admission or Admission()
-        self.write_timeout_s = write_timeout_s  # a stream Flight writes no further for this long is reaped
+    def __init__(self, runtime: StreamRuntime) -> None:
+        self.runtime = runtime
+        self.registry = runtime.registry
         self.port = 0  # the port the server listens on, once bound (server/lifecycle.py)
-        self.data_port = 0  # its Flight data plane's port (data_plane_server.py), once bound
-        self.grants: Grants | None = None  # with a data plane: what vouches for certificate callers
-        self.read_ahead = ReadAhead(read_ahead, cache)  # each stream's next row groups, fetched ahead
-        self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 
     # --- plumbing ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -154,46 +102,18 @@ class ShardStreamService:
             },
         )
 
-    def _log_once(self, what: str) -> bool:
-        """True the first time `what` is seen (and while fewer than _LOGGED_MAX were)."""
-        if what in self._logged or len(self._logged) >= _LOGGED_MAX:
-            return False
-        self._logged.add(what)
-        return True
-
     async def _abort(
         self,
         method: str,
         context: grpc.aio.ServicerContext,
         exc: BaseException,
-        stream: StreamLog | None = None,
     ) -> None:
-        code, details, metadata = self.status_of(method, exc, stream)
+        code, details, metadata = self.runtime.status_of(method, exc)
         await context.abort(code, details, trailing_metadata=metadata)
-
-    def status_of(
-        self, method: str, exc: BaseException, stream: StreamLog | None = None
-    ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-        """The status a failed call ends with (code, what the client may read, trailing metadata);
-        logged as needed, and counted against its stream."""
-        sid = f" (stream {stream.stream_id})" if stream is not None else ""
-        if not isinstance(exc, ShardstreamError):
-            log.exception("%s%s failed unexpectedly", method, sid, exc_info=exc)
-            exc = InternalError(client_message(exc, self.registry.storage))
-        elif exc.grpc_code == grpc.StatusCode.DATA_LOSS and self._log_once(str(exc)):
-            log.warning("%s%s: %s", method, sid, exc, exc_info=exc)  # the cause chain: files and errors
-        details = client_message(exc, self.registry.storage)
-        if len(details) > _MAX_DETAILS_CHARS:
-            details = f"{details[:_MAX_DETAILS_CHARS]}... ({len(details)} characters)"
-        if stream is not None:
-            stream.failed(code_name(exc.grpc_code), details)
-            STREAM_ERRORS.labels(stream.label, stream.outcome).inc()
-        metadata = exc.trailing_metadata() if isinstance(exc, ResourceExhaustedError) else ()
-        return exc.grpc_code, details, metadata
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         """The caller (auth.py); UnauthenticatedError when the server has --auth and it is nobody known."""
-        return self.auth.authenticate(context.invocation_metadata(), context.auth_context())
+        return self.runtime.auth.authenticate(context.invocation_metadata(), context.auth_context())
 
     def _unary(
         self, method: str, fn: Callable[[Any, Principal, grpc.aio.ServicerContext | None], Awaitable[T]]
@@ -222,8 +142,8 @@ class ShardStreamService:
         principal: Principal = OPEN,
         context: grpc.aio.ServicerContext | None = None,
     ) -> pb.DatasetInfo:
-        manifest = await asyncio.to_thread(self.planner.resolve, request.dataset, principal)
-        info = dataset_info(manifest, self.data_port)
+        manifest = await asyncio.to_thread(self.runtime.planner.resolve, request.dataset, principal)
+        info = dataset_info(manifest, self.runtime.data_port)
         grant = self._grant(principal, context)
         if grant is not None:
             info.data_grant = grant  # the data plane cannot see the certificate
@@ -233,12 +153,13 @@ class ShardStreamService:
     def _grant(self, principal: Principal, context: grpc.aio.ServicerContext | None) -> bytes | None:
         """A grant for a caller this call authenticated by its client certificate (not by a token),
         bound to that certificate's fingerprint (grants.py); None for any other caller."""
-        if self.grants is None or not self.auth.enabled or principal.subject is None or context is None:
+        grants = self.runtime.grants
+        if grants is None or not self.runtime.auth.enabled or principal.subject is None or context is None:
             return None
         if has_token(context.invocation_metadata()):
             return None  # a token's caller sends its token to the data plane too
         cert = peer_fingerprint(context.auth_context())
-        return None if cert is None else self.grants.issue(principal, cert)
+        return None if cert is None else grants.issue(principal, cert)
 
     async def list_datasets(
         self,
@@ -253,7 +174,7 @@ class ShardStreamService:
             self._report(bad)
         readable = [m for m in listing.manifests if principal.may_read(m.name, m.version)]
         response = pb.ListDatasetsResponse(
-            datasets=[dataset_info(m, self.data_port) for m in readable], data_port=self.data_port
+            datasets=[dataset_info(m, self.runtime.data_port) for m in readable], data_port=self.runtime.data_port
         )
         grant = self._grant(principal, context)  # a certificate's caller: for the checkpoint calls
         if grant is not None:
@@ -262,7 +183,7 @@ class ShardStreamService:
         return response
 
     def _report(self, bad: BadEntry) -> None:
-        if self._log_once(f"{bad.ref}: {bad.reason}"):
+        if self.runtime.log_once(f"{bad.ref}: {bad.reason}"):
             log.warning(
                 "registry entry %s (%s) is unreadable, skipped by ListDatasets: %s%s",
                 bad.ref,
@@ -270,33 +191,6 @@ class ShardStreamService:
                 bad.reason,
                 f" ({bad.detail})" if bad.detail else "",
             )
-
-    # --- what the data plane (data_plane.py) shares with this servicer ------------------------
-    def stream_log(
-        self, request: pb.ReadRequest | None, peer: str, stream_id: str | None = None
-    ) -> StreamLog:
-        """A new stream's log lines (stream_log.py), labelled by the dataset it asks for."""
-        stream = StreamLog(stream_id or new_stream_id(), peer)
-        stream.asked(request)
-        if request is not None:  # labelled by name only once admitted (dataset_label.py)
-            name = dataset_name(request.dataset, [s.dataset for s in request.mixture])
-            stream.label = dataset_label(name, admit=False)
-        return stream
-
-    def stream_started(self, stream: StreamLog, plan: ReadPlan, active: Any) -> Any:
-        """A planned stream: its dataset label admitted, counted, logged; its active gauge's child."""
-        names = [r.manifest.name for r in plan.readers]
-        label = dataset_label(dataset_name(names[0], names if plan.mixture else None), admit=True)
-        if plan.pipeline:
-            plan.pipeline.dataset = label
-        STREAMS.labels(label).inc()
-        if label != stream.label:
-            active.dec()
-            active = STREAMS_ACTIVE.labels(label)
-            active.inc()
-        stream.start(", ".join(r.manifest.ref for r in plan.readers), label)
-        return active
-
 
 def dataset_info(m: Manifest, data_port: int = 0) -> pb.DatasetInfo:
     """A manifest as GetDataset and ListDatasets answer it (with the server's Flight data port)."""

@@ -9,7 +9,7 @@ and 0.62x on 16 (loadtest/README.md, "Data plane"). The control plane (GetDatase
 grpc.health stay on the gRPC port, which tells clients this port in `DatasetInfo.data_port`; a plain
 `pyarrow.flight.FlightClient` reads a rank's stream with nothing but a ReadRequest.
 
-What a stream needs is shared with the control plane through `ShardStreamService`: the planner
+What a stream needs comes from the process's stream runtime (stream_runtime.py): the planner
 (exactly-once positions, schedules, mixtures, transforms), the message builder (steps over the
 message cap in parts), admission (streams per server and per peer, the buffer budget:
 RESOURCE_EXHAUSTED with the retry hint), authentication (a bearer token in the `authorization`
@@ -62,19 +62,11 @@ from ..read.build import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
 from .audit import StreamAudit
-from .auth import Principal, has_token
-from .control_plane import (
-    BATCHES_SENT,
-    BYTES_SENT,
-    MESSAGES_SENT,
-    ROWS_SENT,
-    STREAMS_ACTIVE,
-    ShardStreamService,
-)
-from .grants import GRANT_HEADER
+from .auth import Principal
 from .reaper import Reaper
 from .rpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
+from .stream_runtime import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, StreamRuntime
 
 __all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
 
@@ -133,7 +125,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
 
     def __init__(
         self,
-        service: ShardStreamService,
+        runtime: StreamRuntime,
         location: str,
         *,
         tls_certificates: list[tuple[bytes, bytes]] | None = None,
@@ -146,14 +138,14 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             root_certificates=client_ca,
             middleware={_MIDDLEWARE: _CallFactory(), CHECKPOINT_MIDDLEWARE: CheckpointCallFactory()},
         )
-        self.service = service
+        self.runtime = runtime
         # Checkpoints (server/checkpoints/, `serve --checkpoint-root`): None when not enabled
-        self.checkpoints: CheckpointPlane | None = getattr(service, "checkpoints", None)
+        self.checkpoints: CheckpointPlane | None = runtime.checkpoints
         # Every stream's message builds (one at a time per stream: _Messages)
         self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
         # Streams whose message Flight is writing; those written to for longer than the write
         # timeout are reaped with their connection (reaper.py)
-        self.reaper = Reaper(service.write_timeout_s, lambda: self.port)
+        self.reaper = Reaper(runtime.write_timeout_s, lambda: self.port)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -161,14 +153,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self.builds.shutdown(wait=False, cancel_futures=True)
 
     def _principal(self, call: _Call, ticket: bytes) -> Principal:
-        """The caller: its token's principal when it sent a token (a grant beside it is not looked
-        at: a grant never widens what a token may read), else the principal of the grant the gRPC
-        port gave its certificate, with the proof that it holds that certificate's key (grants.py)."""
-        svc = self.service
-        metadata = call.metadata()
-        if call.headers.get(GRANT_HEADER) and svc.grants is not None and svc.auth.enabled and not has_token(metadata):
-            return svc.grants.principal(call.headers, ticket, svc.auth)
-        return svc.auth.authenticate(metadata, None)
+        """The caller: by its token, or by the grant the gRPC port gave its certificate (grants.py)."""
+        return self.runtime.data_principal(call.headers, call.metadata(), ticket)
 
     # --- checkpoints: DoPut, DoAction, ListFlights and chunk DoGets (server/checkpoints/plane.py) ----
     def _checkpoint_plane(self) -> CheckpointPlane:
@@ -192,7 +178,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         if ticket.ticket.startswith(CHUNK_TICKET_PREFIX):
             return self._checkpoint_plane().do_get(context, ticket.ticket)
         call: _Call = context.get_middleware(_MIDDLEWARE)
-        svc = self.service
+        svc = self.runtime
         peer = context.peer()
         try:
             request: pb.ReadRequest | None = pb.ReadRequest.FromString(ticket.ticket)
@@ -297,8 +283,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         stream.end()
 
     def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
-        """The Flight error that ends the call (service.status_of logs and counts it)."""
-        code, details, _ = self.service.status_of("Read", exc, stream)
+        """The Flight error that ends the call (the runtime's status_of logs and counts it)."""
+        code, details, _ = self.runtime.status_of("Read", exc, stream)
         call.code = code
         retry = exc.retry_after_s if isinstance(exc, ResourceExhaustedError) else None
         return to_flight_error(code, details, retry, stream.stream_id)
@@ -316,7 +302,7 @@ class _Messages:
     def __init__(
         self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket, cancelled: Callable[[], bool]
     ) -> None:
-        svc = plane.service
+        svc = plane.runtime
         self._pool = plane.builds
         self._plan = plan
         self._admitted = admitted

@@ -1,7 +1,7 @@
 """The Flight data plane's lifecycle in one server process: start it, follow its certificates, stop it.
 
-`DataPlane.start(cfg, service)` serves data_plane.py's `FlightDataPlane` on `cfg.data_port` (0:
-a free one) with the TLS files of the gRPC port, and records its port in the service (GetDataset
+`DataPlane.start(cfg, runtime)` serves data_plane.py's `FlightDataPlane` on `cfg.data_port` (0:
+a free one) with the TLS files of the gRPC port, and records its port in the stream runtime (GetDataset
 tells clients). pyarrow's Flight server reads its certificate once, so with TLS a watcher thread
 looks at the files every CERT_POLL_S (inode, size, mtime, as tls.py does); when they changed and
 load, the plane is replaced on the same port: the old one stops listening at once and keeps its
@@ -24,9 +24,9 @@ from shardstream.errors import InvalidArgumentError
 
 from ..config import ServerConfig
 from . import security
-from .control_plane import ShardStreamService
 from .data_plane import FlightDataPlane
 from .grants import Grants, new_key
+from .stream_runtime import StreamRuntime
 from .tls import TlsFiles, file_signature, load_pem
 
 __all__ = ["CERT_POLL_S", "DataPlane"]
@@ -38,9 +38,9 @@ _REBIND_S = 5.0  # how long a replacement plane tries to bind the port its prede
 
 
 class DataPlane:
-    def __init__(self, cfg: ServerConfig, service: ShardStreamService) -> None:
+    def __init__(self, cfg: ServerConfig, runtime: StreamRuntime) -> None:
         self.cfg = cfg
-        self.service = service
+        self.runtime = runtime
         self.files: TlsFiles | None = security.tls_files(cfg)
         self.plane: FlightDataPlane | None = None
         self.port = 0
@@ -50,17 +50,17 @@ class DataPlane:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, cfg: ServerConfig, service: ShardStreamService) -> DataPlane:
-        service.grants = Grants(cfg.grant_key or new_key())
+    def start(cls, cfg: ServerConfig, runtime: StreamRuntime) -> DataPlane:
+        runtime.grants = Grants(cfg.grant_key or new_key())
         if cfg.data_port:  # one clear line, before Flight logs its own about the bind
             from .supervisor import reserve_port
 
             reserve_port(cfg.host, cfg.data_port, hold=False)
-        dp = cls(cfg, service)
+        dp = cls(cfg, runtime)
         signature = file_signature(dp.files.paths()) if dp.files is not None else None
         dp.plane = dp._make(cfg.data_port)
         dp.port = dp.plane.port
-        service.data_port = cfg.advertised_data_port or dp.port  # what GetDataset names
+        runtime.data_port = cfg.advertised_data_port or dp.port  # what GetDataset names
         if dp.files is not None:
             threading.Thread(target=dp._watch, args=(signature,), name="data-plane-tls", daemon=True).start()
         return dp
@@ -69,10 +69,10 @@ class DataPlane:
         host = self.cfg.host.strip("[]")
         try:
             if self.files is None:
-                return FlightDataPlane(self.service, flight.Location.for_grpc_tcp(host, port))
+                return FlightDataPlane(self.runtime, flight.Location.for_grpc_tcp(host, port))
             cert, key, ca = load_pem(self.files)
             return FlightDataPlane(
-                self.service,
+                self.runtime,
                 flight.Location.for_grpc_tls(host, port),
                 tls_certificates=[(cert, key)],
                 client_ca=ca,
