@@ -1,7 +1,7 @@
 """Checkpoints and snapshot transfer on the server (DESIGN §13), enabled by `serve --checkpoint-root URL`.
 
     store.py   chunks, parts and the commit protocol over one Storage (local directory or s3://)
-    gc.py      `checkpoint gc --keep N`: old manifests, dead parts, unreferenced chunks
+    reclaim.py `checkpoint gc --keep N`: old manifests, dead parts, unreferenced chunks
     plane.py   the Flight calls a Checkpointer makes (DoPut, DoGet, DoAction, ListFlights), auth
 
 The format is shardstream/checkpoint_format.py's (the client builds the same records).
@@ -18,8 +18,8 @@ from ..backends.roots import open_storage
 from ..read.cache import LRUCache
 from ..serving.auth import Authenticator
 from ..serving.grants import Grants
-from .gc import GcReport, collect
 from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
+from .reclaim import GcReport, collect
 from .store import CheckpointStore
 
 __all__ = [

@@ -15,7 +15,7 @@ The layout and records are shardstream/checkpoint_format.py's. Every write goes 
 - Reads verify: a chunk whose bytes do not hash to its name is DataLossError naming the
   checkpoint's job and the chunk; an unreadable manifest is DataLossError naming its step.
 
-Reclaiming space is gc.py's.
+Reclaiming space is reclaim.py's.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ serves), so they run beside the fleet with the storage's credentials, not throug
     verify  --job J [--step S]         re-read every chunk and check it against its name (exit 1 on a problem)
     pull    --job J [--step S] --to D  write a plain torch.distributed.checkpoint directory (dcp.load reads
                                        it without shardstream): for evaluation and inference hosts
-    gc      --job J --keep N           keep the newest N, reclaim the rest (server/checkpoints/gc.py)
+    gc      --job J --keep N           keep the newest N, reclaim the rest (server/checkpoints/reclaim.py)
 """
 
 from __future__ import annotations
