@@ -5,7 +5,7 @@
     state_tree.py    staging a state tree to host memory, and putting a loaded one back
     transport.py     the Flight calls to a server's data plane (DoPut, DoGet, DoAction, ListFlights)
     dcp.py           torch.distributed.checkpoint StorageWriter / StorageReader over the same calls
-    metrics.py       shardstream_client_checkpoint_* (stall, upload lag, bytes sent, dedup, loaded)
+    checkpoint_metrics.py  shardstream_client_checkpoint_* (stall, upload lag, bytes sent, dedup, loaded)
 
 The records are shardstream/checkpoint_format.py's; the server side is shardstream.server.checkpoints.
 """

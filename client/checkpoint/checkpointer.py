@@ -59,7 +59,7 @@ from shardstream.errors import (
 
 from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
-from . import metrics
+from . import checkpoint_metrics as metrics
 from .chunks import ChunkStore
 from .state_tree import Staged, restore, stage
 from .transport import GET_STREAMS, CheckpointSession
