@@ -64,7 +64,7 @@ from .admission import Ticket
 from .audit import StreamAudit
 from .auth import Principal
 from .reaper import Reaper
-from .rpc_metrics import HANDLED, HANDLING_SECONDS, KNOWN_CODES, STARTED, code_name, preinitialize
+from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
 from .stream_runtime import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, StreamRuntime
 
@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
 # 0 for the known series; UNKNOWN too: a plain Flight error without a shardstream code
 preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
+_DO_GET = MethodMetrics("server_stream", FLIGHT_SERVICE, "DoGet")  # the recorder the gRPC port's interceptor uses
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 _MIDDLEWARE = "shardstream"
 
@@ -85,9 +86,8 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
     def __init__(self, headers: dict[str, list[Any]]) -> None:
         self.headers = headers
         self.stream_id = new_stream_id()
-        self.t0 = time.perf_counter()
         self.code: grpc.StatusCode | None = None  # set by do_get when it ends the stream with a status
-        STARTED.labels("server_stream", FLIGHT_SERVICE, "DoGet").inc()
+        self.t0 = _DO_GET.start()
 
     def metadata(self) -> list[tuple[str, str]]:
         """The call's headers as gRPC metadata (auth.py reads `authorization` from it)."""
@@ -109,10 +109,7 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
             code = grpc.StatusCode.CANCELLED
         else:
             code = grpc.StatusCode.UNKNOWN
-        HANDLING_SECONDS.labels("server_stream", FLIGHT_SERVICE, "DoGet").observe(
-            time.perf_counter() - self.t0
-        )
-        HANDLED.labels("server_stream", FLIGHT_SERVICE, "DoGet", code_name(code)).inc()
+        _DO_GET.done(self.t0, code_name(code))
 
 
 class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]

@@ -11,6 +11,10 @@ on the server counts every RPC of every service it serves (ShardStream, grpc.hea
 whatever ends it: a handler's `context.abort` (its code), a return (OK, or the code the handler set),
 an exception (Unknown, as gRPC answers it) or the client leaving (Canceled). A Read stream's
 handling time is the whole stream, hence buckets up to an hour.
+
+One recorder, `MethodMetrics` (one method's series: `start()` an RPC, `done(t0, code)` at its end),
+serves both planes: the interceptor above for the gRPC port, the Flight data plane's call middleware
+for its DoGet (data_plane.py).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import grpc
 from grpc import aio
 from prometheus_client import Counter, Histogram
 
-__all__ = ["KNOWN_CODES", "RpcMetrics", "code_name", "preinitialize"]
+__all__ = ["KNOWN_CODES", "MethodMetrics", "RpcMetrics", "code_name", "preinitialize"]
 
 STARTED = Counter(
     "grpc_server_started_total", "RPCs started on the server", ["grpc_type", "grpc_service", "grpc_method"]
@@ -83,8 +87,9 @@ def _kind(handler: grpc.RpcMethodHandler) -> str:
     return "server_stream" if handler.response_streaming else "unary"
 
 
-class _Call:
-    """The metric children of one method, and the recording of one RPC's end."""
+class MethodMetrics:
+    """The metric children of one method (grpc_type, grpc_service, grpc_method): an RPC's start, and
+    the recording of its end with its status."""
 
     def __init__(self, kind: str, service: str, method: str) -> None:
         self.started = STARTED.labels(kind, service, method)
@@ -92,7 +97,13 @@ class _Call:
         self._labels = (kind, service, method)
         self._handled: dict[str, Any] = {}
 
+    def start(self) -> float:
+        """Count an RPC started: its start time, for `done`."""
+        self.started.inc()
+        return time.perf_counter()
+
     def done(self, t0: float, code: str) -> None:
+        """The RPC started at `t0` ended with `code` (grpc-go's spelling: `code_name`)."""
         self.seconds.observe(time.perf_counter() - t0)
         child = self._handled.get(code)
         if child is None:
@@ -113,7 +124,7 @@ class _Counted:
     """The context a handler sees: `abort()` records the RPC's end before the status leaves (so a
     client that saw it and scrapes at once finds it counted); everything else is the real context's."""
 
-    def __init__(self, context: aio.ServicerContext, call: _Call, t0: float) -> None:
+    def __init__(self, context: aio.ServicerContext, call: MethodMetrics, t0: float) -> None:
         self._context = context
         self._call = call
         self._t0 = t0
@@ -132,13 +143,12 @@ class _Counted:
         return await self._context.abort(code, details, trailing_metadata)
 
 
-def _wrap(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
+def _wrap(behavior: Callable[..., Any], call: MethodMetrics) -> Callable[..., Any]:
     """The handler's behaviour, counted. Async generators (streaming responses) stay generators."""
     if inspect.isasyncgenfunction(behavior):
 
         async def generator(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-            call.started.inc()
-            counted = _Counted(context, call, time.perf_counter())
+            counted = _Counted(context, call, call.start())
             error: BaseException | None = None
             try:
                 async for item in behavior(request, counted):
@@ -152,8 +162,7 @@ def _wrap(behavior: Callable[..., Any], call: _Call) -> Callable[..., Any]:
         return generator
 
     async def coroutine(request: Any, context: aio.ServicerContext) -> Any:
-        call.started.inc()
-        counted = _Counted(context, call, time.perf_counter())
+        counted = _Counted(context, call, call.start())
         error: BaseException | None = None
         try:
             result = behavior(request, counted)
@@ -199,7 +208,7 @@ class RpcMetrics(aio.ServerInterceptor):
             handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
         )
         wrapped = _FACTORIES[kind](
-            _wrap(behavior, _Call(kind, service, method)),
+            _wrap(behavior, MethodMetrics(kind, service, method)),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
