@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -193,6 +194,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             raise self._fail(call, exc, stream) from None
         active = STREAMS_ACTIVE.labels(stream.label)
         active.inc()
+        read = _Stream(call, stream, audit, admitted, active)
         try:
             if request is None:
                 raise InvalidArgumentError(
@@ -200,32 +202,21 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 )
             plan = svc.planner.plan(request, principal)
             audit.planned([str(r.manifest.ref) for r in plan.readers])
-            active = svc.stream_started(stream, plan, active)
-            messages = _Messages(self, plan, admitted, context.is_cancelled)
-            first = messages.first()
+            read.active = svc.stream_started(stream, plan, active)
+            read.messages = _Messages(self, plan, admitted, context.is_cancelled)
+            first = read.messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
-            outcome = exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL"
-            self._end(admitted, active, audit, stream, outcome)
+            read.end(exc.grpc_code.name if isinstance(exc, ShardstreamError) else "INTERNAL")
             raise error from None
         assert first is not None
-        schema = first.batch.schema
-        return flight.GeneratorStream(
-            schema, self._send(call, messages, first, schema, admitted, active, audit, stream)
-        )
+        return flight.GeneratorStream(first.batch.schema, self._send(read, first))
 
-    def _send(
-        self,
-        call: _Call,
-        messages: _Messages,
-        first: Message,
-        schema: pa.Schema,
-        admitted: Ticket,
-        active: Any,
-        audit: StreamAudit,
-        stream: StreamLog,
-    ) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    def _send(self, read: _Stream, first: Message) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """The stream's (batch, header) pairs; Flight asks for the next once the last is written."""
+        call, stream, audit, admitted, messages = read.call, read.log, read.audit, read.admitted, read.messages
+        assert messages is not None
+        schema = first.batch.schema
         label = stream.label
         messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
         rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
@@ -269,15 +260,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             raise self._fail(call, exc, stream) from None
         finally:
             self.reaper.forget(key)
-            self._end(admitted, active, audit, stream, outcome)
-
-    def _end(
-        self, admitted: Ticket, active: Any, audit: StreamAudit, stream: StreamLog, outcome: str
-    ) -> None:
-        admitted.close()
-        active.dec()
-        audit.done(outcome)
-        stream.end()
+            read.end(outcome)
 
     def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
         """The Flight error that ends the call (the runtime's status_of logs and counts it)."""
@@ -285,6 +268,25 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         call.code = code
         retry = exc.retry_after_s if isinstance(exc, ResourceExhaustedError) else None
         return to_flight_error(code, details, retry, stream.stream_id)
+
+
+@dataclass
+class _Stream:
+    """One Read stream of this plane: its call, its log and audit lines, its admission ticket, its
+    active gauge's child and, once planned, its messages; `end` releases what it holds, once."""
+
+    call: _Call
+    log: StreamLog
+    audit: StreamAudit
+    admitted: Ticket
+    active: Any
+    messages: _Messages | None = None
+
+    def end(self, outcome: str) -> None:
+        self.admitted.close()
+        self.active.dec()
+        self.audit.done(outcome)
+        self.log.end()
 
 
 class _Gone(Exception):
