@@ -19,7 +19,7 @@ from shardstream.order.cursor_math import WorkerSplit
 from shardstream.order.read_query import ReadQuery, decode, encode
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .test_loader_options import NOWHERE, NUM_ROWS, TARGET, valid_options
+from .support.loader_options import NOWHERE, NUM_ROWS, TARGET, valid_options
 
 U64 = 2**64 - 1
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
@@ -110,7 +110,8 @@ def targets(draw: st.DrawFn) -> Target:
     if kind == "mixture":
         dataset = [(n, draw(st.floats(0.5, 2))) for n in names]
     else:
-        starts = sorted(draw(st.lists(st.integers(1, 10**6), max_size=2, unique=True)))
+        # phases start in different schedule blocks (blocks of at most 1,024 samples here)
+        starts = sorted(10**4 * k for k in draw(st.lists(st.integers(1, 100), max_size=2, unique=True)))
         dataset = [(start, [(n, draw(st.floats(0.5, 2))) for n in names]) for start in [0, *starts]]
         if len(dataset) == 1:
             dataset = dataset[0][1]
