@@ -27,10 +27,9 @@ import pyarrow.flight as flight
 from shardstream.checkpoint_format import CHUNK_TICKET_PREFIX, signed_bytes
 from shardstream.errors import (
     RETRYABLE_CODES,
-    FlightStatus,
     InvalidArgumentError,
     UnavailableError,
-    from_grpc_error,
+    from_flight_error,
 )
 
 from ..channel import GRANT_MARGIN_S, Connection, normalize_endpoints
@@ -127,9 +126,9 @@ class CheckpointSession:
                 client = self._connect()
                 return fn(client)
             except (flight.FlightError, pa.ArrowException) as exc:
-                status = FlightStatus.of(exc)
-                if status.code() not in RETRYABLE_CODES or attempt == len(self.targets):
-                    raise from_grpc_error(status, target=self.target) from exc
+                error = from_flight_error(exc, target=self.target)
+                if error.status not in RETRYABLE_CODES or attempt == len(self.targets):
+                    raise error from exc
             except UnavailableError:
                 if attempt == len(self.targets):
                     raise
