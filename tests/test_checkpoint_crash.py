@@ -20,6 +20,7 @@ from shardstream.client.checkpoint import Checkpointer
 from shardstream.server.checkpoints import collect, open_checkpoint_store
 
 from .support.checkpoint_saver import state_at
+from .support.processes import finish_group
 from .support.servers import Servers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,14 +49,7 @@ def _start(target: str, job: str, first: int, crash_step: int, crash_call: int, 
 
 
 def _saver(target: str, job: str, first: int, crash_step: int, crash_call: int) -> subprocess.CompletedProcess[str]:
-    proc = _start(target, job, first, crash_step, crash_call)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return finish_group(_start(target, job, first, crash_step, crash_call), timeout_s=120)
 
 
 def _loads_exactly(ck: Checkpointer, step: int) -> None:

@@ -4,7 +4,6 @@ load-time resharding to another world size under torchrun (gloo on CPU): 2 -> 1 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import warnings
@@ -17,6 +16,7 @@ import pytest
 from shardstream.client.checkpoint import Checkpointer
 from shardstream.errors import InvalidArgumentError
 
+from .support.processes import finish_group
 from .support.servers import Servers, unused_port
 
 torch = pytest.importorskip("torch")
@@ -45,13 +45,7 @@ def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
     ]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    return finish_group(proc, timeout_s=240)
 
 
 def test_dcp_round_trip_in_one_process(server: Any) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["run_cli", "same_output_in_processes"]
+__all__ = ["finish_group", "run_cli", "same_output_in_processes"]
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -30,3 +32,15 @@ def same_output_in_processes(code: str, hash_seeds: tuple[int, ...] = (0, 7, 123
     }
     assert len(outs) == 1, outs
     return outs.pop()
+
+
+def finish_group(proc: subprocess.Popen[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Wait for `proc` (started with start_new_session=True) and collect its output; whatever of its
+    process group is still running then — it timed out, or the test failed — is killed."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
