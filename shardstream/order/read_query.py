@@ -17,6 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.limits import (
+    MAX_EPOCH,
+    MAX_MIXTURE_BLOCK,
+    MAX_MIXTURE_EPOCH_SAMPLES,
+    MAX_POSITION,
+    MAX_SHUFFLE_WINDOW,
+    MAX_WORLD_SIZE,
+)
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .curriculum import MAX_MIXTURE_PHASES
@@ -37,14 +45,10 @@ __all__ = [
     "encode",
 ]
 
-MAX_WORLD_SIZE = 1 << 20
+# The ranges a Loader checks at construction (shardstream/limits.py) are the ones decoded here.
+MAX_COUNT = MAX_POSITION  # offsets and step counts
 MAX_STEP_STRIDE = 1 << 16
-MAX_EPOCH = (1 << 32) - 1
-MAX_COUNT = 1 << 62  # offsets and step counts
-MAX_SHUFFLE_WINDOW = 1 << 20
 MAX_MIXTURE_SOURCES = 256
-MAX_MIXTURE_BLOCK = 1 << 20  # a block's schedule is ~40 bytes a sample, built per message
-MAX_MIXTURE_EPOCH_SAMPLES = 1 << 48
 MAX_COLUMNS = 1024
 MAX_REF_CHARS = 512  # dataset references and fingerprints
 MAX_STRING_CHARS = 1024  # any other string
