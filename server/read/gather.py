@@ -7,12 +7,15 @@ unshuffled read) is a zero-copy slice of its row group.
 
 Fixed-width columns without nulls (integers, floats, fixed-size lists of them: embeddings, token
 windows) are gathered by numpy straight into the message's buffers, each row copied once, in
-message order (`_gather_fixed`); any other column takes Arrow's path (`gather_arrow`: a take per row
-group, their concatenation, a reordering take — three copies and ~17 pyarrow calls per row group).
-Measured on 2 MiB messages of 2,032 rows of 1,032 B from 16 cached row groups (2 shared vCPUs): the
-gather 3.3-3.7 ms with Arrow's path, 1.2 ms with numpy's, of which ~0.6 ms is the random copy itself
-(the floor on this machine); 128 row groups: 3.5 vs 1.25 ms (loadtest/README.md, "One message's
-build"). Both give the same bytes (tests/test_gather_identity.py).
+message order (`_gather_fixed`): a shuffled message with one take a chunk of rows across all its
+row groups (`_take_across`), an unshuffled one that straddles row groups one slice copy a run. The
+buffers come from the process's message buffers (message_buffers.py), warm pages reused. Any other
+column takes Arrow's path (`gather_arrow`: a take per row group, their concatenation, a reordering
+take — three copies and ~17 pyarrow calls per row group). Measured on 2 MiB messages of 2,032 rows
+of 1,032 B from 32 cached row groups (2 shared vCPUs, `python -m loadtest.build_bench`), the whole
+build: block shuffle 4.4 ms with Arrow's path, 2.0 ms with a numpy take per row group into fresh
+buffers, 1.2 ms now (loadtest/README.md, "One message's build"). All give the same bytes
+(tests/test_gather_identity.py, tests/test_message_buffers.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import weakref
 
 import numpy as np
 import pyarrow as pa
+
+from .message_buffers import message_buffers
 
 __all__ = ["empty_batch", "gather", "gather_arrow"]
 
@@ -52,9 +57,9 @@ def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> 
 
 
 # --- fixed-width columns: numpy ----------------------------------------------------------------
-# A row group's columns as numpy views (one opaque item per row), made once per cached table: None
-# for a table with a column that is not fixed-width without nulls in one chunk.
-_Views = tuple[np.ndarray, ...] | None
+# A row group's columns as numpy views (one opaque item per row) and their addresses, made once per
+# cached table: None for a table with a column that is not fixed-width without nulls in one chunk.
+_Views = tuple[tuple[np.ndarray, int], ...] | None
 _VIEWS: dict[int, tuple[weakref.ref[pa.Table], _Views]] = {}
 
 
@@ -96,13 +101,13 @@ def _views(table: pa.Table) -> _Views:
     held = _VIEWS.get(key)
     if held is not None and held[0]() is table:
         return held[1]
-    views: list[np.ndarray] = []
+    views: list[tuple[np.ndarray, int]] = []
     for col in table.columns:
         v = _column_view(col)
         if v is None:
             views = []
             break
-        views.append(v)
+        views.append((v, v.ctypes.data))
     out = tuple(views) if views else None
     _VIEWS[key] = (weakref.ref(table, lambda _, key=key: _VIEWS.pop(key, None)), out)
     return out
@@ -119,32 +124,25 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
     if any(not t.schema.equals(schema) for t in tables[1:]):
         return None
     n = len(row)
-    # The message's buffers, from Arrow's pool (what admission and the pool's decay account for).
-    outs: list[np.ndarray] = []
+    runs = _runs(group, row) if len(tables) > 1 else None
     buffers: list[pa.Buffer] = []
-    for v in per_table[0]:  # type: ignore[union-attr]
-        buf = pa.allocate_buffer(n * v.itemsize)
+    pool = message_buffers()
+    for c in range(len(schema)):
+        views = [v[c][0] for v in per_table]  # type: ignore[index]
+        buf = pool.get(n * views[0].itemsize)  # reused warm pages where it can (message_buffers.py)
         buffers.append(buf)
-        outs.append(np.frombuffer(buf, dtype=v.dtype))
-    if len(tables) == 1:
-        for v, out in zip(per_table[0], outs, strict=True):  # type: ignore[arg-type]
-            np.take(v, row, axis=0, out=out)
-    else:
-        order = np.argsort(group, kind="stable")
-        bounds = np.searchsorted(group[order], np.arange(len(tables) + 1))
-        for g, views in enumerate(per_table):
-            a, b = bounds[g], bounds[g + 1]
-            if a == b:
-                continue
-            at = order[a:b]  # where its rows go in the message
-            rows = row[at]
-            if _run(at) and _run(rows):  # a run of rows to a run of the message: one memcpy a column
-                d, r, k = int(at[0]), int(rows[0]), int(b - a)
-                for v, out in zip(views, outs, strict=True):  # type: ignore[arg-type]
-                    out[d : d + k] = v[r : r + k]
-                continue
-            for v, out in zip(views, outs, strict=True):  # type: ignore[arg-type]
-                out[at] = v[rows]
+        out = np.frombuffer(buf, dtype=views[0].dtype)
+        if not n:
+            pass
+        elif len(views) == 1:
+            np.take(views[0], row, axis=0, out=out)
+        elif runs is not None:  # a few runs of consecutive rows (an unshuffled read across row groups)
+            for a, b in runs:
+                r = int(row[a])
+                out[a:b] = views[int(group[a])][r : r + b - a]
+        else:
+            addresses = np.array([v[c][1] for v in per_table], dtype=np.int64)  # type: ignore[index]
+            _take_across(views, addresses, group, row, out)
     arrays = []
     for field, buf in zip(schema, buffers, strict=True):
         t = field.type
@@ -156,10 +154,43 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _run(x: np.ndarray) -> bool:
-    """Whether `x` counts up by one (its ends first: a shuffled piece fails at once)."""
-    n = len(x)
-    return bool(x[-1] - x[0] == n - 1 and (n == 1 or (np.diff(x) == 1).all()))
+_MAX_RUNS = 8  # a message of at most this many runs of consecutive rows is copied run by run
+_CHUNK_BYTES = 256 << 10  # rows gathered a chunk at a time: the chunk's scratch copy stays in cache
+
+
+def _runs(group: np.ndarray, row: np.ndarray) -> list[tuple[int, int]] | None:
+    """The message's runs [a, b) of consecutive rows of one row group, if it has at most _MAX_RUNS."""
+    cuts = np.flatnonzero((np.diff(group) != 0) | (np.diff(row) != 1))
+    if len(cuts) >= _MAX_RUNS:
+        return None
+    bounds = [0, *(cuts + 1).tolist(), len(row)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _take_across(
+    views: list[np.ndarray], addresses: np.ndarray, group: np.ndarray, row: np.ndarray, out: np.ndarray
+) -> None:
+    """out[i] = views[group[i]][row[i]] with one numpy take a chunk of rows, whatever the row groups.
+
+    The row groups' buffers lie anywhere in memory; one array of opaque items that starts at the
+    lowest of them and steps ONE byte per item spans them all, so a row of any of them is one item
+    of it: item (address of the row group - the lowest address + row x width). Only rows of the row
+    groups are ever read (numpy checks each item against the span; the rows against their row
+    groups were checked by the locator), and the row groups are alive while `views` is. It takes
+    the place of a sort by row group and a take per row group (~4-14 us of Python each: a full
+    shuffle touches every row group of the dataset). The take goes a chunk at a time through a
+    scratch copy that stays in the CPU's cache, then into `out`.
+    """
+    width = views[0].itemsize
+    low = int(addresses.min())
+    span = int((addresses + np.array([v.nbytes for v in views], dtype=np.int64)).max()) - low
+    items = np.ndarray(
+        shape=(span - width + 1,), dtype=views[0].dtype, buffer=pa.foreign_buffer(low, span), strides=(1,)
+    )
+    at = (addresses - low)[group] + row.astype(np.int64, copy=False) * width
+    step = max(1, _CHUNK_BYTES // width)
+    for a in range(0, len(at), step):
+        out[a : a + step] = items[at[a : a + step]]
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
