@@ -29,27 +29,9 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
 from .support.data import write_dataset
+from .support.gather_reference import reference_gather
 
 N = 263  # prime: steps straddle row groups (20 rows) and shards (70 rows)
-
-
-def _reference_gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
-    order = np.argsort(group, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(tables)))])
-    pieces = []
-    for g, t in enumerate(tables):
-        rows = row[order[bounds[g] : bounds[g + 1]]]
-        n = len(rows)
-        if n and rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()):
-            pieces.append(t.slice(int(rows[0]), n))
-        else:
-            pieces.append(t.take(pa.array(rows)))
-    grouped = pa.concat_tables(pieces)
-    if (order == np.arange(len(order))).all():
-        return grouped
-    restore = np.empty_like(order)
-    restore[order] = np.arange(len(order))
-    return grouped.combine_chunks().take(pa.array(restore))
 
 
 def _reference_take(self: DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
@@ -71,13 +53,15 @@ def _reference_take(self: DatasetReader, rows: np.ndarray, columns: Sequence[str
     unique, inverse = np.unique(keys, return_inverse=True)
     tables = [self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols) for k in unique]
     if tables:
-        table = _reference_gather(tables, inverse, row_in_group)
+        table = reference_gather(tables, inverse, row_in_group)
     else:
         schema = self.manifest.schema
         table = pa.table({c: pa.array([], type=schema.field(c).type) for c in cols})
     table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
     table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-    return table.combine_chunks().to_batches()[0] if table.num_rows else gather_module.empty_batch(table.schema)
+    return (
+        table.combine_chunks().to_batches()[0] if table.num_rows else gather_module.empty_batch(table.schema)
+    )
 
 
 def _png(seed: int) -> bytes:
@@ -160,7 +144,12 @@ def test_a_transformed_stream_is_byte_identical_to_the_reference(
     planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     req = _request(
-        "imgs", mode, seed=2, batch_size=3, columns=["image"], transforms=[("image.decode", '{"size": [4, 4]}')]
+        "imgs",
+        mode,
+        seed=2,
+        batch_size=3,
+        columns=["image"],
+        transforms=[("image.decode", '{"size": [4, 4]}')],
     )
     _same_as_reference(planner, monkeypatch, req)
 
@@ -176,7 +165,7 @@ def test_the_numpy_gather_serves_fixed_width_columns() -> None:
     group, row = np.array([1, 0, 1, 0]), np.array([3, 9, 0, 2])
     fast = gather_module._gather_fixed([t, t.slice(2)], group, row)
     assert fast is not None
-    assert fast.equals(_reference_gather([t, t.slice(2)], group, row).combine_chunks())
+    assert fast.equals(reference_gather([t, t.slice(2)], group, row).combine_chunks())
     with_nulls = t.set_column(0, "id", pa.array([None, *range(1, 10)], type=pa.int64()))
     assert gather_module._gather_fixed([with_nulls, t], group, row) is None
 
@@ -218,6 +207,8 @@ def test_a_run_of_rows_is_located_by_its_first_as_locate_says(seed: int) -> None
     for first in range(loc.num_rows):
         for n in range(1, loc.num_rows - first + 1):
             shard, row_in_shard, group, row_in_group = loc.locate(np.arange(first, first + n))
-            one = (shard == shard[0]).all() and (group == group[0]).all() and (np.diff(row_in_group) == 1).all()
+            one = (
+                (shard == shard[0]).all() and (group == group[0]).all() and (np.diff(row_in_group) == 1).all()
+            )
             want = (int(shard[0]), int(group[0]), int(row_in_group[0]), int(row_in_shard[0])) if one else None
             assert loc.run(first, n) == want, (groups, masked, first, n)

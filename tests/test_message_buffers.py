@@ -16,7 +16,7 @@ import pytest
 from shardstream.server.read import gather as gather_module
 from shardstream.server.read.message_buffers import MessageBuffers
 
-from .test_gather_identity import _reference_gather
+from .support.gather_reference import reference_gather
 
 
 @pytest.fixture
@@ -67,7 +67,9 @@ def _tables(rng: np.random.Generator, count: int) -> list[pa.Table]:
             pa.table(
                 {
                     "id": rng.integers(0, 1 << 40, rows, dtype=np.int64),
-                    "x": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * 5, dtype=np.float32)), 5),
+                    "x": pa.FixedSizeListArray.from_arrays(
+                        pa.array(rng.random(rows * 5, dtype=np.float32)), 5
+                    ),
                 }
             )
         )
@@ -100,12 +102,14 @@ def test_gathers_into_reused_buffers_are_exact_and_leave_live_messages_alone(
     for _ in range(30):
         group, row = _draw(rng, tables, int(rng.integers(1, 120)))
         got = gather_module._gather_fixed(tables, group, row)
-        want = _reference_gather(tables, group, row).combine_chunks()
+        want = reference_gather(tables, group, row).combine_chunks()
         assert got is not None and got.equals(want)
         if rng.random() < 0.3:  # still in use, whole or as a slice of its batch: not to be written into
             k = int(rng.integers(got.num_rows))
             kept.append((got, want) if rng.random() < 0.5 else (got.to_batches()[0].slice(k), want.slice(k)))
         del got
     for got, want in kept:
-        assert pa.Table.from_batches([got]).equals(want) if isinstance(got, pa.RecordBatch) else got.equals(want)
+        assert (
+            pa.Table.from_batches([got]).equals(want) if isinstance(got, pa.RecordBatch) else got.equals(want)
+        )
     assert pool.reused > 0  # the property was exercised on reused buffers
