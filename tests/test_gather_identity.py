@@ -212,3 +212,19 @@ def test_a_run_of_rows_is_located_by_its_first_as_locate_says(seed: int) -> None
             )
             want = (int(shard[0]), int(group[0]), int(row_in_group[0]), int(row_in_shard[0])) if one else None
             assert loc.run(first, n) == want, (groups, masked, first, n)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_row_groups_of_a_message_are_found_as_np_unique_finds_them(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    from shardstream.server.read import reader as reader_module
+
+    rng = np.random.default_rng(seed)
+    groups = int(rng.integers(1, 300))
+    g = rng.integers(0, groups, int(rng.integers(1, 3000)))
+    want = np.unique(g, return_inverse=True)
+    for dense_up_to in (1 << 16, 0):  # marked in an array, or np.unique's sort for many row groups
+        monkeypatch.setattr(reader_module, "_DENSE_UNIQUE_GROUPS", dense_up_to)
+        unique, inverse = reader_module._unique(g, groups)
+        assert np.array_equal(unique, want[0]) and np.array_equal(inverse, want[1])

@@ -234,15 +234,16 @@ class DatasetReader:
             table = self._row_group(s, g, cols).slice(start, n)
             shards = np.full(n, s, dtype=np.int32)
             return _with_provenance(table, shards, np.arange(first_row, first_row + n, dtype=np.int64))
-        shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
-        if n and _one_run(shard, group, row_in_group):
+        g, shard, row_in_shard, row_in_group = self.locator.locate_groups(rows)
+        if n and _one_run(g, row_in_group):
             # An unshuffled (or block-shuffled) message inside one row group: one zero-copy slice,
             # without the sorting and grouping of the general gather (most of a message's CPU).
-            table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
+            s, group = self.locator.group_place(g[:1])
+            table = self._row_group(int(s[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
             return _with_provenance(table, shard, row_in_shard)
-        keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
-        unique, inverse = np.unique(keys, return_inverse=True)
-        tables = self._row_groups(unique, cols)
+        unique, inverse = _unique(g, self.locator.num_groups)
+        s, group = self.locator.group_place(unique)
+        tables = self._row_groups(s.astype(np.int64) << 32 | group.astype(np.int64), cols)
         if tables:
             table = gather(tables, inverse, row_in_group)
         else:
@@ -296,14 +297,28 @@ def _consecutive(rows: np.ndarray) -> bool:
     return bool(rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()))
 
 
-def _one_run(shard: np.ndarray, group: np.ndarray, row_in_group: np.ndarray) -> bool:
+def _one_run(group: np.ndarray, row_in_group: np.ndarray) -> bool:
     """Whether the rows are consecutive rows of one row group, in order."""
     n = len(row_in_group)
     return bool(
-        shard[0] == shard[-1]
-        and group[0] == group[-1]
+        group[0] == group[-1]
         and row_in_group[-1] - row_in_group[0] == n - 1
         and (n == 1 or (np.diff(row_in_group) == 1).all())
-        and (shard == shard[0]).all()
         and (group == group[0]).all()
     )
+
+
+_DENSE_UNIQUE_GROUPS = 1 << 16  # up to this many row groups, `_unique` marks them in an array
+
+
+def _unique(g: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(g, return_inverse=True)` for row-group indexes in [0, groups): by marking them in
+    an array of `groups` flags, without np.unique's sort (~90 -> ~15 us for a 2,032-row message)."""
+    if groups > _DENSE_UNIQUE_GROUPS:
+        return np.unique(g, return_inverse=True)
+    present = np.zeros(groups, dtype=bool)
+    present[g] = True
+    unique = np.flatnonzero(present)
+    slot = np.empty(groups, dtype=np.intp)
+    slot[unique] = np.arange(len(unique))
+    return unique, slot[g]

@@ -159,15 +159,25 @@ class RowLocator:
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
+        g, shard, row_in_shard, row_in_group = self.locate_groups(rows)
+        return shard, row_in_shard, self._group_index[g], row_in_group
+
+    @property
+    def num_groups(self) -> int:
+        """Non-empty row groups of the dataset (the `g` of `locate_groups`)."""
+        return len(self._group_shard)
+
+    def locate_groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(row group, shard, row in shard, row in row group) for each dataset row, the row group
+        as its index among the dataset's non-empty row groups in storage order (`group_place`)."""
         rows = self.stored(rows)
         g = np.searchsorted(self._group_starts, rows, side="right") - 1
         shard = self._group_shard[g]
-        return (
-            shard,
-            rows - self._shard_starts[shard],
-            self._group_index[g],
-            rows - self._group_starts[g],
-        )
+        return g, shard, rows - self._shard_starts[shard], rows - self._group_starts[g]
+
+    def group_place(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, row group in shard) of row groups `g` (indexes of `locate_groups`)."""
+        return self._group_shard[g], self._group_index[g]
 
 
 @dataclass(frozen=True)
