@@ -200,7 +200,8 @@ class OrderAhead:
     a time: a keyed permutation costs ~70 numpy calls a round of its cycle walk whatever the number
     of positions, so 2,032 positions (a 2 MiB step) took 587 us and 16 steps' worth 182 us a step
     (full shuffle of 130,048 rows). The order is a function of each position alone, so a chunk's
-    samples are the same whichever positions were selected with them."""
+    samples are the same whichever positions were selected with them. The stream's first chunk is
+    selected alone: a resumed stream's first batch does not wait for the look-ahead."""
 
     AHEAD_SAMPLES = 32_768  # positions selected at once (at least a chunk's)
     AHEAD_STEPS = 16  # at most this many times a chunk's steps
@@ -211,6 +212,7 @@ class OrderAhead:
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
         self._src = self._rows = np.empty(0, np.int64)
+        self._filled = False
 
     def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
         """(source, row) of the chunk's samples, in order: its steps' or its part's."""
@@ -229,10 +231,11 @@ class OrderAhead:
         p = self._plan
         ranges, total = [], 0
         step = chunk.steps[0]
+        # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
+        ahead = self.AHEAD_SAMPLES if self._filled else 0
+        self._filled = True
         limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
-        while step < p.end_step and (
-            step <= chunk.steps[-1] or (total < self.AHEAD_SAMPLES and step < limit)
-        ):
+        while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
             ps, pe = p.layout.rank_range(step, p.rank)
             ranges.append(np.arange(ps, pe, dtype=np.int64))
             total += pe - ps
