@@ -21,6 +21,7 @@ BENCHMARKS = [
     "loadtest.chaos",
     "loadtest.checkpoint_bench",
     "loadtest.cli",
+    "loadtest.client_bench",
     "loadtest.decode_bench",
     "loadtest.flight_bench",
     "loadtest.gpu_check",
