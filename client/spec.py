@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
 from shardstream.order.read_order import ShuffleSpec
@@ -93,7 +94,7 @@ class ReadSpec:
     retry: RetryPolicy = RetryPolicy()
     job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
 
-    @property
+    @cached_property  # looked up once: every message counts its bytes through it
     def metrics(self) -> metrics.RankMetrics:
         return metrics.for_rank(self.job, self.rank)
 
