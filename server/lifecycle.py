@@ -34,6 +34,8 @@ from shardstream.registry import Registry
 from .backends.roots import open_registry
 from .checkpoints import open_checkpoint_plane
 from .config import ServerConfig
+from .read.message_buffers import DEFAULT_MAX_BYTES as MESSAGE_BUFFERS_MAX_BYTES
+from .read.message_buffers import message_buffers
 from .read.reader import new_row_group_cache
 from .read.spill import SpillTier
 from .serving import security
@@ -99,13 +101,16 @@ async def serve(cfg: ServerConfig) -> None:
 async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     spill = SpillTier(cfg.cache_dir, cfg.cache_dir_bytes) if cfg.cache_dir else None
     cache = new_row_group_cache(cfg.cache_bytes, spill)
+    limits = cfg.admission_limits()
+    # gathered messages' buffers kept for reuse: within the bound's slack (admission.py)
+    message_buffers().max_bytes = min(MESSAGE_BUFFERS_MAX_BYTES, limits.buffer_bytes // 8)
     runtime = StreamRuntime(
         registry,
         cache,
         read_ahead=cfg.read_ahead,
         transform_threads=cfg.transform_threads,
         limits=cfg.request_limits(),
-        admission=Admission(cfg.admission_limits()),
+        admission=Admission(limits),
         write_timeout_s=cfg.write_timeout_s,
         auth=Authenticator(cfg.auth_file),
     )

@@ -198,16 +198,19 @@ class MessageSteps:
 class OrderAhead:
     """The samples of a stream's next steps, selected through the plan's order several messages at
     a time: a keyed permutation costs ~70 numpy calls a round of its cycle walk whatever the number
-    of positions, so 2,032 positions (a 2 MiB step) took 587 us and 16 steps' worth 182 us a step
-    (full shuffle of 130,048 rows). The order is a function of each position alone, so a chunk's
+    of positions, so 2,032 positions (a 2 MiB step) took 705 us and 8 steps' worth 215 us a step
+    (full shuffle of 130,048 rows; 16 steps' worth: 198 us). The order is a function of each position alone, so a chunk's
     samples are the same whichever positions were selected with them. The stream's first chunk is
     selected alone: a resumed stream's first batch does not wait for the look-ahead."""
 
-    AHEAD_SAMPLES = 32_768  # positions selected at once (at least a chunk's)
+    AHEAD_SAMPLES = 16_384  # positions selected at once (at least a chunk's): 128 KiB a stream
     AHEAD_STEPS = 16  # at most this many times a chunk's steps
 
     def __init__(self, plan: ReadPlan) -> None:
         self._plan = plan
+        # worth it for a shuffled order or a mixture; an unshuffled dataset's order is its positions
+        spec = getattr(plan.selector, "spec", None)
+        self._ahead = plan.mixture or spec is None or spec.mode != "none"
         self._first = 0  # the first step selected
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
@@ -232,7 +235,7 @@ class OrderAhead:
         ranges, total = [], 0
         step = chunk.steps[0]
         # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
-        ahead = self.AHEAD_SAMPLES if self._filled else 0
+        ahead = self.AHEAD_SAMPLES if self._filled and self._ahead else 0
         self._filled = True
         limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
         while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
@@ -241,7 +244,9 @@ class OrderAhead:
             total += pe - ps
             step += p.stride
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
-        self._src, self._rows = p.selector.select(p.epoch, positions)
+        src, self._rows = p.selector.select(p.epoch, positions)
+        # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
+        self._src = src if p.mixture else np.broadcast_to(src[:1] if len(src) else np.zeros(1, src.dtype), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
         self._starts = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
 

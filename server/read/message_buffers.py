@@ -6,14 +6,15 @@ Flight has written it. The price is that every copied message starts on fresh pa
 gathered message takes ~514 page faults, ~550 us of its ~2 ms build (block shuffle, 2 shared vCPUs;
 loadtest/README.md, issue #26). `MessageBuffers` keeps up to `max_bytes` of such buffers (Arrow's
 pool, allocated once) and hands one out again once nothing refers to it any more: the batch that
-used it has been written and dropped, so its pages are reused warm.
+used it has been written and dropped, so its pages are reused warm. The server sets `max_bytes` to
+an eighth of its stream buffer budget, at most 32 MiB (server/lifecycle.py).
 
 How it knows a buffer is free: each is a numpy array over an Arrow allocation; a message gets
 `pa.py_buffer` of a slice of it, and that slice (held by the Arrow buffer until Arrow drops it)
 refers to the array. When the array's reference count is back to what the pool itself holds, no
 message uses it. The free list never blocks: when every buffer it holds is in use (stalled streams
 keep theirs), a new buffer comes from Arrow's pool as before and goes back to the system when
-dropped. So the pool adds at most `max_bytes` to the process's memory (the "warm" part of the bound
+dropped. So the pool adds at most `max_bytes` to the process's memory (within the slack of the bound
 in admission.py), and what a message holds is counted by admission as before (build.py
 `Message.holds`).
 """
