@@ -109,7 +109,8 @@ class FlightCall:
         return status_error(code, details, target=self._target, stream_id=self._stream_id)
 
     def __next__(self) -> Message:
-        self._opened.wait()
+        if not self._opened.is_set():  # (is_set: ~0.1 us; wait takes the Event's lock, every message)
+            self._opened.wait()
         if self._cancelled:
             raise self._status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
         if self._error is not None:

@@ -40,7 +40,7 @@ class StepParts:
             if self._header is not None:
                 pending = self._header.steps[0]
                 raise DataLossError(f"step {pending.step} ended after part {pending.part}")
-            if any(st.part or st.more_parts for st in header.steps):
+            if part is None and any(st.part or st.more_parts for st in header.steps):
                 raise DataLossError("a message with several steps carries a part of one")
             return header, payload
         if self._header is None:

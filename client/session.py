@@ -22,7 +22,6 @@ server that still answers keepalive pings), which the session then treats as a b
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -64,14 +63,10 @@ class CallRegistry:
         with self._lock:
             self._calls.discard(call)
 
-    @contextlib.contextmanager
-    def waiting(self, call: ReadCall) -> Iterator[None]:
-        """Mark the thread as blocked on `call` (see check_idle)."""
-        self._waiting = (call, time.monotonic())
-        try:
-            yield
-        finally:
-            self._waiting = None
+    def waiting(self, call: ReadCall | None) -> None:
+        """Mark the thread as blocked on `call` from now, or (None) as no longer blocked (see check_idle).
+        Two calls around the wait, not a context manager: it is called for every message."""
+        self._waiting = None if call is None else (call, time.monotonic())
 
     def check_idle(self, timeout_s: float) -> None:
         """Cancel the call the thread has waited on for more than timeout_s (called by the consumer)."""
@@ -133,8 +128,11 @@ class StreamSession:
                     self._call = self._calls.open(endpoint, self._request_at(self.next_step))
                     self._it = iter(self._call)
                 assert self._it is not None
-                with self._calls.waiting(self._call):
+                self._calls.waiting(self._call)
+                try:
                     header, rows = next(self._it)
+                finally:
+                    self._calls.waiting(None)
             except StopIteration:
                 pass  # the stream ended before the steps it owes
             except ShardstreamError as exc:  # the read call's (or its discovery's): flight_call.ReadCall
