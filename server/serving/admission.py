@@ -30,10 +30,10 @@ The bound this gives (deploy/RUNBOOK.md, "Limits"), per server process:
 
     RSS <= warm + caches (--cache-mib, read-ahead within it) + BOUND_FACTOR x --stream-buffer-mib
 
-"warm" is the process after serving one stream (thread pools, libraries, and the message buffers
-kept for reuse: at most 32 MiB, server/read/message_buffers.py); the factor covers what gRPC and the
-allocators keep around the counted bytes. The server allocates Arrow memory from
-jemalloc with immediate decay (server/lifecycle.py) so that freed build memory goes back to the system.
+"warm" is the process after serving one stream (thread pools, libraries); the factor covers what
+gRPC and the allocators keep around the counted bytes, and the buffers of gathered messages kept for
+reuse (an eighth of the budget, at most 32 MiB: server/read/message_buffers.py). The server
+allocates Arrow memory from jemalloc with immediate decay (server/lifecycle.py) so that freed build memory goes back to the system.
 Measured with `python -m loadtest.stall_bench` (loadtest/README.md): 256 stalled streams from one
 peer and 1,000 from several, each shuffle mode, within the bound.
 
