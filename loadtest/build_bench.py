@@ -13,7 +13,7 @@ provenance, sizing, the header. Per mode and round: CPU seconds per message and 
 alternating over the modes.
 `--previous`: each round also builds every mode with the build path before issue #26 (`previous()`:
 Arrow's gather, a fetch-pool round trip per row group, provenance appended to a table, IPC sizing
-with a stream writer), alternating with today's, and reports the ratio today / previous per round.
+with a stream writer, each message's samples selected through the order alone), alternating with today's, and reports the ratio today / previous per round.
 `--profile MODE`: cProfile of one epoch of that mode, the top functions by own time, per message
 (with --previous, of both paths). Figures only; it exits 0.
 """
@@ -59,7 +59,12 @@ def _previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns:
     cols = tuple(columns)
     shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
     n = len(rows)
-    if n and reader_module._one_run(shard, group, row_in_group):
+    if (
+        n
+        and (shard == shard[0]).all()
+        and (group == group[0]).all()
+        and (n == 1 or (np.diff(row_in_group) == 1).all())
+    ):
         table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
         table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
         table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
@@ -88,14 +93,16 @@ def _previous_ipc_size(batch: pa.RecordBatch) -> int:
 @contextlib.contextmanager
 def previous() -> Iterator[None]:
     """The build path as it was before issue #26, while inside."""
-    take, size = reader_module.DatasetReader.take, build_module.ipc_size
+    take, size, ahead = reader_module.DatasetReader.take, build_module.ipc_size, build_module.OrderAhead.AHEAD_SAMPLES
     reader_module.DatasetReader.take = _previous_take  # type: ignore[method-assign]
     build_module.ipc_size = _previous_ipc_size  # type: ignore[assignment]
+    build_module.OrderAhead.AHEAD_SAMPLES = 0  # each message's samples selected alone, as before
     try:
         yield
     finally:
         reader_module.DatasetReader.take = take  # type: ignore[method-assign]
         build_module.ipc_size = size  # type: ignore[assignment]
+        build_module.OrderAhead.AHEAD_SAMPLES = ahead
 
 
 def _request(mode: str, batch_rows: int, epoch: int) -> pb.ReadRequest:
