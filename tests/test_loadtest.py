@@ -96,3 +96,23 @@ def test_s3_root_for_a_fixed_number_of_batches(s3_root: str, s3_env: dict[str, s
     assert res["total"]["rows"] == 2 * batches * 50
     assert all(r["wait_p50_ms"] is not None and r["first_batch_ms"] is not None for r in res["ranks"])
     assert res["total"]["storage_fetched_bytes"] > 0  # read over S3
+
+
+def test_the_build_benchmark_runs_both_build_paths(tmp_path: Path) -> None:
+    """`loadtest.build_bench --previous` (issue #26's same-run comparison) on a tiny dataset: the
+    previous build path still runs against today's reader and builds the same messages' rows."""
+    out = tmp_path / "bb.json"
+    subprocess.run(
+        [sys.executable, "-m", "loadtest.build_bench", "--mib", "4", "--epochs", "1", "--rounds", "1",
+         "--previous", "--json", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    res = json.loads(out.read_text())
+    for mode in ("none", "block", "full"):
+        passes = {p["path"]: p for p in res["passes"] if p["mode"] == mode}
+        assert set(passes) == {"current", "previous"}
+        assert passes["current"]["rows"] == passes["previous"]["rows"] > 0
+        assert f"{mode} current/previous" in res["summary"]
