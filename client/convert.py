@@ -37,6 +37,15 @@ def _uniform_list_size(arr: pa.Array) -> int | None:
     return None
 
 
+def _flat(arr: pa.Array, size: int) -> pa.Array:
+    """`arr.flatten()` of a null-free list column of rows of `size` values: for a fixed-size list,
+    the slice of its values that its rows cover (flatten is a compute call there: ~5 us, the slice
+    ~0.5 us)."""
+    if pa.types.is_fixed_size_list(arr.type):
+        return arr.values.slice(arr.offset * size, len(arr) * size)
+    return arr.flatten()
+
+
 def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
     """(flat primitive values, per-row shape) when `arr` is a null-free nest of equal-length lists
     or a fixed-shape tensor (Arrow's canonical extension type, row-major)."""
@@ -58,7 +67,7 @@ def _fixed_shape(arr: pa.Array) -> tuple[pa.Array, tuple[int, ...]] | None:
         if size is None:
             return None
         shape.append(size)
-        arr = arr.flatten()
+        arr = _flat(arr, size)
     if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) or arr.null_count:
         return None
     return arr, tuple(shape)
