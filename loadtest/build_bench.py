@@ -29,21 +29,20 @@ import pstats
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from loadtest.bench import ROW_BYTES, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
+from loadtest.previous_build import previous_ipc_size, previous_take
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import build as build_module
 from shardstream.server.read import reader as reader_module
 from shardstream.server.read.build import MessageBuilder
-from shardstream.server.read.gather import empty_batch, gather_arrow
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb
@@ -54,48 +53,12 @@ MODES = ("none", "block", "full")
 CURRENT, PREVIOUS = "current", "previous"
 
 
-# --- the build path before issue #26, for a same-run comparison ---------------------------------
-def _previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
-    cols = tuple(columns)
-    shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
-    n = len(rows)
-    if (
-        n
-        and (shard == shard[0]).all()
-        and (group == group[0]).all()
-        and (n == 1 or (np.diff(row_in_group) == 1).all())
-    ):
-        table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
-        table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-        table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-        return table.combine_chunks().to_batches()[0]
-    keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
-    unique, inverse = np.unique(keys, return_inverse=True)
-
-    def one(k: np.int64) -> pa.Table:
-        return self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols)
-
-    pool = reader_module._FETCH_POOL
-    tables = list(pool.map(one, unique)) if len(unique) > 1 else [one(k) for k in unique]
-    table = gather_arrow(tables, inverse, row_in_group)
-    table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-    table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-    return table.combine_chunks().to_batches()[0] if table.num_rows else empty_batch(table.schema)
-
-
-def _previous_ipc_size(batch: pa.RecordBatch) -> int:
-    sink = pa.MockOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.size()
-
-
 @contextlib.contextmanager
 def previous() -> Iterator[None]:
     """The build path as it was before issue #26, while inside."""
     take, size, ahead = reader_module.DatasetReader.take, build_module.ipc_size, build_module.OrderAhead.AHEAD_SAMPLES
-    reader_module.DatasetReader.take = _previous_take  # type: ignore[method-assign]
-    build_module.ipc_size = _previous_ipc_size  # type: ignore[assignment]
+    reader_module.DatasetReader.take = previous_take  # type: ignore[method-assign]
+    build_module.ipc_size = previous_ipc_size  # type: ignore[assignment]
     build_module.OrderAhead.AHEAD_SAMPLES = 0  # each message's samples selected alone, as before
     try:
         yield

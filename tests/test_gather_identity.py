@@ -1,7 +1,7 @@
 """A stream's messages are byte-identical to those of the previous build path (issue #26).
 
-The build path before issue #26 is kept here as the reference (`_reference_take`: Arrow's take per
-row group, their concatenation, a reordering take; provenance appended, chunks combined). Every
+The build path before issue #26 is the reference (loadtest/previous_build.py `previous_take`: Arrow's
+take per row group, their concatenation, a reordering take; provenance appended, chunks combined). Every
 message of a stream — header and Arrow IPC stream, `Message.wire()` — is compared against the same
 stream built with the reference, in the three shuffle modes, with provenance, over fixed-width columns
 (numpy's gather) and with a string column (Arrow's), in a mixture and through a transform.
@@ -10,7 +10,7 @@ stream built with the reference, in the three shuffle modes, with provenance, ov
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from loadtest.previous_build import previous_gather, previous_take
 from shardstream.ipc import ipc_bytes, ipc_size
 from shardstream.order.read_order import RowLocator
 from shardstream.server.backends.roots import open_registry
@@ -29,39 +30,8 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
 from .support.data import write_dataset
-from .support.gather_reference import reference_gather
 
 N = 263  # prime: steps straddle row groups (20 rows) and shards (70 rows)
-
-
-def _reference_take(self: DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
-    """`DatasetReader.take` as it was before issue #26."""
-    cols = tuple(columns)
-    shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
-    n = len(rows)
-    if (
-        n
-        and (shard == shard[0]).all()
-        and (group == group[0]).all()
-        and (n == 1 or (np.diff(row_in_group) == 1).all())
-    ):
-        table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
-        table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-        table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-        return table.combine_chunks().to_batches()[0]
-    keys = shard.astype(np.int64) << 32 | group.astype(np.int64)
-    unique, inverse = np.unique(keys, return_inverse=True)
-    tables = [self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols) for k in unique]
-    if tables:
-        table = reference_gather(tables, inverse, row_in_group)
-    else:
-        schema = self.manifest.schema
-        table = pa.table({c: pa.array([], type=schema.field(c).type) for c in cols})
-    table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
-    table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
-    return (
-        table.combine_chunks().to_batches()[0] if table.num_rows else gather_module.empty_batch(table.schema)
-    )
 
 
 def _png(seed: int) -> bytes:
@@ -106,7 +76,7 @@ def _wire(planner: ReadPlanner, req: pb.ReadRequest) -> list[tuple[bytes, bytes]
 def _same_as_reference(planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, req: pb.ReadRequest) -> None:
     got = _wire(planner, req)
     with monkeypatch.context() as m:
-        m.setattr(DatasetReader, "take", _reference_take)
+        m.setattr(DatasetReader, "take", previous_take)
         want = _wire(planner, req)
     assert len(got) == len(want) > 1
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
@@ -165,7 +135,7 @@ def test_the_numpy_gather_serves_fixed_width_columns() -> None:
     group, row = np.array([1, 0, 1, 0]), np.array([3, 9, 0, 2])
     fast = gather_module._gather_fixed([t, t.slice(2)], group, row)
     assert fast is not None
-    assert fast.equals(reference_gather([t, t.slice(2)], group, row).combine_chunks())
+    assert fast.equals(previous_gather([t, t.slice(2)], group, row).combine_chunks())
     with_nulls = t.set_column(0, "id", pa.array([None, *range(1, 10)], type=pa.int64()))
     assert gather_module._gather_fixed([with_nulls, t], group, row) is None
 

@@ -13,10 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from loadtest.previous_build import previous_gather
 from shardstream.server.read import gather as gather_module
 from shardstream.server.read.message_buffers import MessageBuffers
-
-from .support.gather_reference import reference_gather
 
 
 @pytest.fixture
@@ -102,7 +101,7 @@ def test_gathers_into_reused_buffers_are_exact_and_leave_live_messages_alone(
     for _ in range(30):
         group, row = _draw(rng, tables, int(rng.integers(1, 120)))
         got = gather_module._gather_fixed(tables, group, row)
-        want = reference_gather(tables, group, row).combine_chunks()
+        want = previous_gather(tables, group, row).combine_chunks()
         assert got is not None and got.equals(want)
         if rng.random() < 0.3:  # still in use, whole or as a slice of its batch: not to be written into
             k = int(rng.integers(got.num_rows))
