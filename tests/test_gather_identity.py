@@ -9,7 +9,6 @@ stream built with the reference, in the three shuffle modes, with provenance, ov
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,21 +33,12 @@ from .support.data import write_dataset
 N = 263  # prime: steps straddle row groups (20 rows) and shards (70 rows)
 
 
-def _png(seed: int) -> bytes:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 255, (6, 5, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("gather-identity") / "root"
     write_dataset(root, "toy", N, row_group_rows=20, shard_rows=70)
     write_dataset(root, "other", 101, row_group_rows=20, shard_rows=70, start=10_000)
-    items = [(f"ok-{i}", _png(i)) for i in range(10)]
+    items = [(f"ok-{i}", media.random_png(i)) for i in range(10)]
     media.write_table(root, "imgs", media.blob_table("image", items), row_group_rows=4, shard_rows=8)
     return root
 

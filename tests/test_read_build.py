@@ -8,7 +8,6 @@ error that names it.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,21 +40,15 @@ OTHER_START = 10_000
 BAD_IMAGES = {2, 7, 8}  # rows of `imgs` that are not images
 
 
-def _png(seed: int) -> bytes:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 255, (6, 5, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("read-build") / "root"
     write_dataset(root, "toy", N, row_group_rows=20, shard_rows=70)
     write_dataset(root, "other", 101, row_group_rows=20, shard_rows=70, start=OTHER_START)
-    items = [(f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", _png(i)) for i in range(12)]
+    items = [
+        (f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", media.random_png(i))
+        for i in range(12)
+    ]
     media.write_table(root, "imgs", media.blob_table("image", items), row_group_rows=4, shard_rows=8)
     return root
 

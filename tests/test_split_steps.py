@@ -10,7 +10,6 @@ resumes at that step (on the next endpoint) with every sample exactly once.
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from collections.abc import Iterator
@@ -46,15 +45,6 @@ CAP = 64 << 10
 BAD_IMAGES = {1, 6}
 
 
-def _png(seed: int, side: int) -> bytes:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 255, (side, side, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("split") / "root"
@@ -68,7 +58,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "growing",
         pa.table({"id": np.arange(len(sizes)), "blob": pa.array([rng.bytes(n) for n in sizes], pa.binary())}),
     )
-    items = [(f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", _png(i, 20)) for i in range(12)]
+    items = [(f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", media.random_png(i, 20, 20)) for i in range(12)]
     media.write_table(root, "imgs", media.blob_table("image", items), row_group_rows=4, shard_rows=8)
     return root
 

@@ -120,6 +120,16 @@ def real_videos() -> list[tuple[str, bytes]]:
     return out
 
 
+def random_png(seed: int, height: int = 6, width: int = 5) -> bytes:
+    """A small PNG of random pixels (Pillow), different for every seed."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def write_table(
     root: Path, name: str, table: pa.Table, *, row_group_rows: int = 8, shard_rows: int = 40
 ) -> Manifest:
