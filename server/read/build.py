@@ -215,7 +215,6 @@ class OrderAhead:
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
         self._src = self._rows = np.empty(0, np.int64)
-        self._filled = False
 
     def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
         """(source, row) of the chunk's samples, in order: its steps' or its part's."""
@@ -235,8 +234,7 @@ class OrderAhead:
         ranges, total = [], 0
         step = chunk.steps[0]
         # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
-        ahead = self.AHEAD_SAMPLES if self._filled and self._ahead else 0
-        self._filled = True
+        ahead = self.AHEAD_SAMPLES if self._count and self._ahead else 0
         limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
         while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
             ps, pe = p.layout.rank_range(step, p.rank)
@@ -246,7 +244,7 @@ class OrderAhead:
         positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
         src, self._rows = p.selector.select(p.epoch, positions)
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
-        self._src = src if p.mixture else np.broadcast_to(src[:1] if len(src) else np.zeros(1, src.dtype), src.shape)
+        self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
         self._starts = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
 
