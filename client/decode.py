@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
-from shardstream.order.cursor_math import cursor_after
+from shardstream.order.cursor_math import cursor_after, is_last_step
 from shardstream.order.scheduled_steps import Layout
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -85,7 +85,6 @@ def decode_message(
         batch = batch.select(keep)
     split = splitter(batch, spec.output)
     num_steps = layout.num_steps
-    workers = spec.split.workers
     last_index = len(steps) - 1
     row = 0
     for i, st in enumerate(steps):
@@ -122,13 +121,10 @@ def decode_message(
         row = end
         if spec.pin_memory:
             out = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in out.items()}
-        last = step + workers >= num_steps  # this reader's last step of the epoch (cursor_math.is_last_step)
-        if last:
-            if not (header.end_of_epoch and i == last_index):
-                raise DataLossError(f"step {step} ends epoch {epoch} but the server's stream goes on")
-            yield Item(epoch, *cursor_after(layout, epoch, step, spec.split), header.dropped, out, info)
-        else:  # cursor_math.cursor_after: the start of this reader's next step
-            yield Item(epoch, epoch, layout.global_range(step + workers)[0], 0, out, info)
+        last = is_last_step(layout, step, spec.split)  # this reader's last step of the epoch
+        if last and not (header.end_of_epoch and i == last_index):
+            raise DataLossError(f"step {step} ends epoch {epoch} but the server's stream goes on")
+        yield Item(epoch, *cursor_after(layout, epoch, step, spec.split), header.dropped if last else 0, out, info)
     if header.end_of_epoch and not steps:
         yield empty_epoch(spec, epoch, header.dropped)
 
