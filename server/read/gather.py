@@ -131,10 +131,10 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
         views = [v[c][0] for v in per_table]  # type: ignore[index]
         buf = pool.get(n * views[0].itemsize)  # reused warm pages where it can (message_buffers.py)
         buffers.append(buf)
-        out = np.frombuffer(buf, dtype=views[0].dtype)
         if not n:
-            pass
-        elif len(views) == 1:
+            continue
+        out = np.frombuffer(buf, dtype=views[0].dtype)
+        if len(views) == 1:
             np.take(views[0], row, axis=0, out=out)
         elif runs is not None:  # a few runs of consecutive rows (an unshuffled read across row groups)
             for a, b in runs:
