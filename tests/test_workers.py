@@ -70,9 +70,10 @@ def test_two_workers_deliver_the_same_bytes_in_the_same_order(
             assert x.equals(y) and x.equals(z)  # rows, columns and provenance (_shard, _row)
 
 
-def _established(pid: int, port: int) -> int:
+def _established(pid: int, port: int) -> set[tuple[str, int]]:
+    """The clients' addresses of the connections established to `port` in process `pid`."""
     conns = psutil.Process(pid).net_connections(kind="tcp")
-    return sum(1 for c in conns if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+    return {tuple(c.raddr) for c in conns if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED}
 
 
 def connections_on_every_worker(server: LocalServer) -> list[grpc.Channel]:
@@ -82,10 +83,11 @@ def connections_on_every_worker(server: LocalServer) -> list[grpc.Channel]:
     one of 2 workers has a probability of 2^-63.
     """
     server.info()
+    # connections there before (server.info()'s may still be closing): not counted, by client address
     base = {p: _established(p, server.port) for p in server.worker_pids}
 
     def held() -> list[int]:
-        return [_established(p, server.port) - base[p] for p in server.worker_pids]
+        return [len(_established(p, server.port) - base[p]) for p in server.worker_pids]
 
     channels: list[grpc.Channel] = []
     while len(channels) < 64 and not all(held()):
