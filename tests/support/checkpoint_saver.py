@@ -7,7 +7,13 @@ during the save of CRASH_STEP it kills itself with SIGKILL just before its CRASH
 server (0: the first `has`; then each DoPut of chunks, the part, each commit), and, with CRASH_CALL
 -1, in the middle of a DoPut after half its chunks were written. The process really dies by SIGKILL:
 no handler, no flush, no cleanup runs. As RANK of WORLD (default 0 of 1) it saves its part of each
-step, `{"rank": RANK}` added to the state; its save id comes from $TORCHELASTIC_RUN_ID, as under torchrun.
+step, `{"rank": RANK}` and a tensor of its own added to the state; its save id comes from
+$TORCHELASTIC_RUN_ID, as under torchrun.
+
+The calls of a save are counted, so each save must make the same calls whatever the other ranks do:
+the ranks' states share most tensors, and a rank whose every chunk another rank had already stored
+would skip its DoPut (its part would become call 1 and its commit call 2). The rank's own tensor,
+new every step, keeps one DoPut in each save.
 """
 
 from __future__ import annotations
@@ -75,7 +81,10 @@ def main(argv: list[str]) -> None:
     with Checkpointer([endpoint], job=job, rank=rank, world_size=world, chunk_bytes=CHUNK_BYTES) as ckpt:
         for step in range(first, last + 1):
             saving[0] = step
-            ckpt.save(step, {**state_at(step), "rank": rank}, blocking=True)
+            state = state_at(step)
+            own = np.full(256, step * world + rank, dtype=np.int64)  # chunks no other rank or step has
+            state["model"] = {**state["model"], f"rank{rank}": own}
+            ckpt.save(step, {**state, "rank": rank}, blocking=True)
             print(f"committed {step}", flush=True)
 
 
