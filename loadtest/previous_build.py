@@ -41,6 +41,11 @@ def previous_gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) 
     return grouped.combine_chunks().take(pa.array(restore))
 
 
+def _row_group(self: reader_module.DatasetReader, shard: int, group: int, cols: tuple[str, ...]) -> pa.Table:
+    """One row group through the cache, unpinned, as the build read them before the cache's leases."""
+    return self._cache.get(self._key(shard, group, cols), self._fetcher(shard, group, cols))
+
+
 def previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
     """`DatasetReader.take` as it was before issue #26 (patched in as the method)."""
     cols = tuple(columns)
@@ -52,7 +57,7 @@ def previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: 
         and (group == group[0]).all()
         and (n == 1 or (np.diff(row_in_group) == 1).all())
     ):
-        table = self._row_group(int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
+        table = _row_group(self, int(shard[0]), int(group[0]), cols).slice(int(row_in_group[0]), n)
         table = table.append_column("_shard", pa.array(shard.astype(np.int32), type=pa.int32()))
         table = table.append_column("_row", pa.array(row_in_shard, type=pa.int64()))
         return table.combine_chunks().to_batches()[0]
@@ -60,7 +65,7 @@ def previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: 
     unique, inverse = np.unique(keys, return_inverse=True)
 
     def one(k: np.int64) -> pa.Table:
-        return self._row_group(int(k >> 32), int(k & 0xFFFFFFFF), cols)
+        return _row_group(self, int(k >> 32), int(k & 0xFFFFFFFF), cols)
 
     tables = list(reader_module._FETCH_POOL.map(one, unique)) if len(unique) > 1 else [one(k) for k in unique]
     if tables:

@@ -9,6 +9,16 @@ A value larger than the whole capacity is returned but not kept.
 one already held, so it is not evicted before it is used); a `get` arriving while it reads waits for
 that read instead of starting another.
 
+`lease(keys, estimate)` is a build's side: it pins the values of `keys` for the build (held ones and
+those it will read) so that none is evicted while the build uses them, and it waits first until the
+cache has room for all of them at once. Pinned values and the estimated bytes of pinned reads in
+flight stay within `capacity`, so the decoded row groups in memory stay within it too, however many
+builds run (an evicted row group a build still used was memory nobody counted). A lease is granted
+whole or not at all and holds nothing while it waits, so builds cannot deadlock; leases are granted
+in order of arrival, except one that adds nothing (its keys pinned already); one larger than the
+whole capacity is granted when nothing else is pinned. Unpinned values are evicted, least recently
+used first; a read nobody pinned (`get`, `prefetch`) can still outgrow `capacity` by what it reads.
+
 Accounting, for hit ratio and read amplification from Prometheus:
 - a `get` is a **hit** when served from memory or by a read already in flight (coalesced, including
   a read-ahead), a **miss** when it had to read storage itself; `_hit_bytes_total` and
@@ -22,14 +32,15 @@ Gauges are summed over live processes when several workers share a port (multipr
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge
 
-__all__ = ["LRUCache"]
+__all__ = ["LRUCache", "Lease"]
 
 V = TypeVar("V")
 
@@ -46,12 +57,42 @@ CACHE_PREFETCHES_WASTED = Counter(
     "shardstream_cache_prefetches_wasted_total", "Row groups read ahead and evicted before any use"
 )
 CACHE_EVICTIONS = Counter("shardstream_cache_evictions_total", "Row groups evicted from the cache")
+CACHE_ROOM_WAITS = Counter(
+    "shardstream_cache_room_waits_total",
+    "Builds that waited for room in the row-group cache (the row groups of builds in progress filled it)",
+)
+CACHE_ROOM_WAIT_SECONDS = Counter(
+    "shardstream_cache_room_wait_seconds_total", "Seconds builds waited for room in the row-group cache"
+)
 CACHE_BYTES = Gauge(
     "shardstream_cache_bytes", "Bytes held by the row-group cache", multiprocess_mode="livesum"
 )
 CACHE_CAPACITY_BYTES = Gauge(
     "shardstream_cache_capacity_bytes", "Capacity of the row-group cache", multiprocess_mode="livesum"
 )
+
+
+class Lease(Generic[V]):
+    """Keys pinned for one build (`LRUCache.lease`): `values[i]` is the value of `keys[i]` if it was
+    held when the lease was granted, else None (read it with `get`: it stays pinned). `release()`
+    unpins them (once); a lease is also a context manager that releases on exit."""
+
+    def __init__(self, cache: LRUCache[V], keys: Sequence[Hashable], values: list[V | None]) -> None:
+        self._cache = cache
+        self.keys = keys
+        self.values = values
+        self._open = True
+
+    def release(self) -> None:
+        if self._open:
+            self._open = False
+            self._cache._unpin(self.keys)
+
+    def __enter__(self) -> Lease[V]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class LRUCache(Generic[V]):
@@ -61,10 +102,16 @@ class LRUCache(Generic[V]):
         self.capacity_bytes = capacity_bytes
         self._sizeof = sizeof
         self._lock = threading.Lock()
-        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._room = threading.Condition(self._lock)  # leases waiting for room
+        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()  # least recently used first
+        self._pins: dict[Hashable, int] = {}  # leases per pinned key (held or not)
+        self._reserved: dict[Hashable, int] = {}  # pinned keys not held yet: their estimated bytes
+        self._waiting: deque[object] = deque()  # leases waiting for room, in order of arrival
         self._inflight: dict[Hashable, Future[V]] = {}
         self._unused: set[Hashable] = set()  # read ahead, not looked up since
-        self.bytes = 0
+        self.bytes = 0  # held, pinned or not
+        self.pinned_bytes = 0  # held and pinned, plus the estimates of pinned keys not held yet
+        self._reserved_bytes = 0  # those estimates
         self.unused_prefetch_bytes = 0
         CACHE_CAPACITY_BYTES.set(capacity_bytes)
 
@@ -103,27 +150,90 @@ class LRUCache(Generic[V]):
         CACHE_MISS_BYTES.inc(self._sizeof(value))
         return value
 
-    def held(self, keys: list[Hashable]) -> list[V | None]:
-        """The value of each of `keys` that is held (a hit, as `get` counts it), else None: nothing
-        is read. One lock and one count for all (a full-shuffled message asks for every row group
-        of the dataset: two counter increments each cost it ~0.5 ms at 128)."""
-        out: list[V | None] = []
-        hits = hit_bytes = 0
+    def lease(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> Lease[V]:
+        """Pin `keys` (distinct) for a build, once the cache has room for all of them (the module
+        docstring): `estimate(i)` is the bytes `keys[i]` will take if it is not held. Held values
+        count as hits, as `held` counts them."""
         with self._lock:
-            for key in keys:
-                hit = self._items.get(key)
-                if hit is None:
-                    out.append(None)
-                    continue
-                self._items.move_to_end(key)
-                self._used(key, hit[1])
-                hits += 1
-                hit_bytes += hit[1]
-                out.append(hit[0])
+            if not self._waiting and self._fits(self._need(keys, estimate)):
+                return Lease(self, keys, self._pin(keys, estimate))
+            token = object()
+            self._waiting.append(token)
+            waited = time.perf_counter()
+            while True:
+                need = self._need(keys, estimate)
+                if need == 0 or (self._waiting[0] is token and self._fits(need)):
+                    break
+                self._room.wait()
+            self._waiting.remove(token)
+            self._room.notify_all()  # the next in line may fit too
+            values = self._pin(keys, estimate)
+        CACHE_ROOM_WAITS.inc()
+        CACHE_ROOM_WAIT_SECONDS.inc(time.perf_counter() - waited)
+        return Lease(self, keys, values)
+
+    def _fits(self, need: int) -> bool:
+        """Whether a lease adding `need` bytes may be granted (under the lock): it adds nothing, fits
+        beside what is pinned, or nothing is pinned (a lease larger than the cache, alone)."""
+        pinned = self.pinned_bytes
+        return need == 0 or pinned + need <= self.capacity_bytes or pinned == 0
+
+    def _need(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> int:
+        """The bytes pinning `keys` would add (under the lock; no value referenced after: a lease
+        waiting must not keep alive what the cache evicts meanwhile)."""
+        need = 0
+        for i, key in enumerate(keys):
+            if key not in self._pins:
+                size = self._items.get(key, (None, -1))[1]
+                need += size if size >= 0 else estimate(i)
+        return need
+
+    def _pin(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> list[V | None]:
+        values: list[V | None] = []
+        hits = hit_bytes = 0
+        for i, key in enumerate(keys):
+            count = self._pins.get(key, 0)
+            self._pins[key] = count + 1
+            hit = self._items.get(key)
+            if hit is None:
+                if not count:
+                    self._reserved[key] = size = estimate(i)
+                    self.pinned_bytes += size
+                    self._reserved_bytes += size
+                values.append(None)
+                continue
+            if not count:
+                self.pinned_bytes += hit[1]
+            self._used(key, hit[1])
+            hits += 1
+            hit_bytes += hit[1]
+            values.append(hit[0])
+        if self._reserved_bytes:
+            self._evict()  # room for the reads reserved
         if hits:
             CACHE_HITS.inc(hits)
             CACHE_HIT_BYTES.inc(hit_bytes)
-        return out
+        return values
+
+    def _unpin(self, keys: Sequence[Hashable]) -> None:
+        with self._lock:
+            items = self._items
+            for key in keys:
+                count = self._pins[key] - 1
+                if count:
+                    self._pins[key] = count
+                    continue
+                del self._pins[key]
+                if key in items:
+                    self.pinned_bytes -= items[key][1]
+                    items.move_to_end(key)  # used last by this lease
+                else:  # never read (its read failed, or the build stopped first)
+                    estimate = self._reserved.pop(key)
+                    self.pinned_bytes -= estimate
+                    self._reserved_bytes -= estimate
+            self._evict()
+            if self._waiting:
+                self._room.notify_all()
 
     def prefetch(self, key: Hashable, fetch: Callable[[], V]) -> bool:
         """Read `key` ahead of need unless held or being read (then only refresh it); True if it read.
@@ -164,18 +274,39 @@ class LRUCache(Generic[V]):
         size = self._sizeof(value)
         with self._lock:
             del self._inflight[key]
-            if size > self.capacity_bytes:
+            if key in self._pins:  # read for a lease: pinned, counted at its size instead of its estimate
+                estimate = self._reserved.pop(key)
+                self.pinned_bytes += size - estimate
+                self._reserved_bytes -= estimate
+            elif size > self.capacity_bytes:
                 return
             self._items[key] = (value, size)
             self.bytes += size
             if prefetched:
                 self._unused.add(key)
                 self.unused_prefetch_bytes += size
-            while self.bytes > self.capacity_bytes:
-                old, (_, evicted) = self._items.popitem(last=False)
-                self.bytes -= evicted
-                CACHE_EVICTIONS.inc()
-                if old in self._unused:
-                    self._used(old, evicted)
-                    CACHE_PREFETCHES_WASTED.inc()
+            if not self._evict():
+                CACHE_BYTES.set(self.bytes)
+
+    def _evict(self) -> int:
+        """Unpinned values, least recently used first, until they, the pinned ones and the reads
+        reserved are within capacity (under the lock); how many."""
+        evicted = 0
+        items = self._items
+        for _ in range(len(items)):  # each value looked at once at most
+            if self.bytes + self._reserved_bytes <= self.capacity_bytes:
+                break
+            old = next(iter(items))
+            if old in self._pins:
+                items.move_to_end(old)  # in use: not evictable
+                continue
+            size = items.pop(old)[1]  # (the value is freed here, not when this returns)
+            self.bytes -= size
+            evicted += 1
+            if old in self._unused:
+                self._used(old, size)
+                CACHE_PREFETCHES_WASTED.inc()
+        if evicted:
+            CACHE_EVICTIONS.inc(evicted)
             CACHE_BYTES.set(self.bytes)
+        return evicted

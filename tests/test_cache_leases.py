@@ -1,0 +1,212 @@
+"""The row-group cache's leases (server/read/cache.py): values a build uses are pinned and counted
+until it is done, so what the cache reads stays within its capacity however many builds run at once
+and however the LRU would have evicted; a lease is all or nothing, in order of arrival, and one larger
+than the cache runs alone. Values here are objects that count themselves while alive (CPython frees
+them at their last reference), so the bound is checked on what is really kept alive."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.server.read.cache import LRUCache
+
+
+class Alive:
+    """The bytes of values alive now, and the most ever alive at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.peak = 0
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+
+class Value:
+    def __init__(self, key: int, size: int, alive: Alive) -> None:
+        self.key, self.size, self._alive = key, size, alive
+        alive.add(size)
+        _yield()  # a read takes time: the other builds go on meanwhile
+
+    def __del__(self) -> None:
+        self._alive.add(-self.size)
+
+
+def _cache(capacity: int) -> LRUCache[Value]:
+    return LRUCache(capacity, sizeof=lambda v: v.size)
+
+
+def _yield() -> None:
+    """Lets the other threads run here (so that builds overlap); not a wait for anything."""
+    time.sleep(0.0001)
+
+
+def _use(cache: LRUCache[Value], keys: list[int], size: Callable[[int], int], alive: Alive) -> None:
+    """What a build does: lease, read what is not held, check, drop every reference, release."""
+    with cache.lease(keys, lambda i: size(keys[i])) as lease:
+        values = lease.values
+        for i in range(len(keys)):  # (no loop variable: it would keep a value alive past the release)
+            if values[i] is None:
+                values[i] = cache.get(keys[i], lambda k=keys[i]: Value(k, size(k), alive))
+        _yield()  # the build uses them
+        assert [v.key for v in values if v is not None] == keys
+        values.clear()
+
+
+def _state_is_clean(cache: LRUCache[Any]) -> None:
+    assert cache.pinned_bytes == 0 and cache._reserved_bytes == 0
+    assert not cache._pins and not cache._reserved
+    assert not cache._waiting and not cache._inflight
+    assert cache.bytes == sum(size for _, size in cache._items.values()) <= cache.capacity_bytes
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_what_concurrent_builds_keep_alive_stays_within_the_capacity(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 9, size=40).tolist()
+    capacity = int(rng.integers(12, 48))
+    cache = _cache(capacity)
+    alive = Alive()
+    threads = int(rng.integers(2, 9))
+    plans = [
+        [
+            rng.choice(40, size=int(rng.integers(1, 7)), replace=False).tolist()
+            for _ in range(int(rng.integers(10, 40)))
+        ]
+        for _ in range(threads)
+    ]
+    errors: list[BaseException] = []
+
+    def run(plan: list[list[int]]) -> None:
+        try:
+            for keys in plan:
+                _use(cache, keys, lambda k: sizes[k], alive)
+        except BaseException as exc:  # noqa: BLE001 — reported by the test
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(p,)) for p in plans]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "a lease never came (deadlock)"
+    assert not errors, errors[0]
+    largest = max(sum(sizes[k] for k in keys) for plan in plans for keys in plan)
+    # the estimates are exact here: alive = the cache's values, pinned or not, within its capacity
+    # (or one lease larger than the cache, alone)
+    assert alive.peak <= max(capacity, largest), (alive.peak, capacity, largest)
+    _state_is_clean(cache)
+    assert alive.now == cache.bytes
+
+
+def test_a_lease_larger_than_the_cache_waits_for_the_others_and_runs_alone() -> None:
+    cache = _cache(10)
+    alive = Alive()
+    small = cache.lease([1, 2], lambda i: 4)
+    for key in (1, 2):
+        cache.get(key, lambda key=key: Value(key, 4, alive))
+    granted = threading.Event()
+    big_lease: list[Any] = []
+
+    def big() -> None:
+        big_lease.append(cache.lease([3, 4, 5], lambda i: 6))  # 18 bytes > 10
+        granted.set()
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    _wait_for(lambda: len(cache._waiting) == 1)
+    assert not granted.is_set()
+    # a lease arriving later waits behind the big one (order of arrival), though it would fit
+    later = threading.Event()
+    late_lease: list[Any] = []
+
+    def late() -> None:
+        late_lease.append(cache.lease([6], lambda i: 1))
+        later.set()
+
+    late_thread = threading.Thread(target=late)
+    late_thread.start()
+    _wait_for(lambda: len(cache._waiting) == 2)
+    # one whose keys are all pinned already adds nothing: granted at once
+    again: list[Any] = []
+    adds_nothing = threading.Thread(target=lambda: again.append(cache.lease([1], lambda i: 4)), daemon=True)
+    adds_nothing.start()
+    adds_nothing.join(10)
+    assert again, "a lease that adds nothing waited behind the others"
+    assert again[0].values[0] is not None and again[0].values[0].key == 1
+    again[0].release()
+    assert not granted.is_set() and not later.is_set()
+    small.release()
+    assert granted.wait(10)
+    thread.join()
+    assert cache.pinned_bytes == 18  # nothing else pinned: the big one alone, over the capacity
+    assert not later.is_set()
+    big_lease[0].release()
+    assert later.wait(10)
+    late_thread.join()
+    late_lease[0].release()
+    _state_is_clean(cache)
+
+
+def test_a_read_that_fails_gives_back_its_reservation() -> None:
+    cache = _cache(10)
+
+    def broken() -> Value:
+        raise OSError("storage went away")
+
+    with cache.lease([1, 2], lambda i: 5) as lease:
+        assert lease.values == [None, None] and cache.pinned_bytes == 10
+        with pytest.raises(OSError):
+            cache.get(1, broken)
+    _state_is_clean(cache)
+    assert cache.bytes == 0
+
+
+def test_a_read_counts_at_its_size_not_its_estimate() -> None:
+    cache = _cache(100)
+    alive = Alive()
+    with cache.lease([1], lambda i: 10):
+        assert cache.pinned_bytes == 10
+        cache.get(1, lambda: Value(1, 30, alive))
+        assert cache.pinned_bytes == 30 and cache.bytes == 30
+    assert cache.pinned_bytes == 0 and cache.bytes == 30 and 1 in cache
+
+
+def test_pinned_values_are_not_evicted_and_unpinned_ones_are_least_recently_used_first() -> None:
+    cache = _cache(10)
+    alive = Alive()
+    for key in (1, 2):
+        cache.get(key, lambda key=key: Value(key, 4, alive))
+    with cache.lease([1], lambda i: 4):
+        cache.get(3, lambda: Value(3, 4, alive))  # over the capacity: 2 goes, 1 is pinned
+        assert 1 in cache and 2 not in cache and 3 in cache
+    cache.get(4, lambda: Value(4, 4, alive))  # 1 was used last by its lease: 3 goes
+    assert 1 in cache and 3 not in cache and 4 in cache
+    _state_is_clean(cache)
+
+
+def test_a_value_larger_than_the_cache_is_kept_while_pinned_only() -> None:
+    cache = _cache(10)
+    alive = Alive()
+    with cache.lease([1], lambda i: 20) as lease:
+        assert lease.values == [None]
+        cache.get(1, lambda: Value(1, 20, alive))
+        assert 1 in cache and cache.bytes == 20
+    assert 1 not in cache and cache.bytes == 0 and alive.now == 0
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    event = threading.Event()
+    for _ in range(10_000):
+        if condition():
+            return
+        event.wait(0.001)
+    raise AssertionError("condition not reached")
