@@ -12,9 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
+from shardstream.errors import DataLossError
 from shardstream.server.read.cache import LRUCache
+from shardstream.server.read.checksums import chunk_spans
+from shardstream.server.read.reader import DatasetReader, new_row_group_cache
+from shardstream.server.writing.ingest import IngestOptions, ingest
+
+from .support.data import make_table
+from .support.flips import flip_byte
 
 
 class Alive:
@@ -201,6 +209,62 @@ def test_a_value_larger_than_the_cache_is_kept_while_pinned_only() -> None:
         cache.get(1, lambda: Value(1, 20, alive))
         assert 1 in cache and cache.bytes == 20
     assert 1 not in cache and cache.bytes == 0 and alive.now == 0
+
+
+# --- through DatasetReader.take: the builds' reads ----------------------------------------------------
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
+    tmp = tmp_path_factory.mktemp("leases")
+    pq.write_table(make_table(4000), tmp / "src.parquet")
+    options = IngestOptions(row_group_rows=100, shard_rows=1000, progress=False)
+    m = ingest(tmp / "src.parquet", "toy", tmp / "root", options)
+    return m, [tmp / "root" / "toy" / s.uri for s in m.shards]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_takes_at_once_through_a_cache_smaller_than_their_row_groups_get_their_rows(toy: Any, seed: int) -> None:
+    m, paths = toy
+    reader = DatasetReader(m, paths, new_row_group_cache(0))  # capacity set below, from a row group's size
+    whole = reader.take(np.arange(100), ["id", "text"]).nbytes
+    cache = new_row_group_cache(4 * whole)  # 4 of the 40 row groups; a take of 24 random rows touches ~20
+    reader = DatasetReader(m, paths, cache)
+    rng = np.random.default_rng(seed)
+    plans = [[rng.choice(4000, size=int(rng.integers(1, 25)), replace=False) for _ in range(12)] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def run(plan: list[np.ndarray]) -> None:
+        try:
+            for rows in plan:
+                batch = reader.take(rows, ["id", "text"])
+                assert batch.column("id").to_pylist() == rows.tolist()
+                assert batch.column("text").to_pylist() == [f"sample-{i}" for i in rows]
+        except BaseException as exc:  # noqa: BLE001 — reported by the test
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(p,)) for p in plans]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a take never got its lease (deadlock)"
+    assert not errors, errors[0]
+    _state_is_clean(cache)
+
+
+def test_a_take_whose_read_fails_unpins_what_it_held(toy: Any, tmp_path: Any) -> None:
+    m, paths = toy
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(paths[1].read_bytes())
+    span = chunk_spans(pq.read_metadata(bad), 2, bad.stat().st_size)[0]
+    flip_byte(bad, span.start + span.length // 2, 0x20)
+    cache = new_row_group_cache(1 << 30)
+    reader = DatasetReader(m, [paths[0], bad, *paths[2:]], cache)
+    rows = np.array([5, 1250, 1150, 3000])  # shard 1's row group 2 among others
+    with pytest.raises(DataLossError, match="row group 2"):
+        reader.take(rows, ["id"])
+    _state_is_clean(cache)
+    assert reader.take(np.array([5, 3000]), ["id"]).column("id").to_pylist() == [5, 3000]
+    _state_is_clean(cache)
 
 
 def _wait_for(condition: Callable[[], bool]) -> None:

@@ -3,7 +3,8 @@
 `get(key, fetch)` returns the cached value or calls `fetch()` once, however many threads ask for
 the same key at the same time: the others wait for the first fetch's result (or its exception).
 Values are charged at `sizeof(value)` bytes; the least recently used are evicted past `capacity`.
-A value larger than the whole capacity is returned but not kept.
+A value larger than the whole capacity is returned but not kept (unless a lease pins it: then
+until the lease ends).
 
 `prefetch(key, fetch)` is the read-ahead side: it reads a value nobody asked for yet (or refreshes
 one already held, so it is not evicted before it is used); a `get` arriving while it reads waits for
@@ -25,7 +26,9 @@ Accounting, for hit ratio and read amplification from Prometheus:
   `_miss_bytes_total` weigh them by the value's size;
 - `_prefetches_total` counts reads started by read-ahead (not lookups: neither hit nor miss), and
   `_prefetches_wasted_total` those evicted before any lookup used them. `unused_prefetch_bytes` (the
-  bytes read ahead and not used yet) is what read-ahead budgets against.
+  bytes read ahead and not used yet) is what read-ahead budgets against;
+- a lease counts a hit for each of its keys held when it is granted (the others are read by `get`);
+  `_room_waits_total` and `_room_wait_seconds_total` count the leases that waited for room.
 Gauges are summed over live processes when several workers share a port (multiprocess mode).
 """
 
@@ -153,7 +156,7 @@ class LRUCache(Generic[V]):
     def lease(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> Lease[V]:
         """Pin `keys` (distinct) for a build, once the cache has room for all of them (the module
         docstring): `estimate(i)` is the bytes `keys[i]` will take if it is not held. Held values
-        count as hits, as `held` counts them."""
+        count as hits."""
         with self._lock:
             if not self._waiting and self._fits(self._need(keys, estimate)):
                 return Lease(self, keys, self._pin(keys, estimate))

@@ -30,7 +30,9 @@ The bound this gives (deploy/RUNBOOK.md, "Limits"), per server process:
 
     RSS <= warm + caches (--cache-mib, read-ahead within it) + BOUND_FACTOR x --stream-buffer-mib
 
-"warm" is the process after serving one stream (thread pools, libraries); the factor covers what
+"warm" is the process after serving one stream (thread pools, libraries); "caches" holds the row
+groups builds in flight use too (they are pinned in the cache, and a build waits for room there:
+server/read/cache.py `lease`); the factor covers what
 gRPC and the allocators keep around the counted bytes, and the buffers of gathered messages kept for
 reuse (an eighth of the budget, at most 32 MiB: server/read/message_buffers.py). The server
 allocates Arrow memory from jemalloc with immediate decay (server/lifecycle.py) so that freed build memory goes back to the system.
