@@ -69,6 +69,26 @@ def _use(cache: LRUCache[Value], keys: list[int], size: Callable[[int], int], al
         values.clear()
 
 
+def _in_threads(plans: list[list[Any]], one: Callable[[Any], None]) -> None:
+    """Each plan in a thread of its own, `one(item)` for each of its items; all finish, none fails."""
+    errors: list[BaseException] = []
+
+    def run(plan: list[Any]) -> None:
+        try:
+            for item in plan:
+                one(item)
+        except BaseException as exc:  # noqa: BLE001 — reported by the test
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(p,)) for p in plans]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a lease never came (deadlock)"
+    assert not errors, errors[0]
+
+
 def _state_is_clean(cache: LRUCache[Any]) -> None:
     assert cache.pinned_bytes == 0 and cache._reserved_bytes == 0
     assert not cache._pins and not cache._reserved
@@ -91,22 +111,7 @@ def test_what_concurrent_builds_keep_alive_stays_within_the_capacity(seed: int) 
         ]
         for _ in range(threads)
     ]
-    errors: list[BaseException] = []
-
-    def run(plan: list[list[int]]) -> None:
-        try:
-            for keys in plan:
-                _use(cache, keys, lambda k: sizes[k], alive)
-        except BaseException as exc:  # noqa: BLE001 — reported by the test
-            errors.append(exc)
-
-    workers = [threading.Thread(target=run, args=(p,)) for p in plans]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=60)
-    assert not any(w.is_alive() for w in workers), "a lease never came (deadlock)"
-    assert not errors, errors[0]
+    _in_threads(plans, lambda keys: _use(cache, keys, lambda k: sizes[k], alive))
     largest = max(sum(sizes[k] for k in keys) for plan in plans for keys in plan)
     # the estimates are exact here: alive = the cache's values, pinned or not, within its capacity
     # (or one lease larger than the cache, alone)
@@ -230,24 +235,13 @@ def test_takes_at_once_through_a_cache_smaller_than_their_row_groups_get_their_r
     reader = DatasetReader(m, paths, cache)
     rng = np.random.default_rng(seed)
     plans = [[rng.choice(4000, size=int(rng.integers(1, 25)), replace=False) for _ in range(12)] for _ in range(4)]
-    errors: list[BaseException] = []
 
-    def run(plan: list[np.ndarray]) -> None:
-        try:
-            for rows in plan:
-                batch = reader.take(rows, ["id", "text"])
-                assert batch.column("id").to_pylist() == rows.tolist()
-                assert batch.column("text").to_pylist() == [f"sample-{i}" for i in rows]
-        except BaseException as exc:  # noqa: BLE001 — reported by the test
-            errors.append(exc)
+    def take(rows: np.ndarray) -> None:
+        batch = reader.take(rows, ["id", "text"])
+        assert batch.column("id").to_pylist() == rows.tolist()
+        assert batch.column("text").to_pylist() == [f"sample-{i}" for i in rows]
 
-    workers = [threading.Thread(target=run, args=(p,)) for p in plans]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert not any(w.is_alive() for w in workers), "a take never got its lease (deadlock)"
-    assert not errors, errors[0]
+    _in_threads(plans, take)
     _state_is_clean(cache)
 
 
