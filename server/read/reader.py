@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -279,9 +279,11 @@ class DatasetReader:
             tables = lease.values
             missing = [i for i, t in enumerate(tables) if t is None]
             if len(missing) > 1:
-                fetched = _FETCH_POOL.map(lambda i: self._cache.get(keys[i], self._fetcher(*places[i], cols)), missing)
-                for i, t in zip(missing, fetched, strict=True):
-                    tables[i] = t
+                get = self._cache.get
+                reads = [_FETCH_POOL.submit(get, keys[i], self._fetcher(*places[i], cols)) for i in missing]
+                wait(reads)  # every one, even past a failure: nothing is read after the lease ends
+                for i, read in zip(missing, reads, strict=True):
+                    tables[i] = read.result()
             elif missing:
                 i = missing[0]
                 tables[i] = self._cache.get(keys[i], self._fetcher(*places[i], cols))
