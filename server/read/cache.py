@@ -281,6 +281,8 @@ class LRUCache(Generic[V]):
                 estimate = self._reserved.pop(key)
                 self.pinned_bytes += size - estimate
                 self._reserved_bytes -= estimate
+                if size < estimate and self._waiting:
+                    self._room.notify_all()  # smaller than its estimate: room for a lease waiting, maybe
             elif size > self.capacity_bytes:
                 return
             self._items[key] = (value, size)

@@ -189,8 +189,8 @@ class DatasetReader:
 
     def _key(self, shard: int, group: int, columns: tuple[str, ...]) -> str:
         """The cache key of a row group read with `columns`: a string, made once (a string keeps its
-        hash, so the dozen dict operations of a message's lease on each key cost a third of a
-        tuple's: ~45 us a message that touches 64 row groups)."""
+        hash: a lease does a dozen dict operations a key, and one of 64 keys took 40 us with string
+        keys, 70 with tuples)."""
         known = self._keys.get(columns)
         if known is None:
             known = self._keys[columns] = {}
