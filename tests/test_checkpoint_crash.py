@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,21 @@ def _start(target: str, job: str, first: int, crash_step: int, crash_call: int, 
         text=True,
         start_new_session=True,
     )
+
+
+def _until_line(proc: subprocess.Popen[str], line: str, timeout_s: float) -> bool:
+    """Whether `proc` prints `line` within `timeout_s` (its stdout read up to that line)."""
+    found = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for got in proc.stdout:
+            if got.strip() == line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return found.wait(timeout_s)
 
 
 def _saver(target: str, job: str, first: int, crash_step: int, crash_call: int) -> subprocess.CompletedProcess[str]:
@@ -97,6 +113,10 @@ def test_a_rank_killed_mid_save_leaves_the_step_uncommitted_for_every_rank(ckpt_
     try:
         ranks[1].wait(timeout=120)
         assert ranks[1].returncode == -signal.SIGKILL, ranks[1].stderr.read() if ranks[1].stderr else ""
+        if crash_call == 3:
+            # rank 1's part landed before it died: rank 0's next commit poll commits the step, and the
+            # launcher's kill comes after that (killing at once raced rank 0's poll)
+            assert _until_line(ranks[0], "committed 3", timeout_s=120), "rank 0 never committed step 3"
     finally:
         for proc in ranks:
             if proc.poll() is None:
