@@ -58,7 +58,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "growing",
         pa.table({"id": np.arange(len(sizes)), "blob": pa.array([rng.bytes(n) for n in sizes], pa.binary())}),
     )
-    items = [(f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", media.random_png(i, 20, 20)) for i in range(12)]
+    items = [
+        (f"bad-{i}", b"not an image") if i in BAD_IMAGES else (f"ok-{i}", media.random_png(i, 20, 20))
+        for i in range(12)
+    ]
     media.write_table(root, "imgs", media.blob_table("image", items), row_group_rows=4, shard_rows=8)
     return root
 
