@@ -40,7 +40,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +63,7 @@ from ..read.plan import ReadPlan
 from .admission import Ticket
 from .audit import StreamAudit
 from .auth import Principal
+from .build_pool import BuildPool, Pending
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -140,7 +140,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         # Checkpoints (server/checkpoints/, `serve --checkpoint-root`): None when not enabled
         self.checkpoints: CheckpointPlane | None = runtime.checkpoints
         # Every stream's message builds (one at a time per stream: _Messages)
-        self.builds = ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="flight-build")
+        self.builds = BuildPool(BUILD_THREADS, "flight-build")
         # Streams whose message Flight is writing; those written to for longer than the write
         # timeout are reaped with their connection (reaper.py)
         self.reaper = Reaper(runtime.write_timeout_s, lambda: self.port)
@@ -148,7 +148,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
     def shutdown(self) -> None:
         super().shutdown()
         self.reaper.stop()
-        self.builds.shutdown(wait=False, cancel_futures=True)
+        self.builds.shutdown()
 
     def _principal(self, call: _Call, ticket: bytes) -> Principal:
         """The caller: by its token, or by the grant the gRPC port gave its certificate (grants.py)."""
@@ -313,7 +313,7 @@ class _Messages:
             svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
 
         self._it = svc.builder.stream(plan, read_ahead)
-        self._pending: Future[Message | None] | None = None
+        self._pending: Pending[Message | None] | None = None
         self._pending_reserved = 0
 
     def _build(self, reserved: int) -> Message | None:
