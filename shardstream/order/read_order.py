@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -200,7 +201,8 @@ class StepLayout:
                 f"start offset {self.start_offset} is outside the epoch of {self.num_rows} samples"
             )
 
-    @property
+    # Computed once: a Read message's build asks for them a few dozen times (issue #26)
+    @cached_property
     def global_batch(self) -> int:
         return self.world_size * self.batch_size
 
@@ -208,7 +210,7 @@ class StepLayout:
     def remaining(self) -> int:
         return self.num_rows - self.start_offset
 
-    @property
+    @cached_property
     def num_steps(self) -> int:
         full, rest = divmod(self.remaining, self.global_batch)
         return full if (self.drop_last or rest == 0) else full + 1
