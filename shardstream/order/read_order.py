@@ -27,6 +27,7 @@ from functools import cached_property
 import numpy as np
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.order.buckets import Buckets
 from shardstream.order.permutation import derive_key
 from shardstream.order.shuffle import ShuffleSpec, get_order
 
@@ -91,6 +92,7 @@ class RowLocator:
         self.num_rows = shard_starts[-1]
         self.block_sizes = np.asarray(counts, dtype=np.int64)  # non-empty row groups, storage order
         self._group_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._groups = Buckets(self._group_starts)  # a division when the row groups are of one size
         self._group_shard = np.asarray(shard_of, dtype=np.int32)
         self._group_index = np.asarray(index_in_shard, dtype=np.int32)
         self._shard_starts = np.asarray(shard_starts, dtype=np.int64)
@@ -172,7 +174,7 @@ class RowLocator:
         """(row group, shard, row in shard, row in row group) for each dataset row, the row group
         as its index among the dataset's non-empty row groups in storage order (`group_place`)."""
         rows = self.stored(rows)
-        g = np.searchsorted(self._group_starts, rows, side="right") - 1
+        g = self._groups.index(rows)
         shard = self._group_shard[g]
         return g, shard, rows - self._shard_starts[shard], rows - self._group_starts[g]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardstream.order.buckets import Buckets
 from shardstream.order.permutation import KeyedPermutation, derive_key
 
 
@@ -32,19 +33,21 @@ class BlockOrder:
             np.append(self._slot_start[0:m:window], self._slot_start[-1]) if m else np.zeros(1, np.int64)
         )
         self.num_rows = int(self._slot_start[-1])
+        # blocks of one size (a dataset's row groups, mostly) make both a division
+        self._windows, self._slots = Buckets(self._window_start), Buckets(self._slot_start)
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         p = np.asarray(positions, dtype=np.int64)
         if p.size and (p.min() < 0 or p.max() >= self.num_rows):
             raise IndexError(f"positions must lie in [0, {self.num_rows})")
-        win = np.searchsorted(self._window_start, p, side="right") - 1
+        win = self._windows.index(p)
         mixed = np.empty_like(p)
         for w in np.unique(win):
             sel = win == w
             start, end = int(self._window_start[w]), int(self._window_start[w + 1])
             perm = KeyedPermutation(end - start, derive_key(self._key.hex(), "window", int(w)))
             mixed[sel] = start + perm(p[sel] - start)
-        slot = np.searchsorted(self._slot_start, mixed, side="right") - 1
+        slot = self._slots.index(mixed)
         return self._block_start[self._slot_block[slot]] + (mixed - self._slot_start[slot])
 
 
