@@ -124,7 +124,8 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
     if any(not t.schema.equals(schema) for t in tables[1:]):
         return None
     n = len(row)
-    runs = _runs(group, row) if len(tables) > 1 else None
+    # each row group of a message is a run at least: past _MAX_RUNS of them, no need to look
+    runs = _runs(group, row) if 1 < len(tables) <= _MAX_RUNS else None
     buffers: list[pa.Buffer] = []
     pool = message_buffers()
     for c in range(len(schema)):
