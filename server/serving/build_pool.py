@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any, Generic, TypeVar
 
 __all__ = ["BuildPool", "Pending"]
@@ -125,8 +125,11 @@ class BuildPool:
             if self._closed:
                 return
             self._closed = True
-            while not self._queue.empty():
-                task = self._queue.get_nowait()
+            while True:
+                try:
+                    task = self._queue.get_nowait()
+                except Empty:  # (a thread may take the last one meanwhile)
+                    break
                 if task is not None:
                     task.cancel()
             for _ in self._threads:
