@@ -16,7 +16,7 @@ RESOURCE_EXHAUSTED with the retry hint), authentication (a bearer token in the `
 header, or a grant: below), the audit and stream log lines (the stream id rides in the response
 headers), the stream metrics, the redacted error texts and their status codes (errors.py
 `to_flight_error`: the exact code travels in the error's extra_info). The next message is built in
-a worker thread while Flight sends this one, when the buffer budget has room for it: each build
+a worker thread (build_pool.py) while Flight sends this one, when the buffer budget has room for it: each build
 reserves its bytes first and each message is released when Flight asks for the next (admission.py);
 a stream without room waits for it, holding nothing, and a new stream without room for its first
 message is refused. RPC metrics: grpc_server_* with
