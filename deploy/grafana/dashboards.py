@@ -203,6 +203,12 @@ def fleet() -> dict[str, Any]:
                "{{pod}}"), unit="percentunit", thresholds=[("red", None), ("green", 0.5)]),
         panel("Cache bytes", (f"sum by (pod) (shardstream_cache_bytes{{{SERVERS}}})", "used {{pod}}"),
               (f"sum by (pod) (shardstream_cache_capacity_bytes{{{SERVERS}}})", "capacity {{pod}}"), unit="bytes"),
+        panel("Builds waiting for cache room",
+              (f"sum by (pod) (rate(shardstream_cache_room_wait_seconds_total{{{SERVERS}}}{rate}))", "waiting {{pod}}"),
+              (f"sum by (pod) (rate(shardstream_cache_room_waits_total{{{SERVERS}}}{rate}))", "waits/s {{pod}}"),
+              description="Builds that waited for the row groups of other builds to leave the cache (seconds waited "
+                          "per second, about builds waiting at once; and waits/s). Steady: the cache is smaller than "
+                          "what the builds in flight gather from: raise --cache-mib (deploy/RUNBOOK.md \"Limits\")."),
         panel("Storage reads/s", (f"sum by (pod) (rate(shardstream_storage_reads_total{{{SERVERS}}}{rate}))", "{{pod}}"),
               unit="ops"),
         panel("Storage fetch time p99", (quantile(0.99, "shardstream_storage_read_seconds", "pod"), "{{pod}}"), unit="s"),
