@@ -38,19 +38,22 @@ class Pending(Generic[T]):
         self._value: T | None = None
         self._error: BaseException | None = None
 
-    def _run(self) -> None:
+    def _run(self) -> bool:
+        """Run it unless it was cancelled: True when it ran (its waiters wait for `_finish`)."""
         try:
             self._claim.pop()
         except IndexError:
-            return  # cancelled before a thread took it
+            return False  # cancelled before a thread took it
         fn, args, self._fn, self._args = self._fn, self._args, None, ()
         try:
             assert fn is not None
             self._value = fn(*args)
         except BaseException as exc:  # noqa: BLE001 — handed to whoever waits for the result
             self._error = exc
-        finally:
-            self._done.release()
+        return True
+
+    def _finish(self) -> None:
+        self._done.release()
 
     def cancel(self) -> bool:
         """Cancel it if no thread has started it: True when it will never run."""
@@ -109,10 +112,12 @@ class BuildPool:
             task = get()
             if task is None:
                 return
-            task._run()
-            del task
-            with lock:
+            ran = task._run()
+            with lock:  # idle before its result is out: the caller's next build finds this thread
                 self._idle += 1
+            if ran:
+                task._finish()
+            del task
 
     @property
     def threads(self) -> int:
