@@ -229,22 +229,22 @@ class OrderAhead:
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
-        ranges, total = [], 0
+        ranges: list[tuple[int, int]] = []
+        total = 0
         step = chunk.steps[0]
         # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
         ahead = self.AHEAD_SAMPLES if self._count else 0
         limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
         while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
             ps, pe = p.layout.rank_range(step, p.rank)
-            ranges.append(np.arange(ps, pe, dtype=np.int64))
+            ranges.append((ps, pe))
             total += pe - ps
             step += p.stride
-        positions = np.concatenate(ranges) if ranges else np.empty(0, np.int64)
-        src, self._rows = p.selector.select(p.epoch, positions)
+        src, self._rows = p.selector.select(p.epoch, _positions(ranges))
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
         self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
-        self._starts = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
+        self._starts = np.concatenate([[0], np.cumsum([pe - ps for ps, pe in ranges])]).astype(np.int64)
 
 
 class MessageBuilder:
