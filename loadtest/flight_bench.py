@@ -1,7 +1,7 @@
 """Data plane A/B: shardstream's data plane (Arrow Flight DoGet) against Flight DoGet from memory.
 
     python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
-                                    [--shuffle none block full] [--no-loader] [--json PATH]
+                                    [--shuffle none block full] [--no-loader] [--ceiling] [--json PATH]
 
 Issue #17's comparison (and issue #26's, in every shuffle mode), now that shardstream's Read streams are Arrow Flight DoGets
 (server/serving/data_plane.py): does one stream of a real `shardstream serve` move bytes as fast, and
@@ -29,6 +29,11 @@ process of its own kept for all its passes (bench.py's `ClientProcess`):
              bytes and their app_metadata (each message's ReadHeader) and decodes nothing more
     loader   (unless --no-loader) `Loader(output="arrow")` on the same server: what a trainer runs
              (the DoGet, plus the Loader's checks, per-step split, cursor and prefetch thread)
+    generator
+             (--ceiling) the baseline's batches through a Python `GeneratorStream`, each with 40 B
+             of app_metadata (loadtest/flight_server.py, ticket `generator`), read as `flight` reads
+             them: what handing Flight each message from Python costs with nothing built, the
+             floor under any server that does (shardstream's data plane does: data_plane.py)
 
 A pass is --epochs whole epochs, one DoGet (one stream) per epoch, in one shuffle mode (--shuffle:
 each mode gets its passes in every round; Flight's baseline serves the same batches whatever the
@@ -77,6 +82,7 @@ from loadtest.bench import (
 )
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.fleet import tree_cpu_s
+from loadtest.flight_server import GENERATOR_TICKET
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.order.shuffle import DEFAULT_WINDOW
@@ -88,6 +94,7 @@ __all__ = ["main", "run"]
 BASELINE = "flight"
 DOGET = "doget"
 LOADER = "loader"
+GENERATOR = "generator"  # --ceiling: the baseline's batches handed over from Python, with metadata
 CACHE_MIB = 1024
 TARGET_MB_PER_S = 0.9  # issue #26: per stream >= 0.9x Flight DoGet from memory where they share 2 cores
 TARGET_SERVER_CPU = 1.2  # ... server CPU/GB <= 1.2x Flight's
@@ -150,6 +157,8 @@ def stream_pass(
     steps: Iterator[tuple[pa.RecordBatch, int]]
     if path == BASELINE:
         steps = _chunks(int(where), [b"all"] * epochs)
+    elif path == GENERATOR:
+        steps = _chunks(int(where), [GENERATOR_TICKET] * epochs)
     elif path == DOGET:
         tickets = [read_request(ref, fingerprint, batch_rows, e, mode).SerializeToString() for e in range(epochs)]
         steps = _chunks(int(where), tickets)
@@ -245,6 +254,8 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dic
         pairs = list(zip(by_path[other], by_path[BASELINE], strict=True))
         r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
         out["ratios"][f"{other}/{BASELINE}"] = r
+        if other == GENERATOR:
+            continue  # a floor, not shardstream: no targets
         out["targets"][other] = {
             f"mb_per_s >= {TARGET_MB_PER_S}x": r["mb_per_s"]["median"] >= TARGET_MB_PER_S,
             f"server_cpu_s_per_gb <= {TARGET_SERVER_CPU}x": r["server_cpu_s_per_gb"]["median"]
@@ -271,6 +282,8 @@ def summarize(passes: list[dict[str, Any]], paths: tuple[str, ...], modes: tuple
 def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = Layout.plan(args.mib, args.batch_mib)
     paths = (BASELINE, DOGET) if getattr(args, "no_loader", False) else (BASELINE, DOGET, LOADER)
+    if getattr(args, "ceiling", False):
+        paths = (*paths, GENERATOR)
     modes = tuple(getattr(args, "shuffle", None) or ("none",))
     passes: list[dict[str, Any]] = []
     t_start = time.perf_counter()
@@ -294,6 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dataset = (f"{info.name}@{info.version}", info.fingerprint)
         where: dict[str, tuple[str | int, int]] = {
             BASELINE: (baseline.port, baseline.proc.pid),
+            GENERATOR: (baseline.port, baseline.proc.pid),
             DOGET: (info.data_port or server.data_port, server.pid),
             LOADER: (server.target, server.pid),
         }
@@ -408,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--no-loader", action="store_true", help="leave out the Loader path (the two plain DoGets only)"
+    )
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="add the generator path: the baseline's batches handed to Flight from Python, with metadata",
     )
     return bench_main(
         ap, argv, run, json_default=results_path("flight_bench"), report=print_report, check=_check

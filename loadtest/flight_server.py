@@ -4,8 +4,12 @@
 
 DoGet (any ticket) streams every shard listed in --shards, in order, read from Parquet with
 `iter_batches(batch_size=--batch-rows)` on each call (nothing is cached between calls); with
---from-memory they are read that way once at start and served from memory. The port it picked is
-written, with its pid, to --ready-file once it serves; SIGTERM (default action) ends it.
+--from-memory they are read that way once at start and served from memory. With --from-memory, the
+ticket `generator` serves the same batches through a `GeneratorStream` that yields each with
+METADATA_BYTES of app_metadata (a shardstream message's header is ~30-50 B): the cost of handing
+Flight every message from Python, with nothing built (issue #26's ceiling for any data plane that
+does). The port it picked is written, with its pid, to --ready-file once it serves; SIGTERM
+(default action) ends it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
+GENERATOR_TICKET = b"generator"
+METADATA_BYTES = 40
+
 
 class ShardFlightServer(flight.FlightServerBase):
     def __init__(self, shards: list[str], batch_rows: int, from_memory: bool = False) -> None:
@@ -35,8 +42,11 @@ class ShardFlightServer(flight.FlightServerBase):
             yield from pq.ParquetFile(path).iter_batches(batch_size=self.batch_rows)
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
-        del context, ticket
+        del context
         if self.table is not None:
+            if ticket.ticket == GENERATOR_TICKET:
+                metadata = bytes(METADATA_BYTES)
+                return flight.GeneratorStream(self.schema, ((b, metadata) for b in self.table.to_batches()))
             return flight.RecordBatchStream(self.table)  # one IPC message per chunk (= per batch)
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(self.schema, self._batches()))
 

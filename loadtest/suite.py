@@ -110,6 +110,7 @@ def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
         epochs=sz.dataplane_epochs,
         batch_mib=2,
         no_loader=False,
+        ceiling=True,  # the floor: Flight's batches handed over from Python with their metadata
         shuffle=list(flight_bench.MODES),
     )
     res = flight_bench.run(args)
@@ -324,6 +325,13 @@ def print_report(res: dict[str, Any]) -> None:
                 f"{_fmt(r['client_cpu_s_per_gb']):>24}  {ccpu[flight_bench.LOADER]:.2f} vs "
                 f"{ccpu[flight_bench.DOGET]:.2f} (target <= 1.1)"
             )
+            floor = d["ratios"].get(f"{flight_bench.GENERATOR}/{flight_bench.BASELINE}")
+            if floor is not None:  # the same batches whatever the mode: the floor of any Python data plane
+                print(
+                    f"{'  floor: Flight fed from Python / Flight (server CPU s/GB)':<58} "
+                    f"{_fmt(floor['server_cpu_s_per_gb']):>24}  {cpu[flight_bench.GENERATOR]:.2f} vs "
+                    f"{cpu[flight_bench.BASELINE]:.2f}: each message yielded with 40 B of metadata, nothing built"
+                )
     if "servers" in s:
         d = s["servers"]
         print(
