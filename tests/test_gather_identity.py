@@ -25,6 +25,7 @@ from shardstream.server.read import gather as gather_module
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import DatasetReader, new_row_group_cache
+from shardstream.server.transforms.base import tensor_array
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support import media
@@ -128,6 +129,30 @@ def test_the_numpy_gather_serves_fixed_width_columns() -> None:
     assert fast.equals(previous_gather([t, t.slice(2)], group, row).combine_chunks())
     with_nulls = t.set_column(0, "id", pa.array([None, *range(1, 10)], type=pa.int64()))
     assert gather_module._gather_fixed([with_nulls, t], group, row) is None
+
+
+def test_fixed_shape_tensors_take_the_numpy_gather_and_make_the_same_bytes() -> None:
+    """Decoded images as the feature cache keeps them (fixed-shape tensors: an extension type over a
+    fixed-size list) are gathered by numpy too, from whole and sliced row groups, into the bytes
+    Arrow's take makes."""
+    rng = np.random.default_rng(0)
+    tables = [
+        pa.table(
+            {
+                "image": tensor_array(rng.integers(0, 255, (12, 4, 4, 3), dtype=np.uint8)),
+                "label": pa.array(np.arange(12, dtype=np.int64) + 100 * k),
+            }
+        )
+        for k in range(3)
+    ]
+    tables[1] = tables[1].slice(2, 9)
+    group = rng.integers(0, 3, 40)
+    row = np.array([rng.integers(0, tables[g].num_rows) for g in group])
+    fast = gather_module._gather_fixed(tables, group, row)
+    assert fast is not None
+    want = previous_gather(tables, group, row).combine_chunks()
+    assert fast.schema == want.schema and fast.equals(want)
+    assert ipc_bytes(fast.to_batches()[0]) == ipc_bytes(want.to_batches()[0])
 
 
 def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:

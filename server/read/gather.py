@@ -6,7 +6,8 @@ array concatenates too). `gather` touches only the rows taken, and a contiguous 
 unshuffled read) is a zero-copy slice of its row group.
 
 Fixed-width columns without nulls (integers, floats, fixed-size lists of them: embeddings, token
-windows) are gathered by numpy straight into the message's buffers, each row copied once, in
+windows; extension types over those, such as fixed-shape tensors: decoded images from the feature
+cache) are gathered by numpy straight into the message's buffers, each row copied once, in
 message order (`_gather_fixed`): a shuffled message with one take a chunk of rows across all its
 row groups (`_take_across`), an unshuffled one that straddles row groups one slice copy a run. The
 buffers come from the process's message buffers (message_buffers.py), warm pages reused. Any other
@@ -76,6 +77,8 @@ def _column_view(col: pa.ChunkedArray) -> np.ndarray | None:
     if col.num_chunks != 1 or col.null_count:
         return None
     arr = col.chunk(0)
+    if isinstance(arr, pa.ExtensionArray):  # e.g. a fixed-shape tensor: gathered as its storage
+        arr = arr.storage
     t = arr.type
     if pa.types.is_fixed_size_list(t):
         values = arr.flatten()  # the values of its rows (the array's offset applied)
@@ -147,11 +150,13 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
     arrays = []
     for field, buf in zip(schema, buffers, strict=True):
         t = field.type
-        if pa.types.is_fixed_size_list(t):
-            values = pa.Array.from_buffers(t.value_type, n * t.list_size, [None, buf])
-            arrays.append(pa.Array.from_buffers(t, n, [None], children=[values]))
+        storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+        if pa.types.is_fixed_size_list(storage):
+            values = pa.Array.from_buffers(storage.value_type, n * storage.list_size, [None, buf])
+            arr = pa.Array.from_buffers(storage, n, [None], children=[values])
         else:
-            arrays.append(pa.Array.from_buffers(t, n, [None, buf]))
+            arr = pa.Array.from_buffers(storage, n, [None, buf])
+        arrays.append(pa.ExtensionArray.from_storage(t, arr) if storage is not t else arr)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
