@@ -6,10 +6,10 @@ DoGet (any ticket) streams every shard listed in --shards, in order, read from P
 `iter_batches(batch_size=--batch-rows)` on each call (nothing is cached between calls); with
 --from-memory they are read that way once at start and served from memory. With --from-memory, the
 ticket `generator` serves the same batches through a `GeneratorStream` that yields each with
-METADATA_BYTES of app_metadata (a shardstream message's header is ~30-50 B): the cost of handing
-Flight every message from Python, with nothing built (issue #26's ceiling for any data plane that
-does). The port it picked is written, with its pid, to --ready-file once it serves; SIGTERM
-(default action) ends it.
+METADATA_BYTES of app_metadata (a shardstream message's header is ~30-50 B): what handing Flight
+every message from Python costs with nothing built, the least a data plane that does so can cost
+(`loadtest.flight_bench --ceiling`: issue #26). The port it picked is written, with its pid, to
+--ready-file once it serves; SIGTERM (default action) ends it.
 """
 
 from __future__ import annotations
