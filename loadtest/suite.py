@@ -46,6 +46,7 @@ from typing import Any
 from loadtest import checkpoint_bench, flight_bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
+from loadtest.flight_server import METADATA_BYTES
 from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
@@ -330,7 +331,8 @@ def print_report(res: dict[str, Any]) -> None:
                 print(
                     f"{'  floor: Flight fed from Python / Flight (server CPU s/GB)':<58} "
                     f"{_fmt(floor['server_cpu_s_per_gb']):>24}  {cpu[flight_bench.GENERATOR]:.2f} vs "
-                    f"{cpu[flight_bench.BASELINE]:.2f}: each message yielded with 40 B of metadata, nothing built"
+                    f"{cpu[flight_bench.BASELINE]:.2f}: each message yielded with {METADATA_BYTES} B of metadata, "
+                    "nothing built"
                 )
     if "servers" in s:
         d = s["servers"]

@@ -56,8 +56,7 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
             (fires if a["exp_alerts"] else quiet).add(a["alertname"])
     names = {a["alert"] for a in alerts()}
     assert names == fires == quiet
-    # the ones the fleet needs (issue: stall, data loss, errors, cache, cache room, crash loop, admission,
-    # down)
+    # the ones the fleet needs: stall, data loss, errors, cache, cache room, crash loop, admission, down
     assert {
         "ShardstreamDataStall",
         "ShardstreamDataLoss",
