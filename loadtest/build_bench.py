@@ -57,15 +57,22 @@ CURRENT, PREVIOUS = "current", "previous"
 def previous() -> Iterator[None]:
     """The build path as it was before issue #26, while inside."""
     take, size, ahead = reader_module.DatasetReader.take, build_module.ipc_size, build_module.OrderAhead.AHEAD_SAMPLES
+    runs = build_module.MessageBuilder._group_run
     reader_module.DatasetReader.take = previous_take  # type: ignore[method-assign]
+    build_module.MessageBuilder._group_run = _no_runs  # type: ignore[method-assign]
     build_module.ipc_size = previous_ipc_size  # type: ignore[assignment]
     build_module.OrderAhead.AHEAD_SAMPLES = 0  # each message's samples selected alone, as before
     try:
         yield
     finally:
         reader_module.DatasetReader.take = take  # type: ignore[method-assign]
+        build_module.MessageBuilder._group_run = runs  # type: ignore[method-assign]
         build_module.ipc_size = size  # type: ignore[assignment]
         build_module.OrderAhead.AHEAD_SAMPLES = ahead
+
+
+def _no_runs(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
+    return [], chunk  # every message built alone, as before issue #26's fifth pass
 
 
 def _request(mode: str, batch_rows: int, epoch: int) -> pb.ReadRequest:

@@ -31,6 +31,7 @@ or an event loop; `messages(plan)` the same as a list.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ import pyarrow as pa
 from prometheus_client import Counter, Histogram
 
 from shardstream.errors import InvalidArgumentError
-from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
+from shardstream.extension_types import plain_schema
+from shardstream.ipc import ipc_bytes, ipc_size, plain_batch, stream_framing
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .plan import ReadPlan
@@ -59,6 +61,7 @@ __all__ = [
 ]
 
 MAX_STEPS_PER_MESSAGE = 4096
+MAX_RUN_MESSAGES = 64  # messages cut from one row group by one build (`MessageBuilder._group_run`)
 _FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
 # A build takes the rows (gather.py: the pieces, their concatenation, the reordering take) before it
 # lets go of its intermediates: about twice the message at its peak, measured on block shuffle.
@@ -213,9 +216,11 @@ class OrderAhead:
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
         self._src = self._rows = np.empty(0, np.int64)
+        self._breaks: list[int] | None = None  # where the selected rows stop being consecutive
+        self._shuffled = False  # the selected rows break more often than at each step (`run`)
 
-    def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
-        """(source, row) of the chunk's samples, in order: its steps' or its part's."""
+    def _span(self, chunk: Chunk) -> tuple[int, int]:
+        """Where the chunk's samples are in the selected window (selecting it first if need be)."""
         p = self._plan
         first, n = chunk.steps[0], len(chunk.steps)
         i = (first - self._first) // p.stride
@@ -225,7 +230,28 @@ class OrderAhead:
         a, b = int(self._starts[i]), int(self._starts[i + n])
         if chunk.samples is not None:
             a, b = a + chunk.samples[0], a + chunk.samples[1]
+        return a, b
+
+    def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """(source, row) of the chunk's samples, in order: its steps' or its part's."""
+        a, b = self._span(chunk)
         return self._src[a:b], self._rows[a:b]
+
+    def run(self, chunk: Chunk) -> tuple[int, int] | None:
+        """(first row, rows) of the chunk's samples when they are consecutive dataset rows in order
+        (an unshuffled stream's, mostly), else None: counted once a window, not a row a message."""
+        a, b = self._span(chunk)
+        if b <= a or self._plan.mixture:
+            return None
+        breaks = self._breaks
+        if breaks is None:
+            where = np.flatnonzero(np.diff(self._rows) != 1) + 1
+            # a shuffled window breaks everywhere: no chunk of it is asked about again
+            breaks = self._breaks = where.tolist() if len(where) <= 2 * self._count + 16 else []
+            self._shuffled = len(where) > 2 * self._count + 16
+        if self._shuffled or (breaks and bisect_right(breaks, a) != bisect_right(breaks, b - 1)):
+            return None
+        return int(self._rows[a]), b - a
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
@@ -241,6 +267,7 @@ class OrderAhead:
             total += pe - ps
             step += p.stride
         src, self._rows = p.selector.select(p.epoch, _positions(ranges))
+        self._breaks = None  # counted when first asked for (`run`)
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
         self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
@@ -266,17 +293,35 @@ class MessageBuilder:
         """Every message of the stream `plan` describes, in order, each built when asked for.
 
         `on_chunk(steps)` is called before each build, once `steps` has moved past it (read-ahead)."""
+        for built in self.builds(plan, on_chunk):
+            yield from built
+
+    def builds(
+        self, plan: ReadPlan, on_chunk: Callable[[MessageSteps], None] | None = None
+    ) -> Iterator[list[Message]]:
+        """`stream`'s messages, as the builds that make them: one message each, or the messages of
+        consecutive chunks cut from one row group (`_group_run`) at once. Their `holds` add up to
+        what the build keeps alive, each let go when its message is (the data plane's reservations)."""
         if plan.nothing_left:
             header, empty = self.end_of_epoch_batch(plan)
-            yield _message(header, empty, 0, 0)
+            yield [_message(header, empty, 0, 0)]
             return
         steps = MessageSteps(plan)
         order = OrderAhead(plan)
+        runs = plan.pipeline is None and not plan.mixture  # rows as stored: cut from row groups
         part = 0  # of the step being sent in parts
-        while steps.remaining:
-            chunk = steps.next()
-            if on_chunk is not None:
-                on_chunk(steps)
+        chunk: Chunk | None = None  # the next chunk, when a run took it already
+        while chunk is not None or steps.remaining:
+            if chunk is None:
+                chunk = steps.next()
+                if on_chunk is not None:
+                    on_chunk(steps)
+            if runs and chunk.samples is None:
+                built, chunk = self._group_run(plan, chunk, steps, order, on_chunk)
+                if built:
+                    yield built
+                    continue
+                assert chunk is not None
             t0 = time.perf_counter()
             header, batch = self.build_batch(plan, chunk, order)
             rows = batch.num_rows
@@ -289,9 +334,81 @@ class MessageBuilder:
                     STEP_PARTS.inc()
                     part = 0 if message.steps else part + 1
                 BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
-                yield message
+                yield [message]
                 t0 = time.perf_counter()
             steps.record(chunk, rows, nbytes)
+            chunk = None
+
+    def _group_run(
+        self,
+        plan: ReadPlan,
+        chunk: Chunk,
+        steps: MessageSteps,
+        order: OrderAhead,
+        on_chunk: Callable[[MessageSteps], None] | None,
+    ) -> tuple[list[Message], Chunk | None]:
+        """The messages of `chunk` and of the chunks after it, while each is consecutive rows of the
+        same row group (an unshuffled stream's, mostly), cut from it leased once (reader.GroupRun),
+        and the next chunk not built (None: the stream has no more). No messages when `chunk` is not
+        such a run: it is built the general way. The last message holds the row group's buffers
+        for all of them (each before it holds none): they are let go when it is."""
+        found = order.run(chunk)
+        reader = plan.readers[0]
+        place = reader.locator.run(*found) if found is not None else None
+        if found is None or place is None:
+            return [], chunk
+        shard, group, start, row = place
+        run = reader.group_run(shard, group, row - start, plan.columns)
+        if run is None:
+            return [], chunk
+        out: list[Message] = []
+        following: Chunk | None = chunk
+        try:
+            framing = stream_framing(run.schema)
+            if framing is None or plain_schema(run.schema) is not run.schema:  # _message's way
+                return [], chunk
+            # the row group's dataset rows, where they are its rows in storage (no masked rows)
+            base = -1 if reader.locator.masked else found[0] - start
+            cap = plan.message_cap_bytes
+            while True:
+                t0 = time.perf_counter()
+                n = found[1]
+                header, _ = self._header(plan, chunk)
+                batch = run.batch(start, n)
+                size = header.ByteSize() + _FRAMING_BYTES + framing + pa.ipc.get_record_batch_size(batch)
+                if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
+                    break
+                out.append(Message(header, batch, len(header.steps), n, False, size, 0))
+                steps.record(chunk, n, size)
+                BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
+                if len(out) >= MAX_RUN_MESSAGES or not steps.remaining:
+                    following = None  # the next chunk is not taken yet
+                    break
+                chunk = following = steps.next()
+                if on_chunk is not None:
+                    on_chunk(steps)
+                found = order.run(chunk) if chunk.samples is None else None
+                if found is None:
+                    break
+                if base >= 0:
+                    start = found[0] - base
+                    if start < 0 or start + found[1] > run.rows:
+                        break
+                else:
+                    place = reader.locator.run(*found)
+                    if place is None or place[:2] != (shard, group):
+                        break
+                    start = place[2]
+        finally:
+            run.release()
+        if out:
+            sent = sum(m.nbytes for m in out)
+            if run.nbytes > COMPACT_FACTOR * sent:  # a few rows of a large row group: copied out of it
+                out = [_message(m.header, m.batch, m.steps, m.rows, nbytes=m.nbytes, compact=True) for m in out]
+            else:
+                last = out[-1]
+                out[-1] = Message(last.header, last.batch, last.steps, last.rows, False, last.nbytes, max(sent, run.nbytes))
+        return out, following
 
     def messages(self, plan: ReadPlan) -> list[Message]:
         """Every message of the stream `plan` describes, in order (tests, tools)."""
@@ -302,6 +419,24 @@ class MessageBuilder:
     ) -> tuple[pb.ReadHeader, pa.RecordBatch]:
         """The header and rows of `chunk` of `plan` (one StepInfo per step, whole or part); the
         samples through `order` (the stream's) or the plan's selector."""
+        header, ranges = self._header(plan, chunk)
+        # the positions themselves only where a transform or the plan's selector needs them
+        positions = _positions(ranges) if order is None or plan.pipeline else None
+        if order is not None:
+            src, rows = order.select(chunk)
+        else:
+            assert positions is not None
+            src, rows = plan.selector.select(plan.epoch, positions)
+        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
+        if plan.pipeline:
+            assert positions is not None
+            batch = self._transform(plan, header, batch, positions)
+        return header, batch
+
+    @staticmethod
+    def _header(plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, list[tuple[int, int]]]:
+        """The header of `chunk` of `plan` (one StepInfo per step, whole or part; the end of the
+        epoch on its last) and the rank's positions it covers, as ranges."""
         header = pb.ReadHeader(epoch=plan.epoch)
         ranges: list[tuple[int, int]] = []
         for step in chunk.steps:
@@ -321,18 +456,7 @@ class MessageBuilder:
         ):
             header.end_of_epoch = True
             header.dropped = plan.layout.dropped
-        # the positions themselves only where a transform or the plan's selector needs them
-        positions = _positions(ranges) if order is None or plan.pipeline else None
-        if order is not None:
-            src, rows = order.select(chunk)
-        else:
-            assert positions is not None
-            src, rows = plan.selector.select(plan.epoch, positions)
-        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
-        if plan.pipeline:
-            assert positions is not None
-            batch = self._transform(plan, header, batch, positions)
-        return header, batch
+        return header, ranges
 
     def end_of_epoch_batch(self, plan: ReadPlan) -> tuple[pb.ReadHeader, pa.RecordBatch]:
         """The one message of a stream with no step left (its header and no rows): the epoch is over."""

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_HASH_CHECK_MAX_BYTES",
     "PROVENANCE_COLUMNS",
     "DatasetReader",
+    "GroupRun",
     "RowGroupCache",
     "new_row_group_cache",
 ]
@@ -269,6 +270,21 @@ class DatasetReader:
             table = gather(lease.values, inverse, row_in_group)
         return _with_provenance(table, shard, row_in_shard)
 
+    def group_run(self, shard: int, group: int, start_row: int, columns: Sequence[str]) -> GroupRun | None:
+        """Row group `group` of `shard` (its first row is row `start_row` of the shard), leased, to
+        cut consecutive rows from (`GroupRun`); None when its columns are not one chunk each."""
+        lease = self._leased([(shard, group)], tuple(columns))
+        try:
+            table = lease.values[0]
+            assert table is not None
+            if not table.num_rows or not table.num_columns or any(c.num_chunks != 1 for c in table.columns):
+                lease.release()
+                return None
+            return GroupRun(lease, table, shard, start_row)
+        except BaseException:
+            lease.release()
+            raise
+
     def _leased(self, places: list[tuple[int, int]], cols: tuple[str, ...]) -> Lease[pa.Table]:
         """The row groups at `places` (shard, group) as the lease's values, pinned in the cache until
         the caller releases it (cache.py `lease`: the build waits for room first): those the cache
@@ -291,6 +307,44 @@ class DatasetReader:
             lease.release()
             raise
         return lease
+
+
+class GroupRun:
+    """One row group, leased, from which an unshuffled stream's messages are cut: each is a slice
+    of its rows with their provenance, made once for the row group, instead of a take per message.
+
+    The batches are those `DatasetReader.take` makes of the same rows, buffer for buffer as the
+    IPC writer writes them (tests/test_group_runs.py). The writer writes a fixed-width array at an
+    offset with its length rounded up to 8 bytes (or to the buffer's end), and one at offset 0 whole
+    when the buffer is within 64 bytes of its length; take's provenance arrays are exact. So the
+    provenance columns here start one value into their buffers (every slice is at an offset), and
+    a slice of an odd number of 4-byte `_shard` values before the row group's end gets `_shard` as
+    an exact array of its own. `release()` ends the lease; the batches keep the row group's buffers
+    alive as take's do."""
+
+    def __init__(self, lease: Lease[pa.Table], table: pa.Table, shard: int, start_row: int) -> None:
+        self._lease = lease
+        (data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
+        self.rows = n = table.num_rows
+        self._shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
+        rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
+        self._full = data.append_column(
+            _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self._shard], offset=1)
+        ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
+        self.schema = self._full.schema
+        self._shard_at = len(self.schema) - 2
+        self.nbytes = self._full.get_total_buffer_size()  # what its batches keep alive
+
+    def batch(self, start: int, n: int) -> pa.RecordBatch:
+        """Rows [start, start + n) of the row group with their provenance (n >= 1)."""
+        batch = self._full.slice(start, n)
+        if n % 2 and start + n < self.rows:
+            shard = pa.Array.from_buffers(pa.int32(), n, [None, self._shard.slice(0, 4 * n)])
+            batch = batch.set_column(self._shard_at, _PROVENANCE_FIELDS[0], shard)
+        return batch
+
+    def release(self) -> None:
+        self._lease.release()
 
 
 def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -243,7 +244,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 yield batch, metadata
                 writing.since = None
                 audit.sent(n)
-                admitted.release(message.holds)  # Flight asked for the next: this one is written
+                if message.holds:  # Flight asked for the next: this one is written
+                    admitted.release(message.holds)
                 del batch, metadata
                 message = messages.next()
             outcome = stream.outcome = "OK"
@@ -294,9 +296,11 @@ class _Gone(Exception):
 
 
 class _Messages:
-    """One stream's messages, each built in the plane's pool once the stream has reserved what the
-    build may take (admission.py); `ahead()` starts building the next one while Flight writes this
-    one when the budget has room for it, and `next()` waits for room otherwise."""
+    """One stream's messages, built in the plane's pool once the stream has reserved what the
+    build may take (admission.py); `ahead()` starts the next build while Flight writes this
+    message when the budget has room for it, and `next()` waits for room otherwise. A build may
+    make several messages (the builder's `builds`: an unshuffled stream's, cut from one row group):
+    they wait here, built, and the next build starts once the last of them is being written."""
 
     def __init__(
         self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket, cancelled: Callable[[], bool]
@@ -308,35 +312,43 @@ class _Messages:
         self._cancelled = cancelled
         self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
         self._last: Message | None = None  # the last message built (its size sizes the next reservation)
+        self._built: deque[Message] = deque()  # built, not yet handed to Flight
 
         def read_ahead(steps: MessageSteps) -> None:
             svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
 
-        self._it = svc.builder.stream(plan, read_ahead)
-        self._pending: Pending[Message | None] | None = None
+        self._it = svc.builder.builds(plan, read_ahead)
+        self._pending: Pending[list[Message]] | None = None
         self._pending_reserved = 0
 
-    def _build(self, reserved: int) -> Message | None:
-        """The next message, built under a reservation of `reserved` bytes that it then replaces."""
+    def _build(self, reserved: int) -> list[Message]:
+        """The next build's messages, built under a reservation of `reserved` bytes that they then
+        replace (none: the stream is over)."""
         try:
             with self._lock:
-                message = next(self._it, None)
+                built = next(self._it, [])
         except BaseException:
             self._admitted.release(reserved)
             raise
-        self._admitted.settle(reserved, message.holds if message is not None else 0)
-        if message is not None:
-            self._last = message
-        return message
+        self._admitted.settle(reserved, sum(m.holds for m in built))
+        if built:
+            self._last = built[-1]
+        return built
+
+    def _take(self, built: list[Message]) -> Message | None:
+        if not built:
+            return None
+        self._built.extend(built[1:])
+        return built[0]
 
     def first(self) -> Message | None:
         """The stream's first message; ResourceExhaustedError when the budget has no room for it."""
         reserved = build_estimate(self._plan, None)
         self._admitted.reserve_or_refuse(reserved)
-        return self._build(reserved)
+        return self._take(self._build(reserved))
 
     def ahead(self) -> None:
-        if self._pending is not None:
+        if self._pending is not None or self._built:
             return
         reserved = build_estimate(self._plan, self._last)
         if self._admitted.reserve(reserved):
@@ -344,13 +356,15 @@ class _Messages:
             self._pending = self._pool.submit(self._build, reserved)
 
     def next(self) -> Message | None:
+        if self._built:
+            return self._built.popleft()
         pending, self._pending = self._pending, None
         if pending is not None:
-            return pending.result()
+            return self._take(pending.result())
         reserved = build_estimate(self._plan, self._last)
         if not self._admitted.reserve(reserved, wait=True, cancelled=self._cancelled):
             raise _Gone
-        return self._build(reserved)
+        return self._take(self._build(reserved))
 
     def cancel(self) -> None:
         if self._pending is not None and self._pending.cancel():

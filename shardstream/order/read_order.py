@@ -145,6 +145,11 @@ class RowLocator:
             out = np.where(hit, -1, out)
         return out
 
+    @property
+    def masked(self) -> bool:
+        """Whether dataset rows skip masked rows of the files (a drop_rows version)."""
+        return self._gap_starts is not None
+
     def run(self, first: int, n: int) -> tuple[int, int, int, int] | None:
         """(shard, row group in shard, row in row group, row in shard) of dataset row `first` when
         rows first .. first+n-1 are consecutive rows of one row group in storage (what `locate`

@@ -1,0 +1,128 @@
+"""An unshuffled stream's messages cut from a row group leased once (build.py `_group_run`,
+reader.py `GroupRun`) are the messages the general build makes of the same chunks, byte for byte
+(header and Arrow IPC stream, `Message.wire()`), and what they hold adds up to what they keep alive.
+
+Over random streams: row groups of 20 rows with shards of 70 (a short last row group per shard) and
+of 64 with shards of 200; batch sizes odd and even (a slice of an odd number of 4-byte `_shard`
+values is where the IPC writer would record another buffer length), world sizes 1-3, start
+offsets, message targets of one step to many, column subsets, a version with masked rows
+(drop_rows), and a server cap that sends steps in parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardstream.registry import Registry
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.plan import ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.request_limits import RequestLimits
+from shardstream.server.writing.drop_rows import drop_rows
+from shardstream.v1 import shardstream_pb2 as pb
+
+from .support.data import write_dataset
+
+COLUMNS = (["id", "x", "label"], ["id", "x", "label", "text"], ["x"], ["text"])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("group-runs") / "root"
+    write_dataset(root, "small", 263, row_group_rows=20, shard_rows=70)
+    write_dataset(root, "large", 500, row_group_rows=64, shard_rows=200)
+    write_dataset(root, "masked", 300, row_group_rows=20, shard_rows=70)
+    drop_rows(Registry(root), "masked", rows=[(0, 3), *((1, r) for r in range(20, 45)), (2, 69)])
+    return root
+
+
+@pytest.fixture
+def planner(root: Path) -> Iterator[ReadPlanner]:
+    with open_registry(str(root)) as registry:
+        yield ReadPlanner(registry, new_row_group_cache(64 << 20))
+
+
+def _general(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
+    return [], chunk  # every chunk the general way
+
+
+def _builds(planner: ReadPlanner, req: pb.ReadRequest) -> list[list[Any]]:
+    return list(MessageBuilder().builds(planner.plan(req)))
+
+
+def _request(rng: np.random.Generator, dataset: str) -> pb.ReadRequest:
+    world = int(rng.integers(1, 4))
+    req = pb.ReadRequest(
+        dataset=dataset,
+        world_size=world,
+        rank=int(rng.integers(0, world)),
+        batch_size=int(rng.integers(1, 30)),
+        start_offset=int(rng.integers(0, 60)) if rng.random() < 0.5 else 0,
+        columns=COLUMNS[int(rng.integers(0, len(COLUMNS)))],
+        max_message_bytes=int(rng.choice([1, 300, 2_000, 20_000, 0])),
+        epoch=int(rng.integers(0, 3)),
+        split_steps=True,
+    )
+    req.shuffle.mode = "none"
+    return req
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_make_the_general_builds_bytes(planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    dataset = ("small", "large", "masked")[seed % 3]
+    for _ in range(3):
+        req = _request(rng, dataset)
+        got = _builds(planner, req)
+        with monkeypatch.context() as m:
+            m.setattr(MessageBuilder, "_group_run", _general)
+            want = _builds(planner, req)
+        assert all(len(b) == 1 for b in want)
+        flat = [msg for b in got for msg in b]
+        assert [msg.wire() for msg in flat] == [b[0].wire() for b in want], req
+        assert [(msg.steps, msg.rows, msg.nbytes) for msg in flat] == [
+            (b[0].steps, b[0].rows, b[0].nbytes) for b in want
+        ]
+        for built in got:  # each build holds at least what it sends, all of it on its last message
+            assert sum(msg.holds for msg in built) >= sum(msg.nbytes for msg in built)
+            assert built[-1].holds >= built[-1].nbytes
+
+
+@pytest.mark.parametrize("dataset", ["small", "large", "masked"])
+def test_an_unshuffled_stream_is_cut_from_its_row_groups(planner: ReadPlanner, dataset: str) -> None:
+    """The runs are taken (else the test above compares the general build with itself): with one
+    rank and messages of 4 rows, a row group's messages are one build."""
+    req = pb.ReadRequest(dataset=dataset, world_size=1, batch_size=4, max_message_bytes=1, columns=["id", "x"])
+    got = _builds(planner, req)
+    rows = [sum(msg.rows for msg in b) for b in got]
+    assert sum(rows) == planner.plan(req).layout.num_rows
+    assert max(len(b) for b in got) >= 5  # 20 rows (or 64) in messages of 4
+    assert sum(len(b) > 1 for b in got) >= len(got) // 3  # (masked rows move where messages start)
+    held = [msg.holds for b in got for msg in b[:-1]]
+    assert held and not any(held)  # the row group is held by the build's last message
+
+
+def test_a_shuffled_stream_is_built_a_message_at_a_time(planner: ReadPlanner) -> None:
+    for mode in ("block", "full"):
+        req = pb.ReadRequest(dataset="large", world_size=1, batch_size=4, max_message_bytes=1, seed=1)
+        req.shuffle.mode = mode
+        assert all(len(b) == 1 for b in _builds(planner, req))
+
+
+def test_steps_over_the_cap_go_in_parts_the_general_way(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_registry(str(root)) as registry:
+        capped = ReadPlanner(registry, new_row_group_cache(64 << 20), RequestLimits(max_message_bytes=1_500))
+        req = pb.ReadRequest(dataset="large", world_size=1, batch_size=30, split_steps=True, columns=["id", "text"])
+        got = _builds(capped, req)
+        with monkeypatch.context() as m:
+            m.setattr(MessageBuilder, "_group_run", _general)
+            want = _builds(capped, req)
+    flat = [msg for b in got for msg in b]
+    assert any(msg.parts for msg in flat)
+    assert [msg.wire() for msg in flat] == [b[0].wire() for b in want]
