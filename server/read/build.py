@@ -46,6 +46,7 @@ from shardstream.ipc import ipc_bytes, ipc_size, plain_batch, stream_framing
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .plan import ReadPlan
+from .reader import GroupRun
 from .selection import take_selection
 
 __all__ = [
@@ -183,11 +184,14 @@ class MessageSteps:
         p = self._plan
         return range(self.step, min(p.end_step, self.step + self.per_message * messages * p.stride), p.stride)
 
-    def record(self, chunk: Chunk, rows: int, nbytes: int) -> None:
-        """Size the next chunks from one built chunk of `nbytes` in all and `rows` rows."""
+    def record(self, chunk: Chunk, rows: int, nbytes: int, samples: int | None = None) -> None:
+        """Size the next chunks from one built chunk of `nbytes` in all and `rows` rows (of
+        `samples` samples, if known: else counted)."""
         if not rows:
             return
-        if chunk.samples is not None:
+        if samples is not None:
+            pass
+        elif chunk.samples is not None:
             samples = chunk.samples[1] - chunk.samples[0]
         else:
             samples = sum(self._samples(s) for s in chunk.steps)
@@ -218,6 +222,7 @@ class OrderAhead:
         self._src = self._rows = np.empty(0, np.int64)
         self._breaks: list[int] | None = None  # where the selected rows stop being consecutive
         self._shuffled = False  # the selected rows break more often than at each step (`run`)
+        self._asked: tuple[Chunk | None, tuple[int, int] | None] = (None, None)  # `run`'s last answer
 
     def _span(self, chunk: Chunk) -> tuple[int, int]:
         """Where the chunk's samples are in the selected window (selecting it first if need be)."""
@@ -240,6 +245,8 @@ class OrderAhead:
     def run(self, chunk: Chunk) -> tuple[int, int] | None:
         """(first row, rows) of the chunk's samples when they are consecutive dataset rows in order
         (an unshuffled stream's, mostly), else None: counted once a window, not a row a message."""
+        if chunk is self._asked[0]:  # (a chunk a build took and left for the next one)
+            return self._asked[1]
         a, b = self._span(chunk)
         if b <= a or self._plan.mixture:
             return None
@@ -249,9 +256,11 @@ class OrderAhead:
             # a shuffled window breaks everywhere: no chunk of it is asked about again
             breaks = self._breaks = where.tolist() if len(where) <= 2 * self._count + 16 else []
             self._shuffled = len(where) > 2 * self._count + 16
-        if self._shuffled or (breaks and bisect_right(breaks, a) != bisect_right(breaks, b - 1)):
-            return None
-        return int(self._rows[a]), b - a
+        found = None
+        if not (self._shuffled or (breaks and bisect_right(breaks, a) != bisect_right(breaks, b - 1))):
+            found = int(self._rows[a]), b - a
+        self._asked = (chunk, found)
+        return found
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
@@ -347,28 +356,39 @@ class MessageBuilder:
         order: OrderAhead,
         on_chunk: Callable[[MessageSteps], None] | None,
     ) -> tuple[list[Message], Chunk | None]:
-        """The messages of `chunk` and of the chunks after it, while each is consecutive rows of the
-        same row group (an unshuffled stream's, mostly), cut from it leased once (reader.GroupRun),
-        and the next chunk not built (None: the stream has no more). No messages when `chunk` is not
-        such a run: it is built the general way. The last message holds the row group's buffers
-        for all of them (each before it holds none): they are let go when it is."""
+        """The messages of `chunk` and of the chunks after it while each is consecutive rows of one
+        row group (an unshuffled stream's, mostly), cut from the row groups leased once each
+        (reader.GroupRun), and the next chunk not built (None: the stream has no more). No messages
+        when `chunk` is not such a run: it is built the general way.
+
+        A build goes on into the next row group only if the cache holds it (it never waits for a
+        read or for room while it holds a lease: `group_run(held=True)`), while what it holds stays
+        within what a stream reserves for a build after one that held its first row group
+        (`build_estimate`), and for at most MAX_RUN_MESSAGES messages. A row group's buffers are
+        held by the last message cut from it (`Message.holds`; the others hold none)."""
         found = order.run(chunk)
         reader = plan.readers[0]
-        place = reader.locator.run(*found) if found is not None else None
+        locator = reader.locator
+        place = locator.run(*found) if found is not None else None
         if found is None or place is None:
             return [], chunk
         shard, group, start, row = place
         run = reader.group_run(shard, group, row - start, plan.columns)
         if run is None:
             return [], chunk
+        runs = [run]
         out: list[Message] = []
+        ends: list[int] = []  # where each run's messages end in `out`
         following: Chunk | None = chunk
         try:
             framing = stream_framing(run.schema)
             if framing is None or plain_schema(run.schema) is not run.schema:  # _message's way
                 return [], chunk
+            schema = run.schema
+            limit = BUILD_PEAK_FACTOR * max(plan.max_message_bytes, run.nbytes)
+            held = run.nbytes
             # the row group's dataset rows, where they are its rows in storage (no masked rows)
-            base = -1 if reader.locator.masked else found[0] - start
+            base = -1 if locator.masked else found[0] - start
             cap = plan.message_cap_bytes
             while True:
                 t0 = time.perf_counter()
@@ -379,7 +399,7 @@ class MessageBuilder:
                 if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
                     break
                 out.append(Message(header, batch, len(header.steps), n, False, size, 0))
-                steps.record(chunk, n, size)
+                steps.record(chunk, n, size, n)
                 BATCH_BUILD_SECONDS.observe(time.perf_counter() - t0)
                 if len(out) >= MAX_RUN_MESSAGES or not steps.remaining:
                     following = None  # the next chunk is not taken yet
@@ -390,25 +410,51 @@ class MessageBuilder:
                 found = order.run(chunk) if chunk.samples is None else None
                 if found is None:
                     break
-                if base >= 0:
+                if base >= 0 and base <= found[0] and found[0] + found[1] <= base + run.rows:
                     start = found[0] - base
-                    if start < 0 or start + found[1] > run.rows:
-                        break
-                else:
-                    place = reader.locator.run(*found)
-                    if place is None or place[:2] != (shard, group):
-                        break
+                    continue
+                place = locator.run(*found)
+                if place is None:
+                    break
+                if place[:2] == (shard, group):
                     start = place[2]
+                    continue
+                if held + run.nbytes > limit:  # (the next row group is as large as this one, mostly)
+                    break
+                shard, group, start, row = place
+                nxt = reader.group_run(shard, group, row - start, plan.columns, held=True)
+                if nxt is None:
+                    break
+                if nxt.schema != schema or held + nxt.nbytes > limit:
+                    nxt.release()
+                    break
+                ends.append(len(out))
+                runs.append(nxt)
+                run, held = nxt, held + nxt.nbytes
+                base = -1 if locator.masked else found[0] - start
         finally:
-            run.release()
-        if out:
-            sent = sum(m.nbytes for m in out)
-            if run.nbytes > COMPACT_FACTOR * sent:  # a few rows of a large row group: copied out of it
-                out = [_message(m.header, m.batch, m.steps, m.rows, nbytes=m.nbytes, compact=True) for m in out]
+            for r in runs:
+                r.release()
+        ends.append(len(out))
+        return self._held(out, runs, ends), following
+
+    @staticmethod
+    def _held(out: list[Message], runs: list[GroupRun], ends: list[int]) -> list[Message]:
+        """`out` with each run's buffers held by the last message cut from it, or, where a run's
+        messages are a few rows of a much larger row group, copied out of it (`_message`)."""
+        begin = 0
+        for run, end in zip(runs, ends, strict=True):
+            if end == begin:
+                continue
+            mine = out[begin:end]
+            sent = sum(m.nbytes for m in mine)
+            if run.nbytes > COMPACT_FACTOR * sent:
+                out[begin:end] = [_message(m.header, m.batch, m.steps, m.rows, nbytes=m.nbytes, compact=True) for m in mine]
             else:
-                last = out[-1]
-                out[-1] = Message(last.header, last.batch, last.steps, last.rows, False, last.nbytes, max(sent, run.nbytes))
-        return out, following
+                m = mine[-1]
+                out[end - 1] = Message(m.header, m.batch, m.steps, m.rows, False, m.nbytes, max(sent, run.nbytes))
+            begin = end
+        return out
 
     def messages(self, plan: ReadPlan) -> list[Message]:
         """Every message of the stream `plan` describes, in order (tests, tools)."""

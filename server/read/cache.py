@@ -175,6 +175,17 @@ class LRUCache(Generic[V]):
         CACHE_ROOM_WAIT_SECONDS.inc(time.perf_counter() - waited)
         return Lease(self, keys, values)
 
+    def try_lease(self, keys: Sequence[Hashable]) -> Lease[V] | None:
+        """`lease` of `keys` the cache holds, granted at once or not at all (None): when one is not
+        held (or is being read), when leases wait for room, or when pinning them would not fit. A
+        build that holds a lease already asks this way for more, so it never waits holding one."""
+        with self._lock:
+            if self._waiting or any(key not in self._items for key in keys):
+                return None
+            if not self._fits(self._need(keys, lambda i: 0)):
+                return None
+            return Lease(self, keys, self._pin(keys, lambda i: 0))
+
     def _fits(self, need: int) -> bool:
         """Whether a lease adding `need` bytes may be granted (under the lock): it adds nothing, fits
         beside what is pinned, or nothing is pinned (a lease larger than the cache, alone)."""

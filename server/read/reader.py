@@ -270,10 +270,20 @@ class DatasetReader:
             table = gather(lease.values, inverse, row_in_group)
         return _with_provenance(table, shard, row_in_shard)
 
-    def group_run(self, shard: int, group: int, start_row: int, columns: Sequence[str]) -> GroupRun | None:
+    def group_run(
+        self, shard: int, group: int, start_row: int, columns: Sequence[str], *, held: bool = False
+    ) -> GroupRun | None:
         """Row group `group` of `shard` (its first row is row `start_row` of the shard), leased, to
-        cut consecutive rows from (`GroupRun`); None when its columns are not one chunk each."""
-        lease = self._leased([(shard, group)], tuple(columns))
+        cut consecutive rows from (`GroupRun`); None when its columns are not one chunk each, or,
+        with `held`, when the cache does not hold it or cannot pin it at once (a build that leases
+        one row group already never waits for another)."""
+        cols = tuple(columns)
+        if held:
+            lease = self._cache.try_lease([self._key(shard, group, cols)])
+            if lease is None:
+                return None
+        else:
+            lease = self._leased([(shard, group)], cols)
         try:
             table = lease.values[0]
             assert table is not None

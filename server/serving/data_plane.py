@@ -69,6 +69,7 @@ from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
 from .stream_runtime import BATCHES_SENT, BYTES_SENT, MESSAGES_SENT, ROWS_SENT, STREAMS_ACTIVE, StreamRuntime
+from .thread_state import HeldThreadState
 
 __all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
 
@@ -205,6 +206,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             audit.planned([str(r.manifest.ref) for r in plan.readers])
             read.active = svc.stream_started(stream, plan, active)
             read.messages = _Messages(self, plan, admitted, context.is_cancelled)
+            read.conform = plan.pipeline is not None
             first = read.messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
@@ -219,28 +221,26 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         assert messages is not None
         schema = first.batch.schema
         label = stream.label
-        messages_sent, batches_sent = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
-        rows_sent, bytes_sent = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
+        sent = _Sent(label, stream)
+        conform = read.conform
         outcome = "GONE"  # until it ends otherwise: Flight stopped asking, its client went away
         stream.reason = "client left"
         message: Message | None = first
         key, writing = self.reaper.watch(stream)
+        held = HeldThreadState()
         try:
             while message is not None:
                 batch = message.batch
-                if batch.schema != schema:  # e.g. a message whose samples a transform all skipped
+                if conform and batch.schema != schema:  # e.g. a message whose samples a transform all skipped
                     batch = _conform(batch, schema)
                 n = message.nbytes
-                messages_sent.inc()
-                batches_sent.inc(message.steps)
-                rows_sent.inc(message.rows)
-                bytes_sent.inc(n)
                 stream.sent(message.steps, message.rows, n)
                 if message is first:  # the stream's id, for the client's log lines
                     message.header.stream_id = stream.stream_id
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
-                writing.since = time.monotonic()
+                writing.since = now = time.monotonic()
+                sent.count(stream, now)
                 yield batch, metadata
                 writing.since = None
                 audit.sent(n)
@@ -261,8 +261,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             stream.reason = ""
             raise self._fail(call, exc, stream) from None
         finally:
+            sent.flush(stream)
             self.reaper.forget(key)
             read.end(outcome)
+            held.release()
 
     def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
         """The Flight error that ends the call (the runtime's status_of logs and counts it)."""
@@ -283,12 +285,46 @@ class _Stream:
     admitted: Ticket
     active: Any
     messages: _Messages | None = None
+    conform: bool = False  # its messages may differ from its first in their columns (transforms)
 
     def end(self, outcome: str) -> None:
         self.admitted.close()
         self.active.dec()
         self.audit.done(outcome)
         self.log.end()
+
+
+class _Sent:
+    """A stream's messages, steps, rows and bytes sent, counted in its metrics every FLUSH_MESSAGES
+    messages or FLUSH_S seconds and when it ends, not a message at a time (four counters under a
+    lock each: ~5 us a message of the send loop's Python, which the server pays 2-3 times over)."""
+
+    FLUSH_MESSAGES = 16
+    FLUSH_S = 1.0
+
+    def __init__(self, label: str, stream: StreamLog) -> None:
+        self._messages, self._steps = MESSAGES_SENT.labels(label), BATCHES_SENT.labels(label)
+        self._rows, self._bytes = ROWS_SENT.labels(label), BYTES_SENT.labels(label)
+        self._pending = 0  # messages not counted yet
+        self._counted = (stream.steps, stream.rows, stream.bytes)  # the stream's, counted so far
+        self._at = time.monotonic()
+
+    def count(self, stream: StreamLog, now: float) -> None:
+        """One more message of `stream` sent (its StreamLog counts its steps, rows and bytes)."""
+        self._pending += 1
+        if self._pending >= self.FLUSH_MESSAGES or now - self._at >= self.FLUSH_S:
+            self.flush(stream, now)
+
+    def flush(self, stream: StreamLog, now: float | None = None) -> None:
+        steps, rows, nbytes = self._counted
+        if self._pending:
+            self._messages.inc(self._pending)
+            self._steps.inc(stream.steps - steps)
+            self._rows.inc(stream.rows - rows)
+            self._bytes.inc(stream.bytes - nbytes)
+        self._pending = 0
+        self._counted = (stream.steps, stream.rows, stream.bytes)
+        self._at = time.monotonic() if now is None else now
 
 
 class _Gone(Exception):
