@@ -34,7 +34,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,7 @@ from prometheus_client import Counter, Histogram
 from shardstream.errors import InvalidArgumentError
 from shardstream.extension_types import plain_schema
 from shardstream.ipc import ipc_bytes, ipc_size, plain_batch, stream_framing
+from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .plan import ReadPlan
@@ -80,8 +81,7 @@ STEP_PARTS = Counter(
 )
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """What one build covers: whole `steps`, or samples [start, end) of the one step in `steps`."""
 
     steps: range
@@ -89,10 +89,10 @@ class Chunk:
     last: bool = True  # the chunk ends its step (always true of whole steps)
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """One built Read message: its header and its rows (the Flight data plane sends the rows as a
-    record batch and the header as its app_metadata) and what it carries."""
+    record batch and the header as its app_metadata) and what it carries. (Chunk and Message are
+    named tuples: a frozen dataclass costs ~1 us more to make, twice a message.)"""
 
     header: pb.ReadHeader
     batch: pa.RecordBatch
@@ -100,7 +100,8 @@ class Message:
     rows: int
     parts: bool = False  # it carries a part of a step
     nbytes: int = 0  # on the wire: header + IPC stream, counted (not written)
-    holds: int = 0  # of memory it keeps alive: its Arrow buffers, whole (at least nbytes)
+    holds: int = 0  # of memory let go with it: its Arrow buffers, whole; 0 where a later message of
+    # its build holds them (MessageBuilder._group_run)
 
     def wire(self) -> tuple[bytes, bytes]:
         """(header, IPC stream) as bytes: what the message is on the wire, for comparing streams."""
@@ -223,6 +224,11 @@ class OrderAhead:
         self._breaks: list[int] | None = None  # where the selected rows stop being consecutive
         self._shuffled = False  # the selected rows break more often than at each step (`run`)
         self._asked: tuple[Chunk | None, tuple[int, int] | None] = (None, None)  # `run`'s last answer
+        # the stored order (position p is row p), where `run` needs no selection; one rank's steps abut
+        self._identity = (
+            not plan.mixture and isinstance(plan.selector, DatasetOrder) and plan.selector.spec.mode == "none"
+        )
+        self._one_rank = isinstance(plan.layout, StepLayout) and plan.layout.world_size == 1
 
     def _span(self, chunk: Chunk) -> tuple[int, int]:
         """Where the chunk's samples are in the selected window (selecting it first if need be)."""
@@ -247,6 +253,14 @@ class OrderAhead:
         (an unshuffled stream's, mostly), else None: counted once a window, not a row a message."""
         if chunk is self._asked[0]:  # (a chunk a build took and left for the next one)
             return self._asked[1]
+        p = self._plan
+        if self._identity and (len(chunk.steps) == 1 or self._one_rank):
+            # the stored order: a chunk's rows are its positions, one run when its steps' abut
+            a, _ = p.layout.rank_range(chunk.steps[0], p.rank)
+            _, b = p.layout.rank_range(chunk.steps[-1], p.rank)
+            found = (a, b - a) if b > a else None
+            self._asked = (chunk, found)
+            return found
         a, b = self._span(chunk)
         if b <= a or self._plan.mixture:
             return None
@@ -320,13 +334,14 @@ class MessageBuilder:
         runs = plan.pipeline is None and not plan.mixture  # rows as stored: cut from row groups
         part = 0  # of the step being sent in parts
         chunk: Chunk | None = None  # the next chunk, when a run took it already
+        place: tuple[int, int, int, int] | None = None  # where it is, when the run found out
         while chunk is not None or steps.remaining:
             if chunk is None:
                 chunk = steps.next()
                 if on_chunk is not None:
                     on_chunk(steps)
             if runs and chunk.samples is None:
-                built, chunk = self._group_run(plan, chunk, steps, order, on_chunk)
+                built, chunk, place = self._group_run(plan, chunk, steps, order, on_chunk, place)
                 if built:
                     yield built
                     continue
@@ -346,7 +361,7 @@ class MessageBuilder:
                 yield [message]
                 t0 = time.perf_counter()
             steps.record(chunk, rows, nbytes)
-            chunk = None
+            chunk = place = None
 
     def _group_run(
         self,
@@ -355,7 +370,8 @@ class MessageBuilder:
         steps: MessageSteps,
         order: OrderAhead,
         on_chunk: Callable[[MessageSteps], None] | None,
-    ) -> tuple[list[Message], Chunk | None]:
+        place: tuple[int, int, int, int] | None = None,
+    ) -> tuple[list[Message], Chunk | None, tuple[int, int, int, int] | None]:
         """The messages of `chunk` and of the chunks after it while each is consecutive rows of one
         row group (an unshuffled stream's, mostly), cut from the row groups leased once each
         (reader.GroupRun), and the next chunk not built (None: the stream has no more). No messages
@@ -365,17 +381,19 @@ class MessageBuilder:
         read or for room while it holds a lease: `group_run(held=True)`), while what it holds stays
         within what a stream reserves for a build after one that held its first row group
         (`build_estimate`), and for at most MAX_RUN_MESSAGES messages. A row group's buffers are
-        held by the last message cut from it (`Message.holds`; the others hold none)."""
+        held by the last message cut from it (`Message.holds`; the others hold none). `place`: where
+        `chunk` is (`RowLocator.run`), if known; the next chunk's is returned with it, if known."""
         found = order.run(chunk)
         reader = plan.readers[0]
         locator = reader.locator
-        place = locator.run(*found) if found is not None else None
+        if found is not None and place is None:
+            place = locator.run(*found)
         if found is None or place is None:
-            return [], chunk
+            return [], chunk, None
         shard, group, start, row = place
         run = reader.group_run(shard, group, row - start, plan.columns)
         if run is None:
-            return [], chunk
+            return [], chunk, None
         runs = [run]
         out: list[Message] = []
         ends: list[int] = []  # where each run's messages end in `out`
@@ -383,7 +401,7 @@ class MessageBuilder:
         try:
             framing = stream_framing(run.schema)
             if framing is None or plain_schema(run.schema) is not run.schema:  # _message's way
-                return [], chunk
+                return [], chunk, None
             schema = run.schema
             limit = BUILD_PEAK_FACTOR * max(plan.max_message_bytes, run.nbytes)
             held = run.nbytes
@@ -405,6 +423,7 @@ class MessageBuilder:
                     following = None  # the next chunk is not taken yet
                     break
                 chunk = following = steps.next()
+                place = None
                 if on_chunk is not None:
                     on_chunk(steps)
                 found = order.run(chunk) if chunk.samples is None else None
@@ -436,7 +455,7 @@ class MessageBuilder:
             for r in runs:
                 r.release()
         ends.append(len(out))
-        return self._held(out, runs, ends), following
+        return self._held(out, runs, ends), following, place if following is chunk else None
 
     @staticmethod
     def _held(out: list[Message], runs: list[GroupRun], ends: list[int]) -> list[Message]:
