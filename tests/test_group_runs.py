@@ -5,8 +5,8 @@ reader.py `GroupRun`) are the messages the general build makes of the same chunk
 Over random streams: row groups of 20 rows with shards of 70 (a short last row group per shard) and
 of 64 with shards of 200; batch sizes odd and even (a slice of an odd number of 4-byte `_shard`
 values is where the IPC writer would record another buffer length), world sizes 1-3, start
-offsets, message targets of one step to many, column subsets, a version with masked rows
-(drop_rows), and a server cap that sends steps in parts.
+offsets, batch-size schedules with skipped ranges, message targets of one step to many, column
+subsets, a version with masked rows (drop_rows), and a server cap that sends steps in parts.
 """
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ def _request(rng: np.random.Generator, dataset: str) -> pb.ReadRequest:
         split_steps=True,
     )
     req.shuffle.mode = "none"
+    if rng.random() < 0.3:  # a batch-size ramp and a skipped range (schedules: another layout)
+        req.batch_size = 0
+        req.batch_schedule.add(start=0, batch_size=int(rng.integers(1, 9)))
+        req.batch_schedule.add(start=int(rng.integers(20, 80)) * world, batch_size=int(rng.integers(1, 30)))
+        a = int(rng.integers(0, 150))
+        req.skip.add(start=a, end=a + int(rng.integers(1, 40)))
     return req
 
 

@@ -31,7 +31,6 @@ or an event loop; `messages(plan)` the same as a list.
 from __future__ import annotations
 
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -221,17 +220,15 @@ class OrderAhead:
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
         self._src = self._rows = np.empty(0, np.int64)
-        self._breaks: list[int] | None = None  # where the selected rows stop being consecutive
-        self._shuffled = False  # the selected rows break more often than at each step (`run`)
         self._asked: tuple[Chunk | None, tuple[int, int] | None] = (None, None)  # `run`'s last answer
-        # the stored order (position p is row p), where `run` needs no selection; one rank's steps abut
-        self._identity = (
+        # the stored order (position p is row p): `run` needs no selection; one rank's steps abut
+        self.stored = (
             not plan.mixture and isinstance(plan.selector, DatasetOrder) and plan.selector.spec.mode == "none"
         )
         self._one_rank = isinstance(plan.layout, StepLayout) and plan.layout.world_size == 1
 
-    def _span(self, chunk: Chunk) -> tuple[int, int]:
-        """Where the chunk's samples are in the selected window (selecting it first if need be)."""
+    def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """(source, row) of the chunk's samples, in order: its steps' or its part's."""
         p = self._plan
         first, n = chunk.steps[0], len(chunk.steps)
         i = (first - self._first) // p.stride
@@ -241,38 +238,20 @@ class OrderAhead:
         a, b = int(self._starts[i]), int(self._starts[i + n])
         if chunk.samples is not None:
             a, b = a + chunk.samples[0], a + chunk.samples[1]
-        return a, b
-
-    def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
-        """(source, row) of the chunk's samples, in order: its steps' or its part's."""
-        a, b = self._span(chunk)
         return self._src[a:b], self._rows[a:b]
 
     def run(self, chunk: Chunk) -> tuple[int, int] | None:
-        """(first row, rows) of the chunk's samples when they are consecutive dataset rows in order
-        (an unshuffled stream's, mostly), else None: counted once a window, not a row a message."""
+        """(first row, rows) of a chunk of whole steps when its samples are consecutive dataset rows
+        in order, else None. Only in the stored order (`stored`: position p is row p), where a
+        chunk's rows are its positions, one run when its steps' abut: a step, or one rank's steps."""
         if chunk is self._asked[0]:  # (a chunk a build took and left for the next one)
             return self._asked[1]
         p = self._plan
-        if self._identity and (len(chunk.steps) == 1 or self._one_rank):
-            # the stored order: a chunk's rows are its positions, one run when its steps' abut
+        found = None
+        if self.stored and (len(chunk.steps) == 1 or self._one_rank):
             a, _ = p.layout.rank_range(chunk.steps[0], p.rank)
             _, b = p.layout.rank_range(chunk.steps[-1], p.rank)
             found = (a, b - a) if b > a else None
-            self._asked = (chunk, found)
-            return found
-        a, b = self._span(chunk)
-        if b <= a or self._plan.mixture:
-            return None
-        breaks = self._breaks
-        if breaks is None:
-            where = np.flatnonzero(np.diff(self._rows) != 1) + 1
-            # a shuffled window breaks everywhere: no chunk of it is asked about again
-            breaks = self._breaks = where.tolist() if len(where) <= 2 * self._count + 16 else []
-            self._shuffled = len(where) > 2 * self._count + 16
-        found = None
-        if not (self._shuffled or (breaks and bisect_right(breaks, a) != bisect_right(breaks, b - 1))):
-            found = int(self._rows[a]), b - a
         self._asked = (chunk, found)
         return found
 
@@ -290,7 +269,6 @@ class OrderAhead:
             total += pe - ps
             step += p.stride
         src, self._rows = p.selector.select(p.epoch, _positions(ranges))
-        self._breaks = None  # counted when first asked for (`run`)
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
         self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
@@ -331,7 +309,7 @@ class MessageBuilder:
             return
         steps = MessageSteps(plan)
         order = OrderAhead(plan)
-        runs = plan.pipeline is None and not plan.mixture  # rows as stored: cut from row groups
+        runs = plan.pipeline is None and order.stored  # rows as stored: cut from row groups
         part = 0  # of the step being sent in parts
         chunk: Chunk | None = None  # the next chunk, when a run took it already
         place: tuple[int, int, int, int] | None = None  # where it is, when the run found out
