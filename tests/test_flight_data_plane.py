@@ -341,3 +341,27 @@ def test_a_dns_name_streams_from_the_address_that_answered_and_fails_over_to_the
             finally:
                 c.close()
             assert scrape(a)["shardstream_rows_sent_total"] == 3 * N
+
+
+def test_a_streams_metrics_count_it_while_it_runs_and_all_of_it_when_it_ends(servers) -> None:  # type: ignore[no-untyped-def]
+    """The send loop counts its messages in the metrics every 16 messages (or second), not one at
+    a time, and the rest when the stream ends: nothing is lost or counted twice."""
+    server = servers.start(metrics=True)
+    c = Connection(server.target)
+    request = pb.ReadRequest(dataset="toy@1", batch_size=7, world_size=1, max_message_bytes=1)  # a step a message
+    try:
+        before = scrape(server)
+        stream = iter(c.read(request))
+        got = [next(stream) for _ in range(40)]
+        mid = scrape(server)
+        assert mid["shardstream_messages_sent_total"] - before["shardstream_messages_sent_total"] >= 32
+        got += list(stream)
+    finally:
+        c.close()
+    after = scrape(server)
+    assert sum(batch.num_rows for _, batch in got) == N
+    assert after["shardstream_messages_sent_total"] - before["shardstream_messages_sent_total"] == len(got)
+    assert after["shardstream_rows_sent_total"] - before["shardstream_rows_sent_total"] == N
+    assert after["shardstream_batches_sent_total"] - before["shardstream_batches_sent_total"] == -(-N // 7)
+    sent = after["shardstream_bytes_sent_total"] - before["shardstream_bytes_sent_total"]
+    assert sent >= sum(batch.nbytes for _, batch in got)
