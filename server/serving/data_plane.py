@@ -19,8 +19,11 @@ headers), the stream metrics, the redacted error texts and their status codes (e
 a worker thread (build_pool.py) while Flight sends this one, when the buffer budget has room for it: each build
 reserves its bytes first and each message is released when Flight asks for the next (admission.py);
 a stream without room waits for it, holding nothing, and a new stream without room for its first
-message is refused. RPC metrics: grpc_server_* with
-grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
+message is refused. A build may make several messages (an unshuffled stream's, cut from the row
+groups it holds: build.py); they wait built, and the next build starts as the last of them is sent.
+The stream metrics are counted every 16 messages or second and when the stream ends, and the
+handler thread keeps its Python thread state for the stream (thread_state.py). RPC metrics:
+grpc_server_* with grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
 
 A client that stops reading is cut (reaper.py, one `Reaper` per plane): Flight asks for a stream's next message once the
 last one is written, so a stream not asked for --write-timeout is reaped — its connection shut
