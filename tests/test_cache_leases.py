@@ -120,6 +120,77 @@ def test_what_concurrent_builds_keep_alive_stays_within_the_capacity(seed: int) 
     assert alive.now == cache.bytes
 
 
+def _run_build(cache: LRUCache[Value], keys: list[int], size: Callable[[int], int], alive: Alive) -> None:
+    """What an unshuffled build does (build.py `_group_run`): lease one row group (waiting for it
+    as any build), then take the next ones only as `try_lease` grants them at once."""
+    first = keys[0]
+    leases = [cache.lease([first], lambda i: size(first))]
+    try:
+        values = [leases[0].values[0] or cache.get(first, lambda: Value(first, size(first), alive))]
+        for key in keys[1:]:
+            more = cache.try_lease([key])
+            if more is None:
+                break
+            leases.append(more)
+            values.append(more.values[0])
+        _yield()  # the build uses them
+        assert [v.key for v in values] == keys[: len(values)]
+        values.clear()
+    finally:
+        for lease in leases:
+            lease.release()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_builds_that_take_more_row_groups_only_at_once_never_wait_holding_one(seed: int) -> None:
+    """Builds that hold a lease and ask for more with `try_lease` never wait on each other (no
+    deadlock, whatever the capacity) and keep alive what the cache's capacity allows."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 9, size=30).tolist()
+    capacity = int(rng.integers(9, 40))
+    cache = _cache(capacity)
+    alive = Alive()
+    plans = [
+        [
+            [int(k) % 30 for k in range(start, start + int(rng.integers(1, 6)))]
+            for start in rng.integers(0, 30, size=int(rng.integers(10, 40)))
+        ]
+        for _ in range(int(rng.integers(2, 9)))
+    ]
+    _in_threads(plans, lambda keys: _run_build(cache, keys, lambda k: sizes[k], alive))
+    assert alive.peak <= capacity, (alive.peak, capacity)
+    _state_is_clean(cache)
+
+
+def test_try_lease_grants_held_values_at_once_or_nothing() -> None:
+    cache = _cache(10)
+    alive = Alive()
+    assert cache.try_lease([1]) is None  # not held
+    cache.get(1, lambda: Value(1, 4, alive))
+    cache.get(2, lambda: Value(2, 4, alive))
+    lease = cache.try_lease([1])
+    assert lease is not None and lease.values[0].key == 1 and cache.pinned_bytes == 4
+    assert cache.try_lease([1, 3]) is None  # all or nothing
+    lease.release()
+    reading = cache.lease([5], lambda i: 2)  # being read (reserved, not held): not granted
+    assert cache.try_lease([5]) is None
+    reading.release()
+    _state_is_clean(cache)
+    waiting = cache.lease([6], lambda i: 8)
+    behind = threading.Thread(target=lambda: cache.lease([7], lambda i: 8).release())
+    behind.start()
+    _wait_for(lambda: len(cache._waiting) == 1)
+    assert cache.try_lease([2]) is None  # a lease waits for room: none is granted past it
+    waiting.release()
+    behind.join(timeout=30)
+    assert not behind.is_alive()
+    cache.get(2, lambda: Value(2, 4, alive))  # (the reservations above evicted it)
+    lease = cache.try_lease([2])
+    assert lease is not None and lease.values[0].key == 2
+    lease.release()
+    _state_is_clean(cache)
+
+
 def test_a_lease_larger_than_the_cache_waits_for_the_others_and_runs_alone() -> None:
     cache = _cache(10)
     alive = Alive()

@@ -196,11 +196,9 @@ class MessageSteps:
         `samples` samples, if known: else counted)."""
         if not rows:
             return
-        if samples is not None:
-            pass
-        elif chunk.samples is not None:
+        if samples is None and chunk.samples is not None:
             samples = chunk.samples[1] - chunk.samples[0]
-        else:
+        elif samples is None:
             samples = sum(self._samples(s) for s in chunk.steps)
         self.sample_bytes = max(1.0, nbytes / max(1, samples))
         if chunk.samples is None:

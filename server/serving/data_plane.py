@@ -338,7 +338,7 @@ class _Messages:
     """One stream's messages, built in the plane's pool once the stream has reserved what the
     build may take (admission.py); `ahead()` starts the next build while Flight writes this
     message when the budget has room for it, and `next()` waits for room otherwise. A build may
-    make several messages (the builder's `builds`: an unshuffled stream's, cut from one row group):
+    make several messages (the builder's `builds`: an unshuffled stream's, cut from its row groups):
     they wait here, built, and the next build starts once the last of them is being written."""
 
     def __init__(
