@@ -20,7 +20,7 @@ a worker thread (build_pool.py) while Flight sends this one, when the buffer bud
 reserves its bytes first and each message is released when Flight asks for the next (admission.py);
 a stream without room waits for it, holding nothing, and a new stream without room for its first
 message is refused. A build may make several messages (an unshuffled stream's, cut from the row
-groups it holds: build.py); they wait built, and the next build starts as the last of them is sent.
+groups it holds: build.py); they wait built, and the next build starts as the last but one is sent.
 The stream metrics are counted every 16 messages or second and when the stream ends, and the
 handler thread keeps its Python thread state for the stream (thread_state.py). RPC metrics:
 grpc_server_* with grpc_service="arrow.flight.protocol.FlightService", grpc_method="DoGet".
@@ -339,7 +339,7 @@ class _Messages:
     build may take (admission.py); `ahead()` starts the next build while Flight writes this
     message when the budget has room for it, and `next()` waits for room otherwise. A build may
     make several messages (the builder's `builds`: an unshuffled stream's, cut from its row groups):
-    they wait here, built, and the next build starts once the last of them is being written."""
+    they wait here, built, and the next build starts as the last but one of them is being written."""
 
     def __init__(
         self, plane: FlightDataPlane, plan: ReadPlan, admitted: Ticket, cancelled: Callable[[], bool]
@@ -387,7 +387,7 @@ class _Messages:
         return self._take(self._build(reserved))
 
     def ahead(self) -> None:
-        if self._pending is not None or self._built:
+        if self._pending is not None or len(self._built) > 1:  # (the next build: under the last two)
             return
         reserved = build_estimate(self._plan, self._last)
         if self._admitted.reserve(reserved):
