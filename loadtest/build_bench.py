@@ -71,8 +71,8 @@ def previous() -> Iterator[None]:
         build_module.OrderAhead.AHEAD_SAMPLES = ahead
 
 
-def _no_runs(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any, None]:
-    return [], chunk, None  # every message built alone, as before issue #26's fifth pass
+def _no_runs(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
+    return [], chunk  # every message built alone, as before issue #26's fifth pass
 
 
 def _request(mode: str, batch_rows: int, epoch: int) -> pb.ReadRequest:

@@ -68,7 +68,7 @@ def _same_as_reference(planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, re
     got = _wire(planner, req)
     with monkeypatch.context() as m:
         m.setattr(DatasetReader, "take", previous_take)
-        m.setattr(MessageBuilder, "_group_run", lambda self, plan, chunk, *a: ([], chunk, None))  # take's way
+        m.setattr(MessageBuilder, "_group_run", lambda self, plan, chunk, *a: ([], chunk))  # take's way
         want = _wire(planner, req)
     assert len(got) == len(want) > 1
     for i, (a, b) in enumerate(zip(got, want, strict=True)):

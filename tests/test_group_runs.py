@@ -48,8 +48,8 @@ def planner(root: Path) -> Iterator[ReadPlanner]:
         yield ReadPlanner(registry, new_row_group_cache(64 << 20))
 
 
-def _general(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any, None]:
-    return [], chunk, None  # every chunk the general way
+def _general(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
+    return [], chunk  # every chunk the general way
 
 
 def _builds(planner: ReadPlanner, req: pb.ReadRequest) -> list[list[Any]]:

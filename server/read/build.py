@@ -225,7 +225,6 @@ class OrderAhead:
         self._count = 0  # steps selected, every plan.stride-th from _first
         self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
         self._src = self._rows = np.empty(0, np.int64)
-        self._asked: tuple[Chunk | None, tuple[int, int] | None] = (None, None)  # `run`'s last answer
         # the stored order (position p is row p): `run` needs no selection; one rank's steps abut
         self.stored = (
             not plan.mixture and isinstance(plan.selector, DatasetOrder) and plan.selector.spec.mode == "none"
@@ -249,16 +248,12 @@ class OrderAhead:
         """(first row, rows) of a chunk of whole steps when its samples are consecutive dataset rows
         in order, else None. Only in the stored order (`stored`: position p is row p), where a
         chunk's rows are its positions, one run when its steps' abut: a step, or one rank's steps."""
-        if chunk is self._asked[0]:  # (a chunk a build took and left for the next one)
-            return self._asked[1]
         p = self._plan
-        found = None
-        if self.stored and (len(chunk.steps) == 1 or self._one_rank):
-            a, _ = p.layout.rank_range(chunk.steps[0], p.rank)
-            _, b = p.layout.rank_range(chunk.steps[-1], p.rank)
-            found = (a, b - a) if b > a else None
-        self._asked = (chunk, found)
-        return found
+        if not self.stored or (len(chunk.steps) > 1 and not self._one_rank):
+            return None
+        a, _ = p.layout.rank_range(chunk.steps[0], p.rank)
+        _, b = p.layout.rank_range(chunk.steps[-1], p.rank)
+        return (a, b - a) if b > a else None
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
@@ -317,14 +312,13 @@ class MessageBuilder:
         runs = plan.pipeline is None and order.stored  # rows as stored: cut from row groups
         part = 0  # of the step being sent in parts
         chunk: Chunk | None = None  # the next chunk, when a run took it already
-        place: tuple[int, int, int, int] | None = None  # where it is, when the run found out
         while chunk is not None or steps.remaining:
             if chunk is None:
                 chunk = steps.next()
                 if on_chunk is not None:
                     on_chunk(steps)
             if runs and chunk.samples is None:
-                built, chunk, place = self._group_run(plan, chunk, steps, order, on_chunk, place)
+                built, chunk = self._group_run(plan, chunk, steps, order, on_chunk)
                 if built:
                     yield built
                     continue
@@ -344,7 +338,7 @@ class MessageBuilder:
                 yield [message]
                 t0 = time.perf_counter()
             steps.record(chunk, rows, nbytes)
-            chunk = place = None
+            chunk = None
 
     def _group_run(
         self,
@@ -353,8 +347,7 @@ class MessageBuilder:
         steps: MessageSteps,
         order: OrderAhead,
         on_chunk: Callable[[MessageSteps], None] | None,
-        place: tuple[int, int, int, int] | None = None,
-    ) -> tuple[list[Message], Chunk | None, tuple[int, int, int, int] | None]:
+    ) -> tuple[list[Message], Chunk | None]:
         """The messages of `chunk` and of the chunks after it while each is consecutive rows of one
         row group (an unshuffled stream's, mostly), cut from the row groups leased once each
         (reader.GroupRun), and the next chunk not built (None: the stream has no more). No messages
@@ -364,19 +357,17 @@ class MessageBuilder:
         read or for room while it holds a lease: `group_run(held=True)`), while what it holds stays
         within what a stream reserves for a build after one that held its first row group
         (`build_estimate`), and for at most MAX_RUN_MESSAGES messages. A row group's buffers are
-        held by the last message cut from it (`Message.holds`; the others hold none). `place`: where
-        `chunk` is (`RowLocator.run`), if known; the next chunk's is returned with it, if known."""
+        held by the last message cut from it (`Message.holds`; the others hold none)."""
         found = order.run(chunk)
         reader = plan.readers[0]
         locator = reader.locator
-        if found is not None and place is None:
-            place = locator.run(*found)
+        place = locator.run(*found) if found is not None else None
         if found is None or place is None:
-            return [], chunk, None
+            return [], chunk
         shard, group, start, row = place
         run = reader.group_run(shard, group, row - start, plan.columns)
         if run is None:
-            return [], chunk, None
+            return [], chunk
         runs = [run]
         out: list[Message] = []
         ends: list[int] = []  # where each run's messages end in `out`
@@ -384,7 +375,7 @@ class MessageBuilder:
         try:
             framing = stream_framing(run.schema)
             if framing is None or plain_schema(run.schema) is not run.schema:  # _message's way
-                return [], chunk, None
+                return [], chunk
             schema = run.schema
             limit = BUILD_PEAK_FACTOR * max(plan.max_message_bytes, run.nbytes)
             held = run.nbytes
@@ -406,7 +397,6 @@ class MessageBuilder:
                     following = None  # the next chunk is not taken yet
                     break
                 chunk = following = steps.next()
-                place = None
                 if on_chunk is not None:
                     on_chunk(steps)
                 found = order.run(chunk) if chunk.samples is None else None
@@ -438,7 +428,7 @@ class MessageBuilder:
             for r in runs:
                 r.release()
         ends.append(len(out))
-        return self._held(out, runs, ends), following, place if following is chunk else None
+        return self._held(out, runs, ends), following
 
     @staticmethod
     def _held(out: list[Message], runs: list[GroupRun], ends: list[int]) -> list[Message]:
