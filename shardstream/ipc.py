@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from shardstream.extension_types import plain_batch
 
-__all__ = ["STREAM_ID_METADATA", "ipc_bytes", "ipc_size", "plain_batch", "read_ipc", "stream_framing"]
+__all__ = ["STREAM_ID_METADATA", "ipc_bytes", "ipc_size", "plain_batch", "read_ipc"]
 
 # A response header of every Read stream: the server's id of the stream, which its log lines name
 # (server/serving/stream_log.py) and the client's failover lines repeat (client/session.py).
@@ -45,7 +45,7 @@ def ipc_size(batch: pa.RecordBatch) -> int:
     the schema's part is counted once per schema (~9 -> ~2 us a message)."""
     batch = plain_batch(batch)
     schema = batch.schema
-    framing = stream_framing(schema)
+    framing = _framing(schema)
     if framing is not None:
         return pa.ipc.get_record_batch_size(batch) + framing
     sink = pa.MockOutputStream()
@@ -62,10 +62,9 @@ _FRAMING: tuple[tuple[pa.Schema, int | None], ...] = ()
 _FRAMING_MAX = 16
 
 
-def stream_framing(schema: pa.Schema) -> int | None:
+def _framing(schema: pa.Schema) -> int | None:
     """Bytes of `schema`'s stream besides its batch (its schema message and end marker), or None
-    when it has dictionaries (they travel as messages of their own): `ipc_size` of a batch of a
-    schema without extension types is this + `pa.ipc.get_record_batch_size(batch)`."""
+    when it has dictionaries (they travel as messages of their own)."""
     global _FRAMING
     recent = _FRAMING
     for seen, framing in recent:

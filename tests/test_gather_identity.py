@@ -171,7 +171,7 @@ def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:
         }
     ).replace_schema_metadata({"k": "v"})
     # the same columns under other schema metadata in turn: a schema's part is counted once per
-    # schema (ipc.stream_framing), and a schema that differs in its metadata alone is another schema
+    # schema (ipc._framing), and a schema that differs in its metadata alone is another schema
     for metadata in ({"k": "v"}, {"k": "a longer value " * 9}, None, {"k": "v"}):
         for cols in (["id", "x"], ["id", "maybe", "text"], ["tags", "nested"], ["kind", "id"]):
             selected = table.select(cols).replace_schema_metadata(metadata)

@@ -48,7 +48,7 @@ from prometheus_client import Counter, Histogram
 
 from shardstream.errors import InvalidArgumentError
 from shardstream.extension_types import plain_schema
-from shardstream.ipc import ipc_bytes, ipc_size, plain_batch, stream_framing
+from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
 from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -373,8 +373,7 @@ class MessageBuilder:
         ends: list[int] = []  # where each run's messages end in `out`
         following: Chunk | None = chunk
         try:
-            framing = stream_framing(run.schema)
-            if framing is None or plain_schema(run.schema) is not run.schema:  # _message's way
+            if plain_schema(run.schema) is not run.schema:  # extension types: _message's way
                 return [], chunk
             schema = run.schema
             limit = BUILD_PEAK_FACTOR * max(plan.max_message_bytes, run.nbytes)
@@ -387,7 +386,7 @@ class MessageBuilder:
                 n = found[1]
                 header, _ = self._header(plan, chunk)
                 batch = run.batch(start, n)
-                size = header.ByteSize() + _FRAMING_BYTES + framing + pa.ipc.get_record_batch_size(batch)
+                size = _size(header, batch)
                 if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
                     break
                 out.append(Message(header, batch, len(header.steps), n, False, size, 0))
