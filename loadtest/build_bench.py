@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from loadtest.bench import ROW_BYTES, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
-from loadtest.previous_build import previous_ipc_size, previous_take
+from loadtest.previous_build import no_runs, previous_ipc_size, previous_take
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import build as build_module
 from shardstream.server.read import reader as reader_module
@@ -59,7 +59,7 @@ def previous() -> Iterator[None]:
     take, size, ahead = reader_module.DatasetReader.take, build_module.ipc_size, build_module.OrderAhead.AHEAD_SAMPLES
     runs = build_module.MessageBuilder._group_run
     reader_module.DatasetReader.take = previous_take  # type: ignore[method-assign]
-    build_module.MessageBuilder._group_run = _no_runs  # type: ignore[method-assign]
+    build_module.MessageBuilder._group_run = no_runs  # type: ignore[method-assign]
     build_module.ipc_size = previous_ipc_size  # type: ignore[assignment]
     build_module.OrderAhead.AHEAD_SAMPLES = 0  # each message's samples selected alone, as before
     try:
@@ -69,10 +69,6 @@ def previous() -> Iterator[None]:
         build_module.MessageBuilder._group_run = runs  # type: ignore[method-assign]
         build_module.ipc_size = size  # type: ignore[assignment]
         build_module.OrderAhead.AHEAD_SAMPLES = ahead
-
-
-def _no_runs(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
-    return [], chunk  # every message built alone, as before issue #26's fifth pass
 
 
 def _request(mode: str, batch_rows: int, epoch: int) -> pb.ReadRequest:

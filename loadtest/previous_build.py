@@ -4,12 +4,15 @@
 tests/test_message_buffers.py compare today's bytes against it. A frozen copy, not today's code: a
 take per row group fetched through the fetch pool, their concatenation, a reordering take
 (`previous_gather`); provenance appended to a table and its chunks combined (`previous_take`); IPC
-sizing with a stream writer over a mock sink (`previous_ipc_size`).
+sizing with a stream writer over a mock sink (`previous_ipc_size`); every message built alone, as
+before messages were cut from row groups several a build (`no_runs`, for
+`MessageBuilder._group_run`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +20,7 @@ import pyarrow as pa
 from shardstream.server.read import reader as reader_module
 from shardstream.server.read.gather import empty_batch
 
-__all__ = ["previous_gather", "previous_ipc_size", "previous_take"]
+__all__ = ["no_runs", "previous_gather", "previous_ipc_size", "previous_take"]
 
 
 def previous_gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
@@ -84,3 +87,8 @@ def previous_ipc_size(batch: pa.RecordBatch) -> int:
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.size()
+
+
+def no_runs(self: Any, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
+    """`MessageBuilder._group_run` that takes no run: every chunk is built the general way."""
+    return [], chunk

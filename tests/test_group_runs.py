@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.previous_build import no_runs
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import MessageBuilder
@@ -46,10 +47,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def planner(root: Path) -> Iterator[ReadPlanner]:
     with open_registry(str(root)) as registry:
         yield ReadPlanner(registry, new_row_group_cache(64 << 20))
-
-
-def _general(self: MessageBuilder, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
-    return [], chunk  # every chunk the general way
 
 
 def _builds(planner: ReadPlanner, req: pb.ReadRequest) -> list[list[Any]]:
@@ -88,7 +85,7 @@ def test_runs_make_the_general_builds_bytes(planner: ReadPlanner, monkeypatch: p
         cold = _builds(planner, req)  # row groups read as the builds need them: one a build
         warm = _builds(planner, req)  # all held: a build goes on into the next row groups
         with monkeypatch.context() as m:
-            m.setattr(MessageBuilder, "_group_run", _general)
+            m.setattr(MessageBuilder, "_group_run", no_runs)
             want = _builds(planner, req)
         assert all(len(b) == 1 for b in want)
         for got in (cold, warm):
@@ -136,7 +133,7 @@ def test_steps_over_the_cap_go_in_parts_the_general_way(root: Path, monkeypatch:
         req = pb.ReadRequest(dataset="large", world_size=1, batch_size=30, split_steps=True, columns=["id", "text"])
         got = _builds(capped, req)
         with monkeypatch.context() as m:
-            m.setattr(MessageBuilder, "_group_run", _general)
+            m.setattr(MessageBuilder, "_group_run", no_runs)
             want = _builds(capped, req)
     flat = [msg for b in got for msg in b]
     assert any(msg.parts for msg in flat)
