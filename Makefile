@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 setup: $(STAMP)
 
 # torch comes first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml shardstream/_kernels.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,torch]'

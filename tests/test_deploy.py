@@ -88,11 +88,12 @@ def test_hadolint_does_find_what_it_should(tmp_path: Path) -> None:
 
 
 def test_the_image_is_multi_stage_non_root_and_runs_shardstream() -> None:
-    build, final = stages(DOCKERFILE.read_text())[-2:]
+    build, wheels, final = stages(DOCKERFILE.read_text())[-3:]
     assert re.match(r"FROM \S+ AS build$", build[0]), "the first stage builds the wheels"
     assert any(ln.startswith("RUN pip wheel") for ln in build)
+    assert wheels == ["FROM scratch AS wheels", "COPY --from=build /wheels /wheels"], "the wheels alone"
     joined = "\n".join(final)
-    assert "--mount=type=bind,from=build" in joined, "wheels are mounted, never copied into the image"
+    assert "--mount=type=bind,from=wheels" in joined, "wheels are mounted, never copied into the image"
     assert "COPY" not in joined and "ADD " not in joined
     assert not re.search(r"apt-get|gcc|build-essential|g\+\+", joined), "no compilers in the final image"
     assert "--no-cache-dir" in joined and "HEALTHCHECK" not in joined
@@ -110,6 +111,8 @@ def test_the_image_matches_the_package_and_the_chart() -> None:
     assert pin and pin[1] == project["version"], "the image installs this version of the package"
     python = re.search(r"python:(\d+\.\d+)-slim", text)
     assert python and python[1] in SpecifierSet(project["requires-python"])
+    build_python = re.search(r"ARG BUILD_IMAGE=python:(\d+\.\d+)-", text)
+    assert build_python and build_python[1] == python[1], "the C kernels are compiled for the image's Python"
     uid = int(re.search(r"ARG UID=(\d+)", text)[1])  # type: ignore[index]
     pod = render().server["spec"]["template"]["spec"]["securityContext"]
     assert pod["runAsUser"] == pod["runAsGroup"] == uid, "the chart runs the image's user"

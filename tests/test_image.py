@@ -98,6 +98,8 @@ def test_the_image_runs_non_root_with_shardstream_as_entrypoint(image: str) -> N
     assert pin in DOCKERFILE.read_text()
     shown = podman("run", "--rm", "--entrypoint", "python3", image, "-c", "import importlib.metadata as m; print(m.version('shardstream'))")
     assert shown.stdout.strip() == version()
+    # the wheel stage compiled the C kernels (shardstream/_kernels.c): not the numpy fallback
+    assert "(native kernels)" in podman("run", "--rm", image, "--version").stdout
 
 
 def pod_as_podman_run(r: Rendered, image: str, registry: Path) -> list[str]:

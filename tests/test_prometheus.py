@@ -470,12 +470,9 @@ def test_a_two_worker_server_shows_both_workers_processes_and_no_created_series(
             workers = set(re.findall(rf'^{metric}{{worker="([^"]+)"}} ', text, flags=re.M))
             assert workers == {"0", "1", "supervisor"}, (metric, workers)
         info = re.search(r"^shardstream_build_info\{(.+)\} 1\.0$", text, flags=re.M)
-        assert info and {k for k, _ in re.findall(r'(\w+)="([^"]*)"', info[1])} == {
-            "version",
-            "python",
-            "pyarrow",
-            "grpc",
-        }
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', info[1])) if info else {}
+        assert set(labels) == {"version", "python", "pyarrow", "grpc", "kernels"}
+        assert labels["kernels"] == "native"  # the C kernels are built (tests/test_kernels.py)
         # grpc-ecosystem names: the data plane's Read streams are Flight DoGets, the control plane's
         # calls keep their service; both exported at 0 before any call
         assert (

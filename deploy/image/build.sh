@@ -6,8 +6,9 @@
 #
 # 1. The base image (PYTHON_IMAGE of the Dockerfile) is made from Debian's packages: mmdebstrap writes
 #    a minimal bookworm with python3, python3-venv and ca-certificates as a tarball and `podman import`
-#    turns it into localhost/shardstream-base:bookworm. It is made once and kept (BASE_REBUILD=1 redoes
-#    it, e.g. for Debian's security updates).
+#    turns it into localhost/shardstream-base:bookworm. The wheel stage's (BUILD_IMAGE) is the same
+#    plus gcc and python3-dev, to compile shardstream/_kernels.c: localhost/shardstream-build-base.
+#    Both are made once and kept (BASE_REBUILD=1 redoes them, e.g. for Debian's security updates).
 # 2. `podman build` runs the Dockerfile on it. The wheel stage reaches the package index the host's pip
 #    is set up for (PIP_INDEX_URL, else pip's global.index-url, else PyPI), trusting the host's CA
 #    bundle (PIP_CERT / pip's global.cert, else the system bundle), which is mounted for the build only.
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/../.."
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)
 IMAGE=${IMAGE:-shardstream:${VERSION}}
 BASE_IMAGE=${BASE_IMAGE:-localhost/shardstream-base:bookworm}
+BUILD_BASE_IMAGE=${BUILD_BASE_IMAGE:-localhost/shardstream-build-base:bookworm}
 SUITE=bookworm  # the Debian release of the base; python3 there is 3.11 (requires-python >= 3.10)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
@@ -43,19 +45,22 @@ mkdir -p "$WORK"
 podman() { deploy/image/podman.sh "$@"; }  # with our containers.conf
 
 started=$(date +%s)
-if [ "${BASE_REBUILD:-0}" = 1 ] || ! podman image exists "$BASE_IMAGE"; then
-    echo "base image $BASE_IMAGE: mmdebstrap $SUITE" >&2
+base_image() {  # base_image IMAGE PACKAGES: a minimal bookworm with PACKAGES, imported as IMAGE
+    [ "${BASE_REBUILD:-0}" = 1 ] || ! podman image exists "$1" || return 0
+    echo "base image $1: mmdebstrap $SUITE" >&2
     rm -f "$WORK/base.tar"
-    mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+    mmdebstrap --quiet --variant=minbase --include="$2" \
         --aptopt='Acquire::Languages "none"' \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
         "$SUITE" "$WORK/base.tar" \
         "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" "deb $SECURITY_MIRROR $SUITE-security main" \
         </dev/null
-    podman import --quiet --change 'CMD ["/bin/bash"]' "$WORK/base.tar" "$BASE_IMAGE" >/dev/null
+    podman import --quiet --change 'CMD ["/bin/bash"]' "$WORK/base.tar" "$1" >/dev/null
     rm -f "$WORK/base.tar"
-fi
+}
+base_image "$BASE_IMAGE" python3,python3-venv,ca-certificates
+base_image "$BUILD_BASE_IMAGE" python3,python3-venv,python3-dev,gcc,libc6-dev,ca-certificates
 
 # pip's settings as the host uses them (environment first, then pip's config files).
 pip_setting() {  # pip_setting ENV_NAME CONFIG_KEY
@@ -69,7 +74,7 @@ index_url=$(pip_setting PIP_INDEX_URL global.index-url)
 ca_bundle=$(pip_setting PIP_CERT global.cert)
 [ -n "$ca_bundle" ] || ca_bundle=/etc/ssl/certs/ca-certificates.crt
 
-build_args=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "PIP_INDEX_URL=${index_url:-https://pypi.org/simple}")
+build_args=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "BUILD_IMAGE=$BUILD_BASE_IMAGE" --build-arg "PIP_INDEX_URL=${index_url:-https://pypi.org/simple}")
 if [ -r "$ca_bundle" ]; then
     build_args+=(--volume "$(readlink -f "$ca_bundle"):/etc/ssl/certs/build-host-ca.crt:ro"
         --build-arg PIP_CERT=/etc/ssl/certs/build-host-ca.crt)

@@ -26,6 +26,8 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
+from shardstream import kernels
+
 from .message_buffers import message_buffers
 
 __all__ = ["empty_batch", "gather", "gather_arrow"]
@@ -176,7 +178,27 @@ def _runs(group: np.ndarray, row: np.ndarray) -> list[tuple[int, int]] | None:
 def _take_across(
     views: list[np.ndarray], addresses: np.ndarray, group: np.ndarray, row: np.ndarray, out: np.ndarray
 ) -> None:
-    """out[i] = views[group[i]][row[i]] with one numpy take a chunk of rows, whatever the row groups.
+    """out[i] = views[group[i]][row[i]] whatever the row groups: in C (shardstream/_kernels.c,
+    one memcpy a row with the GIL released) where it is built, else `_take_across_numpy`."""
+    native = kernels.native
+    if native is None:
+        _take_across_numpy(views, addresses, group, row, out)
+        return
+    lengths = np.array([len(v) for v in views], dtype=np.int64)
+    native.gather_rows(
+        out,
+        views[0].itemsize,
+        addresses,
+        lengths,
+        np.ascontiguousarray(group, dtype=np.int64),
+        np.ascontiguousarray(row, dtype=np.int64),
+    )
+
+
+def _take_across_numpy(
+    views: list[np.ndarray], addresses: np.ndarray, group: np.ndarray, row: np.ndarray, out: np.ndarray
+) -> None:
+    """`_take_across` with one numpy take a chunk of rows, whatever the row groups.
 
     The row groups' buffers lie anywhere in memory; one array of opaque items that starts at the
     lowest of them and steps ONE byte per item spans them all, so a row of any of them is one item

@@ -22,7 +22,7 @@ from prometheus_client import ProcessCollector, disable_created_metrics
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from shardstream import __version__
+from shardstream import __version__, kernels
 
 __all__ = [
     "BuildInfoCollector",
@@ -41,6 +41,7 @@ def build_info() -> dict[str, str]:
         "python": platform.python_version(),
         "pyarrow": pyarrow.__version__,
         "grpc": grpc.__version__,
+        "kernels": "native" if kernels.native is not None else "numpy",  # shardstream/kernels.py
     }
 
 
@@ -56,7 +57,7 @@ def register_build_info(registry: CollectorRegistry) -> None:
 
 
 class BuildInfoCollector(Collector):
-    """`shardstream_build_info{version, python, pyarrow, grpc} 1`."""
+    """`shardstream_build_info{version, python, pyarrow, grpc, kernels} 1`."""
 
     def __init__(self) -> None:
         self._info = build_info()
@@ -64,7 +65,7 @@ class BuildInfoCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(
             "shardstream_build_info",
-            "The versions this server runs (value 1): shardstream, Python, pyarrow, grpcio",
+            "The versions this server runs (value 1): shardstream, Python, pyarrow, grpcio; kernels native or numpy",
             labels=list(self._info),
         )
         family.add_metric(list(self._info.values()), 1.0)

@@ -56,6 +56,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from shardstream import kernels
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
 from ..backends.roots import open_registry
@@ -328,12 +329,13 @@ class Supervisor:
         self.health.started = True
         if first:
             log.info(
-                "serving on %s:%d with %d workers %s (metrics on %s)",
+                "serving on %s:%d with %d workers %s (metrics on %s; %s)",
                 self.cfg.host,
                 self.port,
                 len(pids),
                 pids,
                 self.metrics_port or "-",
+                kernels.describe(),
             )
         if self.cfg.ready_file:
             # The workers' own data ports (as bound: with --data-port 0 each took a free one)

@@ -33,7 +33,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from shardstream import __version__
+from shardstream import __version__, kernels
 from shardstream.errors import ShardstreamError
 
 from . import (
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=common.HelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"shardstream {__version__}")
+    p.add_argument("--version", action="version", version=f"shardstream {__version__} ({kernels.describe()})")
     common.add_global_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ingest_command.add_commands(sub)

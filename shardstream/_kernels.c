@@ -1,0 +1,250 @@
+/* shardstream._kernels: two hot loops of the data plane in C, with the GIL released.
+ *
+ * Each has a pure-numpy twin that gives the same result bit for bit and is used wherever this
+ * module is not built (shardstream/kernels.py says which runs; tests/test_kernels.py compares them):
+ *
+ *   feistel_walk  the keyed permutation's cycle walk (shardstream/order/permutation.py): every
+ *                 position of a shuffled epoch goes through it, 6 rounds of splitmix64 a walk step
+ *   gather_rows   out[i] = row row[i] of row group group[i], fixed-width rows
+ *                 (server/read/gather.py): the copy of every shuffled message
+ *
+ * No numpy C API: arguments are buffers (the buffer protocol), so building needs only a C compiler
+ * and Python's headers. Bounds are checked here as well as by the callers: a wrong index raises
+ * IndexError, never reads outside a row group.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ROUNDS 16
+
+static inline uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* One pass of the Feistel network over x[0:count], in place. The elements are independent, so the
+ * CPU overlaps their rounds; a walk step of one element at a time would wait on each multiply. */
+static void feistel_pass(uint64_t *x, Py_ssize_t count, int half, const uint64_t *keys, int rounds,
+                         int decrypt) {
+    const uint64_t mask = (1ULL << half) - 1; /* half <= 31: checked by feistel_walk */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t left = x[i] >> half, right = x[i] & mask, t;
+        if (!decrypt) {
+            for (int k = 0; k < rounds; k++) {
+                t = left ^ (mix(right ^ keys[k]) & mask);
+                left = right;
+                right = t;
+            }
+        } else {
+            for (int k = rounds - 1; k >= 0; k--) {
+                t = right ^ (mix(left ^ keys[k]) & mask);
+                right = left;
+                left = t;
+            }
+        }
+        x[i] = (left << half) | right;
+    }
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (itemsize > 1 && view->len % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", name,
+                     view->len, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(feistel_walk_doc,
+"feistel_walk(src, dst, n, half, keys, decrypt)\n--\n\n"
+"dst[i] = the keyed permutation of [0, n) at src[i] (its inverse if decrypt): a Feistel network of\n"
+"2*half bits with the round keys in `keys` (uint64 each), applied again while the result is >= n.\n"
+"src and dst are buffers of int64 of one length (they may be the same); every src[i] must lie in\n"
+"[0, n), else IndexError.");
+
+static PyObject *feistel_walk(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj, *keys_obj;
+    unsigned long long n;
+    int half, decrypt;
+    if (!PyArg_ParseTuple(args, "OOKiOp", &src_obj, &dst_obj, &n, &half, &keys_obj, &decrypt))
+        return NULL;
+    if (half < 1 || half > 31 || n > (1ULL << (2 * half))) {
+        PyErr_Format(PyExc_ValueError, "feistel_walk: half %d does not cover n %llu", half, n);
+        return NULL;
+    }
+    Py_buffer src, dst, keys;
+    if (get_buffer(src_obj, &src, 0, 8, "src") < 0)
+        return NULL;
+    if (get_buffer(dst_obj, &dst, 1, 8, "dst") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (get_buffer(keys_obj, &keys, 0, 8, "keys") < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t count = src.len / 8;
+    int rounds = (int)(keys.len / 8);
+    if (dst.len != src.len) {
+        PyErr_Format(PyExc_ValueError, "feistel_walk: src has %zd items, dst %zd", count, dst.len / 8);
+        goto done;
+    }
+    if (rounds < 1 || rounds > MAX_ROUNDS) {
+        PyErr_Format(PyExc_ValueError, "feistel_walk: %d round keys (1 to %d)", rounds, MAX_ROUNDS);
+        goto done;
+    }
+    uint64_t key[MAX_ROUNDS];
+    memcpy(key, keys.buf, (size_t)rounds * 8);
+    const int64_t *in = (const int64_t *)src.buf;
+    uint64_t *out = (uint64_t *)dst.buf;
+    Py_ssize_t bad = -1, *todo = NULL;
+    uint64_t *walk = NULL;
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (in[i] < 0 || (uint64_t)in[i] >= n) {
+            bad = i;
+            break;
+        }
+    }
+    if (bad < 0) {
+        memmove(out, in, (size_t)count * 8);
+        feistel_pass(out, count, half, key, rounds, decrypt);
+        /* the cycle walk: the results that left [0, n) go through again, all together each time */
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = 0; i < count; i++)
+            m += out[i] >= n;
+        if (m) {
+            todo = malloc((size_t)m * sizeof *todo);
+            walk = malloc((size_t)m * sizeof *walk);
+            if (!todo || !walk) {
+                nomem = 1;
+            } else {
+                m = 0;
+                for (Py_ssize_t i = 0; i < count; i++)
+                    if (out[i] >= n) {
+                        todo[m] = i;
+                        walk[m++] = out[i];
+                    }
+                while (m) {
+                    feistel_pass(walk, m, half, key, rounds, decrypt);
+                    Py_ssize_t left = 0;
+                    for (Py_ssize_t j = 0; j < m; j++) {
+                        if (walk[j] >= n) {
+                            todo[left] = todo[j];
+                            walk[left++] = walk[j];
+                        } else {
+                            out[todo[j]] = walk[j];
+                        }
+                    }
+                    m = left;
+                }
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(todo);
+    free(walk);
+    if (bad >= 0)
+        PyErr_Format(PyExc_IndexError, "positions must lie in [0, %llu): item %zd is %lld", n, bad,
+                     (long long)in[bad]);
+    else if (nomem)
+        PyErr_NoMemory();
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
+PyDoc_STRVAR(gather_rows_doc,
+"gather_rows(out, width, addresses, lengths, group, row)\n--\n\n"
+"Copies row row[i] of row group group[i] to out[i * width : (i + 1) * width] for every i. Row group\n"
+"g's rows lie at addresses[g], lengths[g] rows of `width` bytes, and must stay alive for the call.\n"
+"addresses, lengths, group and row are buffers of int64; out is writable, len(group) * width bytes.\n"
+"A group or row out of range raises IndexError (out may then be partly written).");
+
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    PyObject *out_obj, *addr_obj, *len_obj, *group_obj, *row_obj;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "OnOOOO", &out_obj, &width, &addr_obj, &len_obj, &group_obj, &row_obj))
+        return NULL;
+    if (width < 1) {
+        PyErr_Format(PyExc_ValueError, "gather_rows: width must be >= 1, got %zd", width);
+        return NULL;
+    }
+    Py_buffer bufs[5];
+    PyObject *objs[5] = {out_obj, addr_obj, len_obj, group_obj, row_obj};
+    const char *names[5] = {"out", "addresses", "lengths", "group", "row"};
+    int got = 0;
+    for (; got < 5; got++)
+        if (get_buffer(objs[got], &bufs[got], got == 0, got == 0 ? 1 : 8, names[got]) < 0)
+            break;
+    PyObject *result = NULL;
+    if (got < 5)
+        goto done;
+    Py_ssize_t groups = bufs[1].len / 8, n = bufs[3].len / 8;
+    if (bufs[2].len != bufs[1].len || bufs[4].len != bufs[3].len) {
+        PyErr_SetString(PyExc_ValueError, "gather_rows: addresses/lengths or group/row differ in length");
+        goto done;
+    }
+    if (n > PY_SSIZE_T_MAX / width || bufs[0].len != n * width) {
+        PyErr_Format(PyExc_ValueError, "gather_rows: out has %zd bytes, %zd rows of %zd need %zd",
+                     bufs[0].len, n, width, n * width);
+        goto done;
+    }
+    char *out = (char *)bufs[0].buf;
+    const int64_t *addr = (const int64_t *)bufs[1].buf, *len = (const int64_t *)bufs[2].buf;
+    const int64_t *group = (const int64_t *)bufs[3].buf, *row = (const int64_t *)bufs[4].buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t g = group[i], r = row[i];
+        if (g < 0 || g >= groups || r < 0 || r >= len[g]) {
+            bad = i;
+            break;
+        }
+        if (i + 4 < n) { /* rows of a shuffled message lie anywhere: ask for one a few rows ahead */
+            int64_t g4 = group[i + 4], r4 = row[i + 4];
+            if (g4 >= 0 && g4 < groups)
+                __builtin_prefetch((const char *)(intptr_t)addr[g4] + r4 * width);
+        }
+        memcpy(out + i * width, (const char *)(intptr_t)addr[g] + r * width, (size_t)width);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0)
+        PyErr_Format(PyExc_IndexError, "gather_rows: item %zd asks for row %lld of row group %lld", bad,
+                     (long long)row[bad], (long long)group[bad]);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&bufs[i]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"feistel_walk", feistel_walk, METH_VARARGS, feistel_walk_doc},
+    {"gather_rows", gather_rows, METH_VARARGS, gather_rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "shardstream._kernels",
+    "The data plane's hot loops in C (see shardstream/kernels.py).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,42 @@
+"""Which implementation of the data plane's hot loops runs: C (shardstream/_kernels.c) or numpy.
+
+Two loops cost the most CPU per shuffled message and are pure arithmetic or copies, so they have a
+C twin, built by the ordinary install when a C compiler is there (pyproject.toml, `ext-modules`,
+optional):
+
+    feistel_walk  the keyed permutation of every shuffled position (order/permutation.py)
+    gather_rows   the copy of a shuffled message's fixed-width rows (server/read/gather.py)
+
+Each caller keeps its numpy version, which gives the same result bit for bit
+(tests/test_kernels.py) and runs where the module was not built or SHARDSTREAM_NATIVE=0 is set.
+Callers read `native` at call time, so a test can switch it off.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["describe", "native"]
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get("SHARDSTREAM_NATIVE", "1") == "0":
+        return None
+    try:
+        from shardstream import _kernels
+    except ImportError:
+        return None
+    return _kernels
+
+
+native: ModuleType | None = _load()
+
+
+def describe() -> str:
+    """One phrase for --version and the server's start line."""
+    if native is not None:
+        return "native kernels"
+    if os.environ.get("SHARDSTREAM_NATIVE", "1") == "0":
+        return "numpy kernels (SHARDSTREAM_NATIVE=0)"
+    return "numpy kernels (shardstream._kernels not built: no C compiler at install)"
