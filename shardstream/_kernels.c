@@ -28,27 +28,45 @@ static inline uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
     return x ^ (x >> 31);
 }
 
-/* One pass of the Feistel network over x[0:count], in place. The elements are independent, so the
- * CPU overlaps their rounds; a walk step of one element at a time would wait on each multiply. */
+/* One pass of the Feistel network over x[0:count], in place, a block of elements at a time with
+ * their halves in two arrays: every round is then one loop over independent elements, which the
+ * compiler vectorizes (8 lanes with AVX-512's 64-bit multiply: ~2.3x the same rounds one element
+ * at a time, measured). GCC on x86-64 compiles it for three targets and picks one at load time. */
+#define BLOCK 256
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default")))
+#endif
 static void feistel_pass(uint64_t *x, Py_ssize_t count, int half, const uint64_t *keys, int rounds,
                          int decrypt) {
     const uint64_t mask = (1ULL << half) - 1; /* half <= 31: checked by feistel_walk */
-    for (Py_ssize_t i = 0; i < count; i++) {
-        uint64_t left = x[i] >> half, right = x[i] & mask, t;
+    uint64_t left[BLOCK], right[BLOCK];
+    for (Py_ssize_t at = 0; at < count; at += BLOCK) {
+        Py_ssize_t m = count - at < BLOCK ? count - at : BLOCK;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            left[i] = x[at + i] >> half;
+            right[i] = x[at + i] & mask;
+        }
         if (!decrypt) {
             for (int k = 0; k < rounds; k++) {
-                t = left ^ (mix(right ^ keys[k]) & mask);
-                left = right;
-                right = t;
+                const uint64_t key = keys[k];
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    uint64_t t = left[i] ^ (mix(right[i] ^ key) & mask);
+                    left[i] = right[i];
+                    right[i] = t;
+                }
             }
         } else {
             for (int k = rounds - 1; k >= 0; k--) {
-                t = right ^ (mix(left ^ keys[k]) & mask);
-                right = left;
-                left = t;
+                const uint64_t key = keys[k];
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    uint64_t t = right[i] ^ (mix(left[i] ^ key) & mask);
+                    right[i] = left[i];
+                    left[i] = t;
+                }
             }
         }
-        x[i] = (left << half) | right;
+        for (Py_ssize_t i = 0; i < m; i++)
+            x[at + i] = (left[i] << half) | right[i];
     }
 }
 
