@@ -33,6 +33,29 @@ def test_every_mode_is_a_permutation_of_the_rows(groups, mode, window, seed, epo
 
 
 @settings(max_examples=150, deadline=None)
+@given(
+    groups=layouts,
+    mode=st.sampled_from(sorted(SHUFFLES)),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 2**32),
+    data=st.data(),
+)
+def test_a_position_maps_alone_as_in_any_array(groups, mode, window, seed, data) -> None:  # type: ignore[no-untyped-def]
+    """An order maps each position as it would alone, whatever else the array holds and in what
+    order: in order (block mode: a slice a run of one window), shuffled or repeated (masks a window)."""
+    loc = RowLocator(groups)
+    n = loc.num_rows
+    if not n:
+        return
+    order = SHUFFLES[mode](loc.block_sizes, b"key-%d" % seed, window)
+    alone = np.array([int(order(np.array([p]))[0]) for p in range(n)])
+    assert np.array_equal(order(np.arange(n)), alone)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32)))
+    mixed = rng.integers(0, n, int(rng.integers(1, 3 * n + 2)))
+    assert np.array_equal(order(mixed), alone[mixed])
+
+
+@settings(max_examples=150, deadline=None)
 @given(groups=layouts, window=st.integers(1, 6), seed=st.integers(0, 2**32))
 def test_block_windows_are_runs_of_whole_blocks(groups, window, seed) -> None:  # type: ignore[no-untyped-def]
     loc = RowLocator(groups)

@@ -40,15 +40,33 @@ class BlockOrder:
         p = np.asarray(positions, dtype=np.int64)
         if p.size and (p.min() < 0 or p.max() >= self.num_rows):
             raise IndexError(f"positions must lie in [0, {self.num_rows})")
+        if not p.size:
+            return p.copy()
         win = self._windows.index(p)
         mixed = np.empty_like(p)
-        for w in np.unique(win):
-            sel = win == w
-            start, end = int(self._window_start[w]), int(self._window_start[w + 1])
-            perm = KeyedPermutation(end - start, derive_key(self._key.hex(), "window", int(w)))
-            mixed[sel] = start + perm(p[sel] - start)
+        cuts = np.flatnonzero(win[1:] != win[:-1]) + 1
+        if len(cuts) < _MAX_RUNS:
+            # runs of positions in one window (a rank's positions in order cross a few): a slice each,
+            # no mask over all positions a window (np.unique alone was ~40% of a 16,384-position call)
+            bounds = [0, *cuts.tolist(), len(p)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                start, perm = self._window(int(win[a]))
+                mixed[a:b] = start + perm(p[a:b] - start)
+        else:
+            for w in np.unique(win):
+                sel = win == w
+                start, perm = self._window(int(w))
+                mixed[sel] = start + perm(p[sel] - start)
         slot = self._slots.index(mixed)
         return self._block_start[self._slot_block[slot]] + (mixed - self._slot_start[slot])
+
+    def _window(self, w: int) -> tuple[int, KeyedPermutation]:
+        """Window w's first position and the permutation of its samples."""
+        start, end = int(self._window_start[w]), int(self._window_start[w + 1])
+        return start, KeyedPermutation(end - start, derive_key(self._key.hex(), "window", w))
+
+
+_MAX_RUNS = 64  # past this many runs of one window, positions are grouped by window with masks
 
 
 def block_order(block_sizes: np.ndarray, key: bytes, window: int) -> BlockOrder:
