@@ -1,7 +1,8 @@
 """One message's build, in process: CPU per message and per GB of `MessageBuilder.stream`, by shuffle mode.
 
     python -m loadtest.build_bench [--mib 128] [--batch-mib 2] [--epochs 2] [--rounds 5]
-                                   [--modes none block full] [--previous] [--profile MODE] [--json PATH]
+                                   [--modes none block full] [--previous] [--numpy] [--profile MODE]
+                                   [--json PATH]
 
 No server, no Flight: the read plan of one rank (world size 1) over `loadtest.bench`'s dataset
 (`id` int64 + `vec` fixed_size_list<float32>[256], 1,032 B/row, row groups of two batches), its
@@ -14,8 +15,10 @@ alternating over the modes.
 `--previous`: each round also builds every mode with the build path before issue #26 (`previous()`:
 Arrow's gather, a fetch-pool round trip per row group, provenance appended to a table, IPC sizing
 with a stream writer, each message's samples selected through the order alone), alternating with today's, and reports the ratio today / previous per round.
+`--numpy`: each round also builds every mode with today's path on the numpy kernels instead of the C
+ones (shardstream/kernels.py: the permutation and the shuffled gather), alternating, as a ratio.
 `--profile MODE`: cProfile of one epoch of that mode, the top functions by own time, per message
-(with --previous, of both paths). Figures only; it exits 0.
+(with --previous or --numpy, of each path). Figures only; it exits 0.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import pyarrow as pa
 from loadtest.bench import ROW_BYTES, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.previous_build import no_runs, previous_ipc_size, previous_take
+from shardstream import kernels
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import build as build_module
 from shardstream.server.read import reader as reader_module
@@ -50,7 +54,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 __all__ = ["main", "run"]
 
 MODES = ("none", "block", "full")
-CURRENT, PREVIOUS = "current", "previous"
+CURRENT, PREVIOUS, NUMPY = "current", "previous", "numpy"
 
 
 @contextlib.contextmanager
@@ -111,6 +115,21 @@ def _profile(planner: ReadPlanner, builder: MessageBuilder, mode: str, batch_row
     return out.getvalue()
 
 
+@contextlib.contextmanager
+def numpy_kernels() -> Iterator[None]:
+    """Today's build path on the numpy kernels, while inside."""
+    native = kernels.native
+    kernels.native = None
+    try:
+        yield
+    finally:
+        kernels.native = native
+
+
+def _path(path: str) -> contextlib.AbstractContextManager[None]:
+    return {PREVIOUS: previous, NUMPY: numpy_kernels}.get(path, contextlib.nullcontext)()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     pa.set_memory_pool(pa.jemalloc_memory_pool())  # as server/lifecycle.py sets it
     pa.jemalloc_set_decay_ms(0)
@@ -125,12 +144,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             builder = MessageBuilder()
             for mode in args.modes:  # warm-up: the row groups into the cache
                 _epochs(planner, builder, mode, layout.batch_rows, 1)
-            paths = (CURRENT, PREVIOUS) if args.previous else (CURRENT,)
+            others = [p for p, on in ((PREVIOUS, args.previous), (NUMPY, args.numpy)) if on]
+            paths = (CURRENT, *others)
             for r in range(args.rounds):
                 order = args.modes if r % 2 == 0 else args.modes[::-1]
                 for mode in order:
                     for path in paths if r % 2 == 0 else paths[::-1]:
-                        with previous() if path == PREVIOUS else contextlib.nullcontext():
+                        with _path(path):
                             c0 = time.process_time()
                             messages, rows = _epochs(planner, builder, mode, layout.batch_rows, args.epochs)
                             cpu = time.process_time() - c0
@@ -145,22 +165,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
             for mode in args.profile or ():
                 for path in paths:
-                    with previous() if path == PREVIOUS else contextlib.nullcontext():
+                    with _path(path):
                         profiles[f"{mode} {path}"] = _profile(planner, builder, mode, layout.batch_rows, args.top)
     summary: dict[str, Any] = {}
     for mode in args.modes:
-        for path in (CURRENT, PREVIOUS) if args.previous else (CURRENT,):
+        for path in paths:
             ps = [p for p in passes if p["mode"] == mode and p["path"] == path]
             summary[f"{mode} {path}"] = {m: spread([p[m] for p in ps]) for m in ("us_per_message", "cpu_s_per_gb")}
-        if args.previous:
-            cur = [p for p in passes if p["mode"] == mode and p["path"] == CURRENT]
-            prev = [p for p in passes if p["mode"] == mode and p["path"] == PREVIOUS]
-            summary[f"{mode} current/previous"] = {
-                "cpu_ratio": spread([a["cpu_s"] / b["cpu_s"] for a, b in zip(cur, prev, strict=True)])
+        cur = [p for p in passes if p["mode"] == mode and p["path"] == CURRENT]
+        for other in others:
+            then = [p for p in passes if p["mode"] == mode and p["path"] == other]
+            summary[f"{mode} current/{other}"] = {
+                "cpu_ratio": spread([a["cpu_s"] / b["cpu_s"] for a, b in zip(cur, then, strict=True)])
             }
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.build_bench", *sys.argv[1:]]),
-        "config": {"previous": args.previous, "mib": args.mib, "batch_rows": layout.batch_rows, "row_group_rows": layout.row_group_rows,
+        "config": {"previous": args.previous, "numpy": args.numpy, "kernels": kernels.describe(), "mib": args.mib, "batch_rows": layout.batch_rows, "row_group_rows": layout.row_group_rows,
                    "epochs_per_pass": args.epochs, "rounds": args.rounds, "arrow_pool": "jemalloc, decay 0"},
         "versions": versions("shardstream"),
         "passes": passes,
@@ -200,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument(
         "--previous", action="store_true", help="also the build path before issue #26, alternating, as a ratio"
+    )
+    ap.add_argument(
+        "--numpy", action="store_true", help="also today's path on the numpy kernels, alternating, as a ratio"
     )
     ap.add_argument("--profile", nargs="*", choices=MODES, help="cProfile one epoch of these modes")
     ap.add_argument("--top", type=int, default=18, help="functions listed per profile (default 18)")

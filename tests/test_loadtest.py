@@ -98,13 +98,14 @@ def test_s3_root_for_a_fixed_number_of_batches(s3_root: str, s3_env: dict[str, s
     assert res["total"]["storage_fetched_bytes"] > 0  # read over S3
 
 
-def test_the_build_benchmark_runs_both_build_paths(tmp_path: Path) -> None:
-    """`loadtest.build_bench --previous` (issue #26's same-run comparison) on a tiny dataset: the
-    previous build path still runs against today's reader and builds the same messages' rows."""
+def test_the_build_benchmark_runs_every_build_path(tmp_path: Path) -> None:
+    """`loadtest.build_bench --previous --numpy` (issue #26's same-run comparisons) on a tiny
+    dataset: the previous build path still runs against today's reader, today's runs on the numpy
+    kernels too, and all build the same messages' rows."""
     out = tmp_path / "bb.json"
     subprocess.run(
         [sys.executable, "-m", "loadtest.build_bench", "--mib", "4", "--epochs", "1", "--rounds", "1",
-         "--previous", "--json", str(out)],
+         "--previous", "--numpy", "--json", str(out)],
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -113,6 +114,7 @@ def test_the_build_benchmark_runs_both_build_paths(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     for mode in ("none", "block", "full"):
         passes = {p["path"]: p for p in res["passes"] if p["mode"] == mode}
-        assert set(passes) == {"current", "previous"}
-        assert passes["current"]["rows"] == passes["previous"]["rows"] > 0
-        assert f"{mode} current/previous" in res["summary"]
+        assert set(passes) == {"current", "previous", "numpy"}
+        assert passes["current"]["rows"] == passes["previous"]["rows"] == passes["numpy"]["rows"] > 0
+        assert {f"{mode} current/previous", f"{mode} current/numpy"} <= set(res["summary"])
+    assert res["config"]["kernels"] == "native kernels"
