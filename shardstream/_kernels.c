@@ -254,9 +254,173 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(locate_rows_doc,
+"locate_rows(stored, starts, step, group_shard, shard_starts, group, shard, row_in_shard, row_in_group)\n--\n\n"
+"For each stored row index v: its row group g (the last of `starts` <= v: v // step where the row\n"
+"groups are of one size, step > 0, else a binary search), g's shard, v's row in that shard and in g.\n"
+"starts: int64, the row groups' first rows and the end (len groups + 1); group_shard: int32;\n"
+"shard_starts: int64. Out: group int64, shard int32, row_in_shard and row_in_group int64, each as long\n"
+"as stored. A row outside [starts[0], starts[-1]) raises IndexError.");
+
+static Py_ssize_t upper_bound(const int64_t *a, Py_ssize_t n, int64_t v) { /* first i with a[i] > v */
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (a[mid] <= v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static PyObject *locate_rows(PyObject *self, PyObject *args) {
+    PyObject *objs[8];
+    long long step;
+    if (!PyArg_ParseTuple(args, "OOLOOOOOO", &objs[0], &objs[1], &step, &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &objs[7]))
+        return NULL;
+    static const char *names[8] = {"stored", "starts", "group_shard", "shard_starts",
+                                   "group", "shard", "row_in_shard", "row_in_group"};
+    static const Py_ssize_t sizes[8] = {8, 8, 4, 8, 8, 4, 8, 8};
+    Py_buffer b[8];
+    int got = 0;
+    for (; got < 8; got++)
+        if (get_buffer(objs[got], &b[got], got >= 4, sizes[got], names[got]) < 0)
+            break;
+    PyObject *result = NULL;
+    if (got < 8)
+        goto done;
+    Py_ssize_t n = b[0].len / 8, nstarts = b[1].len / 8, groups = nstarts - 1, shards = b[3].len / 8;
+    if (groups < 1 || b[2].len / 4 != groups) {
+        PyErr_SetString(PyExc_ValueError, "locate_rows: starts needs one entry per row group and the end");
+        goto done;
+    }
+    for (int i = 4; i < 8; i++)
+        if (b[i].len / sizes[i] != n) {
+            PyErr_Format(PyExc_ValueError, "locate_rows: %s has %zd items, stored %zd", names[i],
+                         b[i].len / sizes[i], n);
+            goto done;
+        }
+    const int64_t *v = b[0].buf, *starts = b[1].buf, *shard_starts = b[3].buf;
+    const int32_t *group_shard = b[2].buf;
+    int64_t *g_out = b[4].buf, *ris = b[6].buf, *rig = b[7].buf;
+    int32_t *s_out = b[5].buf;
+    const int64_t first = starts[0], end = starts[groups];
+    Py_ssize_t bad = -1;
+    int bad_shard = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t r = v[i];
+        if (r < first || r >= end) {
+            bad = i;
+            break;
+        }
+        Py_ssize_t g;
+        if (step > 0) {
+            g = (Py_ssize_t)((r - first) / step);
+            if (g > groups - 1)
+                g = groups - 1;
+        } else {
+            g = upper_bound(starts, nstarts, r) - 1;
+        }
+        int32_t s = group_shard[g];
+        if (s < 0 || s >= shards) {
+            bad = i, bad_shard = 1;
+            break;
+        }
+        g_out[i] = g;
+        s_out[i] = s;
+        ris[i] = r - shard_starts[s];
+        rig[i] = r - starts[g];
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0 && bad_shard)
+        PyErr_Format(PyExc_ValueError, "locate_rows: a row group's shard is not in shard_starts");
+    else if (bad >= 0)
+        PyErr_Format(PyExc_IndexError, "locate_rows: row %lld is outside [%lld, %lld)", (long long)v[bad],
+                     (long long)first, (long long)end);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&b[i]);
+    return result;
+}
+
+PyDoc_STRVAR(unique_groups_doc,
+"unique_groups(group, groups, unique, inverse) -> count\n--\n\n"
+"np.unique(group, return_inverse=True) for values in [0, groups): the distinct values, ascending, go\n"
+"to unique[:count] and each value's index among them to inverse. group, unique and inverse are int64\n"
+"(unique at least as long as the values, inverse as long). A value outside [0, groups) raises IndexError.");
+
+static PyObject *unique_groups(PyObject *self, PyObject *args) {
+    PyObject *g_obj, *u_obj, *inv_obj;
+    Py_ssize_t groups;
+    if (!PyArg_ParseTuple(args, "OnOO", &g_obj, &groups, &u_obj, &inv_obj))
+        return NULL;
+    Py_buffer g, u, inv;
+    if (get_buffer(g_obj, &g, 0, 8, "group") < 0)
+        return NULL;
+    if (get_buffer(u_obj, &u, 1, 8, "unique") < 0) {
+        PyBuffer_Release(&g);
+        return NULL;
+    }
+    if (get_buffer(inv_obj, &inv, 1, 8, "inverse") < 0) {
+        PyBuffer_Release(&g);
+        PyBuffer_Release(&u);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = g.len / 8, count = 0, bad = -1;
+    if (groups < 0 || inv.len != g.len || u.len < g.len) {
+        PyErr_SetString(PyExc_ValueError, "unique_groups: unique and inverse must be as long as group");
+        goto done;
+    }
+    int64_t *slot = malloc((size_t)(groups ? groups : 1) * sizeof *slot);
+    if (!slot) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *in = g.buf;
+    int64_t *uniq = u.buf, *out = inv.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < groups; k++)
+        slot[k] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (in[i] < 0 || in[i] >= groups) {
+            bad = i;
+            break;
+        }
+        slot[in[i]] = 0;
+    }
+    if (bad < 0) {
+        for (Py_ssize_t k = 0; k < groups; k++)
+            if (slot[k] == 0) {
+                slot[k] = count;
+                uniq[count++] = k;
+            }
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = slot[in[i]];
+    }
+    Py_END_ALLOW_THREADS
+    free(slot);
+    if (bad >= 0)
+        PyErr_Format(PyExc_IndexError, "unique_groups: value %lld is outside [0, %zd)", (long long)in[bad], groups);
+    else
+        result = PyLong_FromSsize_t(count);
+done:
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&u);
+    PyBuffer_Release(&inv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"feistel_walk", feistel_walk, METH_VARARGS, feistel_walk_doc},
     {"gather_rows", gather_rows, METH_VARARGS, gather_rows_doc},
+    {"locate_rows", locate_rows, METH_VARARGS, locate_rows_doc},
+    {"unique_groups", unique_groups, METH_VARARGS, unique_groups_doc},
     {NULL, NULL, 0, NULL},
 };
 

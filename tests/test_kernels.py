@@ -5,6 +5,8 @@
   inverse undoing the permutation;
 - `gather_rows` against `gather._take_across_numpy`: row widths of 1 byte to 4 KiB, 1 to 40 row
   groups of random lengths, random rows;
+- `locate_rows` and `unique_groups` against `RowLocator.locate_groups` and `reader._unique` on
+  numpy (and np.unique): layouts of row groups of one size and of any sizes, empty ones, masks;
 - a whole shuffled stream (block and full, with provenance) built with each, `Message.wire()`
   compared;
 - wrong input is an error, never a read outside a row group.
@@ -26,8 +28,10 @@ import pytest
 
 from shardstream import kernels
 from shardstream.order.permutation import KeyedPermutation
+from shardstream.order.read_order import RowLocator
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read import gather as gather_module
+from shardstream.server.read import reader as reader_module
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
@@ -137,6 +141,61 @@ def test_the_gather_never_reads_outside_a_row_group() -> None:
         native.gather_rows(out, 8, addresses, lengths[:2], np.zeros(2, np.int64), np.zeros(2, np.int64))
     with pytest.raises(ValueError, match="width"):
         native.gather_rows(out, 0, addresses, lengths, np.zeros(2, np.int64), np.zeros(2, np.int64))
+
+
+def _layout(rng: np.random.Generator) -> list[list[int]]:
+    """Shards of row groups: one size (the division), or any sizes (the binary search), empties too."""
+    size = int(rng.integers(1, 50))
+    uniform = rng.random() < 0.5
+    return [
+        [size if uniform else int(rng.integers(0, 60)) for _ in range(int(rng.integers(0, 6)))]
+        for _ in range(int(rng.integers(1, 6)))
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_locating_rows_is_the_numpy_locate(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    groups = _layout(rng)
+    masked = None
+    if rng.random() < 0.3 and sum(map(sum, groups)) > 2:  # a drop_rows version: rows of the files skipped
+        masked = [[(0, min(2, sum(groups[0])))] if sum(groups[0]) else [] for _ in groups[:1]] + [
+            [] for _ in groups[1:]
+        ]
+    loc = RowLocator(groups, masked)
+    if not loc.num_rows:
+        return
+    rows = rng.integers(0, loc.num_rows, int(rng.integers(1, 500)))
+    if rng.random() < 0.3:
+        rows = np.arange(loc.num_rows)
+    got = loc.locate_groups(rows)
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "native", None)
+        want = loc.locate_groups(rows)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b), (groups, masked)
+    g = got[0]
+    unique, inverse = reader_module._unique(g, loc.num_groups)
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "native", None)
+        want_unique, want_inverse = reader_module._unique(g, loc.num_groups)
+    np_unique, np_inverse = np.unique(g, return_inverse=True)
+    for a, b in ((unique, want_unique), (unique, np_unique), (inverse, want_inverse), (inverse, np_inverse)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_locating_checks_its_rows() -> None:
+    loc = RowLocator([[10, 10], [5]])
+    starts, shard_of, shard_starts = loc._group_starts, loc._group_shard, loc._shard_starts
+    outs = [np.empty(2, np.int64), np.empty(2, np.int32), np.empty(2, np.int64), np.empty(2, np.int64)]
+    with pytest.raises(IndexError, match=r"row 25 is outside \[0, 25\)"):
+        native.locate_rows(np.array([3, 25]), starts, 0, shard_of, shard_starts, *outs)
+    with pytest.raises(ValueError, match="stored 3"):
+        native.locate_rows(np.array([3, 4, 5]), starts, 0, shard_of, shard_starts, *outs)
+    with pytest.raises(IndexError, match="value 7 is outside"):
+        native.unique_groups(np.array([1, 7]), 3, np.empty(2, np.int64), np.empty(2, np.int64))
+    with pytest.raises(ValueError, match="as long as"):
+        native.unique_groups(np.array([1, 2]), 3, np.empty(1, np.int64), np.empty(2, np.int64))
 
 
 @pytest.fixture(scope="module")

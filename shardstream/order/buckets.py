@@ -20,22 +20,22 @@ class Buckets:
     def __init__(self, starts: np.ndarray) -> None:
         self.starts = np.asarray(starts, dtype=np.int64)
         s = self.starts
-        self._step = 0  # > 0: s[i] = s[0] + i * step for every i but the last, and s[-1] > s[-2]
+        self.step = 0  # > 0: s[i] = s[0] + i * step for every i but the last, and s[-1] > s[-2]
         if len(s) >= 2:
             step = int(s[1] - s[0])
             if step > 0 and int(s[-1]) > int(s[-2]) and (len(s) == 2 or (np.diff(s[:-1]) == step).all()):
-                self._step = step
+                self.step = step
 
     def index(self, values: np.ndarray) -> np.ndarray:
         """The index of the last start <= each value (-1 before the first), as intp."""
         s = self.starts
-        if not self._step:
+        if not self.step:
             return np.searchsorted(s, values, side="right") - 1
         v = np.asarray(values, dtype=np.int64)
         last = len(s) - 1
         # evenly spaced up to s[-2]; values at or past s[-1] are in the last bucket, those before
         # s[0] in none (-1): exactly what the search gives
-        i = np.minimum((v - s[0]) // self._step, last - 1)
+        i = np.minimum((v - s[0]) // self.step, last - 1)
         i += v >= s[last]
         np.maximum(i, -1, out=i)
         return i.astype(np.intp, copy=False)

@@ -26,6 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
+from shardstream import kernels
 from shardstream.errors import InvalidArgumentError
 from shardstream.order.buckets import Buckets
 from shardstream.order.permutation import derive_key
@@ -179,6 +180,17 @@ class RowLocator:
         """(row group, shard, row in shard, row in row group) for each dataset row, the row group
         as its index among the dataset's non-empty row groups in storage order (`group_place`)."""
         rows = self.stored(rows)
+        native = kernels.native
+        if native is not None and len(rows) and len(self._group_shard):
+            # one pass in C (shardstream/_kernels.c) for the four arrays numpy makes in ~8 calls
+            n = len(rows)
+            g, shard = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32)
+            in_shard, in_group = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+            native.locate_rows(
+                np.ascontiguousarray(rows, dtype=np.int64), self._group_starts, self._groups.step,
+                self._group_shard, self._shard_starts, g, shard, in_shard, in_group,
+            )  # fmt: skip
+            return g, shard, in_shard, in_group
         g = self._groups.index(rows)
         shard = self._group_shard[g]
         return g, shard, rows - self._shard_starts[shard], rows - self._group_starts[g]
