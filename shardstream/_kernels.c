@@ -1,4 +1,4 @@
-/* shardstream._kernels: two hot loops of the data plane in C, with the GIL released.
+/* shardstream._kernels: the hot loops of a shuffled message's build in C, with the GIL released.
  *
  * Each has a pure-numpy twin that gives the same result bit for bit and is used wherever this
  * module is not built (shardstream/kernels.py says which runs; tests/test_kernels.py compares them):
@@ -7,6 +7,8 @@
  *                 position of a shuffled epoch goes through it, 6 rounds of splitmix64 a walk step
  *   gather_rows   out[i] = row row[i] of row group group[i], fixed-width rows
  *                 (server/read/gather.py): the copy of every shuffled message
+ *   locate_rows   each stored row's row group, shard and place in both (order/read_order.py)
+ *   unique_groups np.unique(return_inverse=True) of a message's row groups (server/read/reader.py)
  *
  * No numpy C API: arguments are buffers (the buffer protocol), so building needs only a C compiler
  * and Python's headers. Bounds are checked here as well as by the callers: a wrong index raises

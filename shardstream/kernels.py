@@ -1,11 +1,13 @@
 """Which implementation of the data plane's hot loops runs: C (shardstream/_kernels.c) or numpy.
 
-Two loops cost the most CPU per shuffled message and are pure arithmetic or copies, so they have a
-C twin, built by the ordinary install when a C compiler is there (pyproject.toml, `ext-modules`,
+The loops that cost the most CPU per shuffled message and are pure arithmetic or copies have a C
+twin, built by the ordinary install when a C compiler is there (pyproject.toml, `ext-modules`,
 optional):
 
-    feistel_walk  the keyed permutation of every shuffled position (order/permutation.py)
-    gather_rows   the copy of a shuffled message's fixed-width rows (server/read/gather.py)
+    feistel_walk   the keyed permutation of every shuffled position (order/permutation.py)
+    gather_rows    the copy of a shuffled message's fixed-width rows (server/read/gather.py)
+    locate_rows    each row's row group, shard and place in both (order/read_order.py)
+    unique_groups  a message's row groups and each row's index among them (server/read/reader.py)
 
 Each caller keeps its numpy version, which gives the same result bit for bit
 (tests/test_kernels.py) and runs where the module was not built or SHARDSTREAM_NATIVE=0 is set.
