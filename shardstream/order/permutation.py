@@ -9,7 +9,7 @@ rounds on average, whatever n is: position -> index is O(1) time and memory, and
 Round keys come from blake2b over the caller's key bytes, so the permutation is the same in every
 process and on every machine (no Python hash seed, no global RNG state).
 
-The walk runs in C where shardstream._kernels is built (shardstream/kernels.py), ~2x faster than
+The walk runs in C where shardstream._kernels is built (shardstream/kernels.py), ~4x faster than
 numpy with the GIL released; `_walk_numpy` is its twin, the same result bit for bit
 (tests/test_kernels.py).
 """
