@@ -84,6 +84,23 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t i
     return 0;
 }
 
+static void release_buffers(Py_buffer *views, int n) {
+    for (int i = 0; i < n; i++)
+        PyBuffer_Release(&views[i]);
+}
+
+/* The buffers of objs[0:n], C-contiguous, of whole items of itemsizes[i] bytes, writable from index
+ * `first_out` on: 0, or -1 with an exception set and none held. */
+static int get_buffers(PyObject *const *objs, Py_buffer *views, int n, int first_out, const Py_ssize_t *itemsizes,
+                       const char *const *names) {
+    for (int i = 0; i < n; i++)
+        if (get_buffer(objs[i], &views[i], i >= first_out, itemsizes[i], names[i]) < 0) {
+            release_buffers(views, i);
+            return -1;
+        }
+    return 0;
+}
+
 PyDoc_STRVAR(feistel_walk_doc,
 "feistel_walk(src, dst, n, half, keys, decrypt)\n--\n\n"
 "dst[i] = the keyed permutation of [0, n) at src[i] (its inverse if decrypt): a Feistel network of\n"
@@ -92,27 +109,21 @@ PyDoc_STRVAR(feistel_walk_doc,
 "[0, n), else IndexError.");
 
 static PyObject *feistel_walk(PyObject *self, PyObject *args) {
-    PyObject *src_obj, *dst_obj, *keys_obj;
+    PyObject *objs[3]; /* src, keys, dst */
     unsigned long long n;
     int half, decrypt;
-    if (!PyArg_ParseTuple(args, "OOKiOp", &src_obj, &dst_obj, &n, &half, &keys_obj, &decrypt))
+    if (!PyArg_ParseTuple(args, "OOKiOp", &objs[0], &objs[2], &n, &half, &objs[1], &decrypt))
         return NULL;
     if (half < 1 || half > 31 || n > (1ULL << (2 * half))) {
         PyErr_Format(PyExc_ValueError, "feistel_walk: half %d does not cover n %llu", half, n);
         return NULL;
     }
-    Py_buffer src, dst, keys;
-    if (get_buffer(src_obj, &src, 0, 8, "src") < 0)
+    static const char *const names[3] = {"src", "keys", "dst"};
+    static const Py_ssize_t sizes[3] = {8, 8, 8};
+    Py_buffer b[3];
+    if (get_buffers(objs, b, 3, 2, sizes, names) < 0)
         return NULL;
-    if (get_buffer(dst_obj, &dst, 1, 8, "dst") < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    if (get_buffer(keys_obj, &keys, 0, 8, "keys") < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
+    Py_buffer src = b[0], keys = b[1], dst = b[2];
     PyObject *result = NULL;
     Py_ssize_t count = src.len / 8;
     int rounds = (int)(keys.len / 8);
@@ -184,9 +195,7 @@ static PyObject *feistel_walk(PyObject *self, PyObject *args) {
     else
         result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&keys);
+    release_buffers(b, 3);
     return result;
 }
 
@@ -198,37 +207,33 @@ PyDoc_STRVAR(gather_rows_doc,
 "A group or row out of range raises IndexError (out may then be partly written).");
 
 static PyObject *gather_rows(PyObject *self, PyObject *args) {
-    PyObject *out_obj, *addr_obj, *len_obj, *group_obj, *row_obj;
+    PyObject *objs[5]; /* addresses, lengths, group, row, out */
     Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "OnOOOO", &out_obj, &width, &addr_obj, &len_obj, &group_obj, &row_obj))
+    if (!PyArg_ParseTuple(args, "OnOOOO", &objs[4], &width, &objs[0], &objs[1], &objs[2], &objs[3]))
         return NULL;
     if (width < 1) {
         PyErr_Format(PyExc_ValueError, "gather_rows: width must be >= 1, got %zd", width);
         return NULL;
     }
+    static const char *const names[5] = {"addresses", "lengths", "group", "row", "out"};
+    static const Py_ssize_t sizes[5] = {8, 8, 8, 8, 1};
     Py_buffer bufs[5];
-    PyObject *objs[5] = {out_obj, addr_obj, len_obj, group_obj, row_obj};
-    const char *names[5] = {"out", "addresses", "lengths", "group", "row"};
-    int got = 0;
-    for (; got < 5; got++)
-        if (get_buffer(objs[got], &bufs[got], got == 0, got == 0 ? 1 : 8, names[got]) < 0)
-            break;
+    if (get_buffers(objs, bufs, 5, 4, sizes, names) < 0)
+        return NULL;
     PyObject *result = NULL;
-    if (got < 5)
-        goto done;
-    Py_ssize_t groups = bufs[1].len / 8, n = bufs[3].len / 8;
-    if (bufs[2].len != bufs[1].len || bufs[4].len != bufs[3].len) {
+    Py_ssize_t groups = bufs[0].len / 8, n = bufs[2].len / 8;
+    if (bufs[1].len != bufs[0].len || bufs[3].len != bufs[2].len) {
         PyErr_SetString(PyExc_ValueError, "gather_rows: addresses/lengths or group/row differ in length");
         goto done;
     }
-    if (n > PY_SSIZE_T_MAX / width || bufs[0].len != n * width) {
+    if (n > PY_SSIZE_T_MAX / width || bufs[4].len != n * width) {
         PyErr_Format(PyExc_ValueError, "gather_rows: out has %zd bytes, %zd rows of %zd need %zd",
-                     bufs[0].len, n, width, n * width);
+                     bufs[4].len, n, width, n * width);
         goto done;
     }
-    char *out = (char *)bufs[0].buf;
-    const int64_t *addr = (const int64_t *)bufs[1].buf, *len = (const int64_t *)bufs[2].buf;
-    const int64_t *group = (const int64_t *)bufs[3].buf, *row = (const int64_t *)bufs[4].buf;
+    char *out = (char *)bufs[4].buf;
+    const int64_t *addr = (const int64_t *)bufs[0].buf, *len = (const int64_t *)bufs[1].buf;
+    const int64_t *group = (const int64_t *)bufs[2].buf, *row = (const int64_t *)bufs[3].buf;
     Py_ssize_t bad = -1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -251,8 +256,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
     else
         result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&bufs[i]);
+    release_buffers(bufs, 5);
     return result;
 }
 
@@ -282,17 +286,13 @@ static PyObject *locate_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOLOOOOOO", &objs[0], &objs[1], &step, &objs[2], &objs[3], &objs[4], &objs[5],
                           &objs[6], &objs[7]))
         return NULL;
-    static const char *names[8] = {"stored", "starts", "group_shard", "shard_starts",
+    static const char *const names[8] = {"stored", "starts", "group_shard", "shard_starts",
                                    "group", "shard", "row_in_shard", "row_in_group"};
     static const Py_ssize_t sizes[8] = {8, 8, 4, 8, 8, 4, 8, 8};
     Py_buffer b[8];
-    int got = 0;
-    for (; got < 8; got++)
-        if (get_buffer(objs[got], &b[got], got >= 4, sizes[got], names[got]) < 0)
-            break;
+    if (get_buffers(objs, b, 8, 4, sizes, names) < 0)
+        return NULL;
     PyObject *result = NULL;
-    if (got < 8)
-        goto done;
     Py_ssize_t n = b[0].len / 8, nstarts = b[1].len / 8, groups = nstarts - 1, shards = b[3].len / 8;
     if (groups < 1 || b[2].len / 4 != groups) {
         PyErr_SetString(PyExc_ValueError, "locate_rows: starts needs one entry per row group and the end");
@@ -345,8 +345,7 @@ static PyObject *locate_rows(PyObject *self, PyObject *args) {
     else
         result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&b[i]);
+    release_buffers(b, 8);
     return result;
 }
 
@@ -357,22 +356,16 @@ PyDoc_STRVAR(unique_groups_doc,
 "(unique at least as long as the values, inverse as long). A value outside [0, groups) raises IndexError.");
 
 static PyObject *unique_groups(PyObject *self, PyObject *args) {
-    PyObject *g_obj, *u_obj, *inv_obj;
+    PyObject *objs[3]; /* group, unique, inverse */
     Py_ssize_t groups;
-    if (!PyArg_ParseTuple(args, "OnOO", &g_obj, &groups, &u_obj, &inv_obj))
+    if (!PyArg_ParseTuple(args, "OnOO", &objs[0], &groups, &objs[1], &objs[2]))
         return NULL;
-    Py_buffer g, u, inv;
-    if (get_buffer(g_obj, &g, 0, 8, "group") < 0)
+    static const char *const names[3] = {"group", "unique", "inverse"};
+    static const Py_ssize_t sizes[3] = {8, 8, 8};
+    Py_buffer b[3];
+    if (get_buffers(objs, b, 3, 1, sizes, names) < 0)
         return NULL;
-    if (get_buffer(u_obj, &u, 1, 8, "unique") < 0) {
-        PyBuffer_Release(&g);
-        return NULL;
-    }
-    if (get_buffer(inv_obj, &inv, 1, 8, "inverse") < 0) {
-        PyBuffer_Release(&g);
-        PyBuffer_Release(&u);
-        return NULL;
-    }
+    Py_buffer g = b[0], u = b[1], inv = b[2];
     PyObject *result = NULL;
     Py_ssize_t n = g.len / 8, count = 0, bad = -1;
     if (groups < 0 || inv.len != g.len || u.len < g.len) {
@@ -412,9 +405,7 @@ static PyObject *unique_groups(PyObject *self, PyObject *args) {
     else
         result = PyLong_FromSsize_t(count);
 done:
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&inv);
+    release_buffers(b, 3);
     return result;
 }
 
