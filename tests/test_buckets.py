@@ -37,9 +37,9 @@ def test_index_is_the_search(kind: str, seed: int) -> None:
 
 
 def test_evenly_spaced_starts_take_the_division() -> None:
-    assert Buckets(np.arange(0, 100, 10))._step == 10
-    assert Buckets(np.array([0, 10, 20, 23]))._step == 10  # a short last row group
-    assert Buckets(np.array([0, 10, 25]))._step == 10  # a long last one
-    assert Buckets(np.array([0, 10, 25, 30]))._step == 0  # uneven: the search
-    assert Buckets(np.array([0, 10, 10]))._step == 0
-    assert Buckets(np.array([5]))._step == 0
+    assert Buckets(np.arange(0, 100, 10)).step == 10
+    assert Buckets(np.array([0, 10, 20, 23])).step == 10  # a short last row group
+    assert Buckets(np.array([0, 10, 25])).step == 10  # a long last one
+    assert Buckets(np.array([0, 10, 25, 30])).step == 0  # uneven: the search
+    assert Buckets(np.array([0, 10, 10])).step == 0
+    assert Buckets(np.array([5])).step == 0
