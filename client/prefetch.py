@@ -8,8 +8,10 @@ The consumer's `get()` also watches for a stream that has gone silent (session.C
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 
 from .decode import Item, decode_message
 from .flight_call import ReadOpener
@@ -20,6 +22,7 @@ from .striped import stream_epoch_striped
 __all__ = ["Done", "Producer"]
 
 _POLL_S = 0.1
+_EXIT_JOIN_S = 5.0  # how long the interpreter's exit waits for each prefetch thread still streaming
 
 
 class Done:
@@ -50,6 +53,7 @@ class Producer:
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{spec.rank}", daemon=True
         )
         self._thread.start()
+        _LIVE.add(self)
 
     def get(self) -> Item | Done:
         """The next item (blocking); re-raises the thread's exception."""
@@ -66,9 +70,10 @@ class Producer:
                 raise item.exc
             return item
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        _LIVE.discard(self)
         self._calls.stop()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout_s)
 
     def _put(self, item: Item | Done | _Failed) -> bool:
         """Queue an item, waiting for room; False once stopped."""
@@ -127,3 +132,19 @@ class Producer:
 
     def _stream_epoch_striped(self, epoch: int, offset: int) -> bool:
         return stream_epoch_striped(self._spec, self._calls, self._put, epoch, offset)
+
+
+# Producers whose thread may still stream: a Loader iterated in a DataLoader worker is never closed,
+# and its iteration ends only when the worker's interpreter exits.
+_LIVE: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_producers() -> None:
+    """At the interpreter's exit, before it finalizes: cancel and join every prefetch thread still
+    streaming. A daemon thread still inside Arrow's C++ (a Flight read) when the interpreter finalizes
+    is ended by CPython with pthread_exit as it asks for the GIL back, and that unwinding through C++
+    frames can abort the process ("terminate called without an active exception": a DataLoader
+    worker killed by SIGABRT at shutdown)."""
+    for producer in list(_LIVE):
+        producer.stop(timeout_s=_EXIT_JOIN_S)

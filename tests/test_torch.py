@@ -202,3 +202,19 @@ def test_job_cursors_under_dataloader_workers_survive_a_kill_exactly(  # type: i
         assert [s["step"] for s in before[r]] == list(range(1, kill_at[r] + 1))
         assert [s["step"] for s in after] == list(range(committed + 1, len(whole) + 1))
         assert [s["ids"] for s in before[r][:committed]] + [s["ids"] for s in after] == whole, r
+
+
+def test_an_abandoned_iteration_is_stopped_before_the_interpreter_exits(endpoints: list[str]) -> None:
+    """A Loader iterated and never closed (as in a DataLoader worker, whose iterator ends only with
+    its process) keeps its prefetch thread streaming; the exit hook cancels and joins it while the
+    interpreter is whole (a daemon thread still in Flight's C++ at finalization can abort the process)."""
+    from shardstream.client import prefetch
+
+    before = set(prefetch._LIVE)
+    it = iter(ShardStreamDataset(endpoints, "toy@1", batch_size=4, seed=2, prefetch=1))
+    next(it)
+    (producer,) = set(prefetch._LIVE) - before
+    assert producer._thread.is_alive()  # streaming (or waiting for room) with the rest unread
+    prefetch._stop_live_producers()
+    assert not producer._thread.is_alive() and producer not in prefetch._LIVE
+    it.close()  # the iteration's own stop afterwards is harmless
