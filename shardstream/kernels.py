@@ -22,23 +22,23 @@ from types import ModuleType
 __all__ = ["describe", "native"]
 
 
-def _load() -> ModuleType | None:
+def _load() -> tuple[ModuleType | None, str]:
+    """The C module, or None and why not."""
     if os.environ.get("SHARDSTREAM_NATIVE", "1") == "0":
-        return None
+        return None, "SHARDSTREAM_NATIVE=0"
     try:
         from shardstream import _kernels
     except ImportError:
-        return None
-    return _kernels
+        return None, "shardstream._kernels not built: no C compiler at install"
+    return _kernels, ""
 
 
-native: ModuleType | None = _load()
+native: ModuleType | None
+native, _why_not = _load()
 
 
 def describe() -> str:
     """One phrase for --version and the server's start line."""
     if native is not None:
         return "native kernels"
-    if os.environ.get("SHARDSTREAM_NATIVE", "1") == "0":
-        return "numpy kernels (SHARDSTREAM_NATIVE=0)"
-    return "numpy kernels (shardstream._kernels not built: no C compiler at install)"
+    return f"numpy kernels ({_why_not or 'switched off in this process'})"

@@ -133,6 +133,7 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
     runs = _runs(group, row) if 1 < len(tables) <= _MAX_RUNS else None
     buffers: list[pa.Buffer] = []
     pool = message_buffers()
+    across: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (lengths, group, row): once a message
     for c in range(len(schema)):
         views = [v[c][0] for v in per_table]  # type: ignore[index]
         buf = pool.get(n * views[0].itemsize)  # reused warm pages where it can (message_buffers.py)
@@ -148,7 +149,9 @@ def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) ->
                 out[a:b] = views[int(group[a])][r : r + b - a]
         else:
             addresses = np.array([v[c][1] for v in per_table], dtype=np.int64)  # type: ignore[index]
-            _take_across(views, addresses, group, row, out)
+            if across is None:
+                across = _rows_across(views, group, row)
+            _take_across(views, addresses, group, row, out, across)
     arrays = []
     for field, buf in zip(schema, buffers, strict=True):
         t = field.type
@@ -175,24 +178,35 @@ def _runs(group: np.ndarray, row: np.ndarray) -> list[tuple[int, int]] | None:
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
+def _rows_across(
+    views: list[np.ndarray], group: np.ndarray, row: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `_take_across` hands the C gather besides a column's addresses, the same for every
+    column of a message: the row groups' lengths in rows, and `group` and `row` as int64."""
+    return (
+        np.array([len(v) for v in views], dtype=np.int64),
+        np.ascontiguousarray(group, dtype=np.int64),
+        np.ascontiguousarray(row, dtype=np.int64),
+    )
+
+
 def _take_across(
-    views: list[np.ndarray], addresses: np.ndarray, group: np.ndarray, row: np.ndarray, out: np.ndarray
+    views: list[np.ndarray],
+    addresses: np.ndarray,
+    group: np.ndarray,
+    row: np.ndarray,
+    out: np.ndarray,
+    across: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """out[i] = views[group[i]][row[i]] whatever the row groups: in C (shardstream/_kernels.c,
-    one memcpy a row with the GIL released) where it is built, else `_take_across_numpy`."""
+    one memcpy a row with the GIL released) where it is built, else `_take_across_numpy`.
+    `across`: `_rows_across(views, group, row)`, made once for a message's columns."""
     native = kernels.native
     if native is None:
         _take_across_numpy(views, addresses, group, row, out)
         return
-    lengths = np.array([len(v) for v in views], dtype=np.int64)
-    native.gather_rows(
-        out,
-        views[0].itemsize,
-        addresses,
-        lengths,
-        np.ascontiguousarray(group, dtype=np.int64),
-        np.ascontiguousarray(row, dtype=np.int64),
-    )
+    lengths, groups, rows = across if across is not None else _rows_across(views, group, row)
+    native.gather_rows(out, views[0].itemsize, addresses, lengths, groups, rows)
 
 
 def _take_across_numpy(
