@@ -11,21 +11,26 @@ subsets, a version with masked rows (drop_rows), and a server cap that sends ste
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from loadtest.previous_build import no_runs
+from shardstream.ipc import ipc_size
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
-from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.reader import _Cut, new_row_group_cache
 from shardstream.server.read.request_limits import RequestLimits
 from shardstream.server.writing.drop_rows import drop_rows
+from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import write_dataset
@@ -40,6 +45,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_dataset(root, "large", 500, row_group_rows=64, shard_rows=200)
     write_dataset(root, "masked", 300, row_group_rows=20, shard_rows=70)
     drop_rows(Registry(root), "masked", rows=[(0, 3), *((1, r) for r in range(20, 45)), (2, 69)])
+    # rows of 264 bytes: a row group's cut (its provenance) is kept while the cache holds it
+    ids = np.arange(256, dtype=np.int64)
+    wide = pa.table({"id": ids, "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 64).astype(np.float32)), 64)})
+    pq.write_table(wide, root.parent / "src-wide.parquet")
+    ingest(root.parent / "src-wide.parquet", "wide", root, IngestOptions(row_group_rows=64, shard_rows=128, progress=False))
     return root
 
 
@@ -138,3 +148,69 @@ def test_steps_over_the_cap_go_in_parts_the_general_way(root: Path, monkeypatch:
     flat = [msg for b in got for msg in b]
     assert any(msg.parts for msg in flat)
     assert [msg.wire() for msg in flat] == [b[0].wire() for b in want]
+
+
+@pytest.mark.parametrize(("dataset", "columns"), [("large", ["id", "x"]), ("small", ["id", "x", "label"]), ("large", ["id", "text"])])
+def test_a_run_sizes_each_slice_as_the_ipc_writer_does(planner: ReadPlanner, dataset: str, columns: list[str]) -> None:
+    """`GroupRun.ipc_size` counts a slice once per (rows, first, last) where every column is
+    fixed-width (its values cannot change the bytes), and sizes each slice itself otherwise: every
+    slice of two row groups, at every start and length, twice (the second time from the counts)."""
+    reader = planner.plan(pb.ReadRequest(dataset=dataset, world_size=1, batch_size=4, columns=columns)).readers[0]
+    rows = 64 if dataset == "large" else 20
+    for group, start_row in ((0, 0), (1, rows)):
+        run = reader.group_run(0, group, start_row, columns)
+        assert run is not None
+        try:
+            assert (run._sizes is None) == ("text" in columns)
+            for _ in range(2):
+                for start in range(run.rows):
+                    for n in range(1, run.rows - start + 1):
+                        batch = run.batch(start, n)
+                        assert run.ipc_size(batch, start) == ipc_size(batch), (start, n)
+        finally:
+            run.release()
+
+
+def ids_of(n: int) -> pa.Array:
+    return pa.array(np.arange(n, dtype=np.int64))
+
+
+def test_a_row_groups_cut_is_made_once_while_the_cache_holds_it(root: Path) -> None:
+    """Builds of the same cached row group cut messages from one table with provenance, kept while
+    the table lives (its cache entry); a row group read anew gets a cut of its own. Rows under 192
+    bytes (the provenance over 1/16 of them) get a cut each build."""
+    req = pb.ReadRequest(dataset="wide", world_size=1, batch_size=4, columns=["id", "v"])
+    with open_registry(str(root)) as registry:
+        planner = ReadPlanner(registry, new_row_group_cache(64 << 20))
+        reader = planner.plan(req).readers[0]
+        first, again = reader.group_run(0, 1, 64, ["id", "v"]), reader.group_run(0, 1, 64, ["id", "v"])
+        assert first is not None and again is not None
+        assert first._full is again._full
+        assert first.batch(3, 5).equals(again.batch(3, 5))
+        cut = first._full
+        first.release()
+        again.release()
+        small = planner.plan(pb.ReadRequest(dataset="large", world_size=1, batch_size=4)).readers[0]
+        runs = [small.group_run(0, 1, 64, ["id", "x"]) for _ in range(2)]
+        assert runs[0] is not None and runs[1] is not None
+        assert runs[0]._full is not runs[1]._full and runs[0]._full.equals(runs[1]._full)
+        for run in runs:
+            run.release()
+    # a cut goes with its table
+    table = pa.table({"id": ids_of(256), "v": pa.array([b"x" * 200] * 256, pa.binary(200))})
+    kept = _Cut.of(table, 3, 1000)
+    assert _Cut.of(table, 3, 1000) is kept and id(table) in _Cut._MADE
+    assert _Cut.of(table, 4, 1000) is not kept  # (another shard's rows: never mistaken for it)
+    key = id(table)
+    del table
+    gc.collect()
+    assert key not in _Cut._MADE
+    with open_registry(str(root)) as registry:
+        other = ReadPlanner(registry, new_row_group_cache(64 << 20)).plan(req).readers[0]
+        fresh = other.group_run(0, 1, 64, ["id", "v"])
+        assert fresh is not None
+        try:
+            assert fresh._full is not cut
+            assert fresh._full.equals(cut)
+        finally:
+            fresh.release()

@@ -386,7 +386,7 @@ class MessageBuilder:
                 n = found[1]
                 header, _ = self._header(plan, chunk)
                 batch = run.batch(start, n)
-                size = _size(header, batch)
+                size = header.ByteSize() + _FRAMING_BYTES + run.ipc_size(batch, start)  # (_size)
                 if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
                     break
                 out.append(Message(header, batch, len(header.steps), n, False, size, 0))

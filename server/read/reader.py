@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -31,6 +32,7 @@ from prometheus_client import Counter, Histogram
 
 from shardstream import kernels
 from shardstream.errors import DataLossError, InvalidArgumentError, ShardstreamError
+from shardstream.ipc import ipc_size
 from shardstream.manifest import Manifest
 from shardstream.order.read_order import RowLocator
 from shardstream.storage import ObjectRef
@@ -331,20 +333,24 @@ class GroupRun:
     provenance columns here start one value into their buffers (every slice is at an offset), and
     a slice of an odd number of 4-byte `_shard` values before the row group's end gets `_shard` as
     an exact array of its own. `release()` ends the lease; the batches keep the row group's buffers
-    alive as take's do."""
+    alive as take's do.
+
+    The row group with its provenance columns is made once for each row group the cache holds, not
+    once a build (`_Cut`, ~20-25 us in process): a row group's table is one object as long as the
+    cache holds it, and the cut is forgotten with it. Its provenance (12 bytes a row) is not counted
+    in the cache's bytes, so it is kept only for rows of 192 bytes or more (at most 1/16 over what
+    the cache counts); rows smaller than that get a cut of their own each build, as before."""
 
     def __init__(self, lease: Lease[pa.Table], table: pa.Table, shard: int, start_row: int) -> None:
         self._lease = lease
-        (data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
-        self.rows = n = table.num_rows
-        self._shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
-        rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
-        self._full = data.append_column(
-            _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self._shard], offset=1)
-        ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
-        self.schema = self._full.schema
-        self._shard_at = len(self.schema) - 2
-        self.nbytes = self._full.get_total_buffer_size()  # what its batches keep alive
+        cut = _Cut.of(table, shard, start_row)
+        self.rows = cut.rows
+        self._full = cut.full
+        self._shard = cut.shard
+        self.schema = cut.schema
+        self._shard_at = len(cut.schema) - 2
+        self.nbytes = cut.nbytes  # what its batches keep alive
+        self._sizes = cut.sizes
 
     def batch(self, start: int, n: int) -> pa.RecordBatch:
         """Rows [start, start + n) of the row group with their provenance (n >= 1)."""
@@ -354,8 +360,73 @@ class GroupRun:
             batch = batch.set_column(self._shard_at, _PROVENANCE_FIELDS[0], shard)
         return batch
 
+    def ipc_size(self, batch: pa.RecordBatch, start: int) -> int:
+        """`ipc_size(batch)` of `batch(start, n)`. Where every column is fixed-width without nulls,
+        the writer's bytes depend on n and on whether the slice starts the row group or ends it, not
+        on the values: counted once for each of those in the row group (~5-7 us a message)."""
+        if self._sizes is None:
+            return ipc_size(batch)
+        n = batch.num_rows
+        key = (n, start == 0, start + n == self.rows)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = ipc_size(batch)
+        return size
+
     def release(self) -> None:
         self._lease.release()
+
+
+class _Cut:
+    """A row group's table with its provenance columns, as every `GroupRun` of it cuts messages
+    from, kept while the cache holds the table (a weak reference to it: the entry goes with it)."""
+
+    __slots__ = ("full", "nbytes", "rows", "schema", "shard", "shard_id", "sizes", "start_row")
+
+    _MADE: dict[int, tuple[weakref.ref[pa.Table], _Cut]] = {}
+
+    def __init__(self, table: pa.Table, shard: int, start_row: int) -> None:
+        (data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
+        self.rows = n = table.num_rows
+        self.shard_id, self.start_row = shard, start_row
+        self.shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
+        rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
+        self.full = data.append_column(
+            _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self.shard], offset=1)
+        ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
+        self.schema = self.full.schema
+        self.nbytes = self.full.get_total_buffer_size()
+        # sizes by (rows, first, last) where they depend on nothing else (`GroupRun.ipc_size`)
+        self.sizes: dict[tuple[int, bool, bool], int] | None = (
+            {} if all(_fixed_width(c.type) and not c.null_count for c in data.columns) else None
+        )
+
+    @classmethod
+    def of(cls, table: pa.Table, shard: int, start_row: int) -> _Cut:
+        key = id(table)
+        held = cls._MADE.get(key)
+        if held is not None and held[0]() is table:
+            cut = held[1]
+            if cut.shard_id == shard and cut.start_row == start_row:
+                return cut
+        cut = cls(table, shard, start_row)
+        if _PROVENANCE_ROW_BYTES * _KEPT_CUT_FACTOR * cut.rows <= table.get_total_buffer_size():
+            cls._MADE[key] = (weakref.ref(table, lambda _, key=key: cls._MADE.pop(key, None)), cut)
+        return cut
+
+
+_PROVENANCE_ROW_BYTES = 12  # `_shard` int32 + `_row` int64
+_KEPT_CUT_FACTOR = 16  # a cut is kept while its row group's bytes are at least 16x its provenance's
+
+
+def _fixed_width(t: pa.DataType) -> bool:
+    """Whether every value of type `t` takes the same bytes, none in child arrays of their own
+    lengths (a fixed-size list of such values counts; extension types by their storage)."""
+    if isinstance(t, pa.BaseExtensionType):
+        t = t.storage_type
+    if pa.types.is_fixed_size_list(t):
+        return _fixed_width(t.value_type)
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_fixed_size_binary(t)
 
 
 def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:
