@@ -199,7 +199,8 @@ def test_a_row_groups_cut_is_made_once_while_the_cache_holds_it(root: Path) -> N
     # a cut goes with its table
     table = pa.table({"id": ids_of(256), "v": pa.array([b"x" * 200] * 256, pa.binary(200))})
     kept = _Cut.of(table, 3, 1000)
-    assert _Cut.of(table, 3, 1000) is kept and id(table) in _Cut._MADE
+    assert kept is not None and _Cut.of(table, 3, 1000) is kept and id(table) in _Cut._MADE
+    assert _Cut.of(pa.concat_tables([table, table]), 3, 1000) is None  # (two chunks: not cut)
     assert _Cut.of(table, 4, 1000) is not kept  # (another shard's rows: never mistaken for it)
     key = id(table)
     del table

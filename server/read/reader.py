@@ -290,10 +290,11 @@ class DatasetReader:
         try:
             table = lease.values[0]
             assert table is not None
-            if not table.num_rows or not table.num_columns or any(c.num_chunks != 1 for c in table.columns):
+            cut = _Cut.of(table, shard, start_row)
+            if cut is None:
                 lease.release()
                 return None
-            return GroupRun(lease, table, shard, start_row)
+            return GroupRun(lease, cut)
         except BaseException:
             lease.release()
             raise
@@ -341,9 +342,8 @@ class GroupRun:
     in the cache's bytes, so it is kept only for rows of 192 bytes or more (at most 1/16 over what
     the cache counts); rows smaller than that get a cut of their own each build, as before."""
 
-    def __init__(self, lease: Lease[pa.Table], table: pa.Table, shard: int, start_row: int) -> None:
+    def __init__(self, lease: Lease[pa.Table], cut: _Cut) -> None:
         self._lease = lease
-        cut = _Cut.of(table, shard, start_row)
         self.rows = cut.rows
         self._full = cut.full
         self._shard = cut.shard
@@ -402,13 +402,17 @@ class _Cut:
         )
 
     @classmethod
-    def of(cls, table: pa.Table, shard: int, start_row: int) -> _Cut:
+    def of(cls, table: pa.Table, shard: int, start_row: int) -> _Cut | None:
+        """The cut of `table`, row group of `shard` from its row `start_row`; None when its columns
+        are not one chunk each (or it has no rows or no columns)."""
         key = id(table)
         held = cls._MADE.get(key)
         if held is not None and held[0]() is table:
             cut = held[1]
             if cut.shard_id == shard and cut.start_row == start_row:
                 return cut
+        if not table.num_rows or not table.num_columns or any(c.num_chunks != 1 for c in table.columns):
+            return None
         cut = cls(table, shard, start_row)
         if _PROVENANCE_ROW_BYTES * _KEPT_CUT_FACTOR * cut.rows <= table.get_total_buffer_size():
             cls._MADE[key] = (weakref.ref(table, lambda _, key=key: cls._MADE.pop(key, None)), cut)
