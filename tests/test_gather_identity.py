@@ -218,3 +218,44 @@ def test_the_row_groups_of_a_message_are_found_as_np_unique_finds_them(
         monkeypatch.setattr(reader_module, "_DENSE_UNIQUE_GROUPS", dense_up_to)
         unique, inverse = reader_module._unique(g, groups)
         assert np.array_equal(unique, want[0]) and np.array_equal(inverse, want[1])
+
+
+_FIRST_MESSAGES = """
+import sys
+from shardstream.server.backends.roots import open_registry
+from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.plan import ReadPlanner
+from shardstream.server.read.reader import new_row_group_cache
+from shardstream.v1 import shardstream_pb2 as pb
+with open_registry(sys.argv[1]) as registry:
+    planner = ReadPlanner(registry, new_row_group_cache(64 << 20))
+    for mode in ("block", "full"):
+        req = pb.ReadRequest(dataset="d", world_size=1, batch_size=16, split_steps=True, columns=sys.argv[2:])
+        req.shuffle.mode = mode
+        assert next(iter(MessageBuilder().stream(planner.plan(req)))).rows == 16
+print(" ".join(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("columns", [["id", "x", "label"], ["id", "text"]])
+def test_a_fresh_process_builds_its_first_shuffled_messages_without_importing_pandas(
+    tmp_path: Path, columns: list[str]
+) -> None:
+    """pyarrow imports pandas, where it is installed, at its first `pa.array` of a numpy array or
+    `to_numpy` (~250-360 ms), and pyarrow.compute at its first compute call such as a fixed-size
+    list's `flatten` (~35 ms): a fresh server's first shuffled message paid both (291 ms to a first
+    batch against ~15 later). The gather makes its arrays from buffers instead; Arrow's take (any
+    column type) still loads pyarrow.compute, not pandas."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("pandas") is not None  # (the dev install has it: else this proves nothing)
+    write_dataset(tmp_path / "root", "d", 300, row_group_rows=40, shard_rows=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_MESSAGES, str(tmp_path / "root"), *columns],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()
+    assert "pandas" not in out
+    if "text" not in columns:
+        assert "pyarrow.compute" not in out  # fixed-width columns: numpy or C gathers them

@@ -39,6 +39,16 @@ def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Tab
     return fixed if fixed is not None else gather_arrow(tables, group, row)
 
 
+def int_array(values: np.ndarray, signed_bits: int = 64) -> pa.Array:
+    """Integers as an Arrow int64 (or int32) array without nulls, over `values` (copied only to
+    that width, or to be contiguous). Not `pa.array`: from numpy, its first call in a process
+    imports pandas where it is installed (~250 ms), which a fresh server's first shuffled message
+    paid."""
+    t, dtype = (pa.int64(), np.int64) if signed_bits == 64 else (pa.int32(), np.int32)
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(t, len(data), [None, pa.py_buffer(data)])
+
+
 def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
     """`gather` with Arrow's kernels, for any column type."""
     order = np.argsort(group, kind="stable")  # rows grouped by row group, batch order inside
@@ -50,13 +60,13 @@ def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> 
         if n and rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()):
             pieces.append(t.slice(int(rows[0]), n))  # a contiguous run: zero-copy
         else:
-            pieces.append(t.take(pa.array(rows)))
+            pieces.append(t.take(int_array(rows)))
     grouped = pa.concat_tables(pieces)
     if (order == np.arange(len(order))).all():
         return grouped  # already in batch order (e.g. an unshuffled read)
     restore = np.empty_like(order)
     restore[order] = np.arange(len(order))
-    return grouped.combine_chunks().take(pa.array(restore))
+    return grouped.combine_chunks().take(int_array(restore))
 
 
 # --- fixed-width columns: numpy ----------------------------------------------------------------
@@ -83,22 +93,31 @@ def _column_view(col: pa.ChunkedArray) -> np.ndarray | None:
         arr = arr.storage
     t = arr.type
     if pa.types.is_fixed_size_list(t):
-        values = arr.flatten()  # the values of its rows (the array's offset applied)
+        # the values of its rows (the array's offset applied; not `flatten`, a compute call that
+        # imports pyarrow.compute, ~35 ms the first time in a process)
+        values = arr.values.slice(arr.offset * t.list_size, len(arr) * t.list_size)
         if values.null_count or _element_type(values.type) is None:
             return None
-        return _rows(values.to_numpy(zero_copy_only=True), t)
+        return _rows(values, len(arr), t)
     if _element_type(t) is None:
         return None
-    return _rows(arr.to_numpy(zero_copy_only=True), t)
+    return _rows(arr, len(arr), t)
 
 
-def _rows(values: np.ndarray, t: pa.DataType) -> np.ndarray | None:
-    """`values` of a column of type `t` as one opaque item per row (its bytes): numpy copies each
-    row taken as one item, faster than the same take over rows x values."""
+def _rows(values: pa.Array, rows: int, t: pa.DataType) -> np.ndarray | None:
+    """The `rows` rows of a column of type `t` whose (primitive, null-free) values are `values`, as
+    one opaque item per row (its bytes) over the values' buffer: numpy copies each row taken as one
+    item, faster than the same take over rows x values. (Read from the buffer, not `to_numpy`:
+    pyarrow's to_numpy imports pandas where it is installed, ~250 ms the first time, which a fresh
+    server's first shuffled message paid.)"""
     width = t.value_type.bit_width // 8 * t.list_size if pa.types.is_fixed_size_list(t) else t.bit_width // 8
     if width == 0:
         return None  # a list of size 0: Arrow's path
-    return values.view(np.uint8).view(np.dtype((np.void, width)))
+    size = values.type.bit_width // 8
+    data = values.buffers()[1]
+    return np.frombuffer(data, np.uint8, count=rows * width, offset=values.offset * size).view(
+        np.dtype((np.void, width))
+    )
 
 
 def _views(table: pa.Table) -> _Views:

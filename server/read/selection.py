@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from shardstream.errors import InvalidArgumentError
 
+from .gather import int_array
 from .reader import DatasetReader
 
 __all__ = ["check_mixture_columns", "take_selection"]
@@ -49,10 +50,10 @@ def take_selection(
         perm = np.concatenate(order)
         inverse = np.empty_like(perm)
         inverse[perm] = np.arange(len(perm))
-        table = pa.concat_tables(parts).take(pa.array(inverse))
+        table = pa.concat_tables(parts).take(int_array(inverse))
     else:
         table = pa.Table.from_batches([readers[0].take(rows, columns)])
-    table = table.append_column("_source", pa.array(src.astype(np.int32), type=pa.int32()))
+    table = table.append_column("_source", int_array(src, 32))
     return (
         table.combine_chunks().to_batches()[0]
         if table.num_rows
