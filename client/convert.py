@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shardstream.numpy_view import numpy_view
+
 __all__ = ["splitter", "to_numpy", "to_torch"]
 
 
@@ -29,7 +31,7 @@ def _uniform_list_size(arr: pa.Array) -> int | None:
     if pa.types.is_fixed_size_list(arr.type):
         return arr.type.list_size
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        sizes = np.diff(arr.offsets.to_numpy())
+        sizes = np.diff(numpy_view(arr.offsets))
         if not len(sizes):
             return 0  # an empty batch (a rank's share of a short last step): shape (0, 0)
         if (sizes == sizes[0]).all():
@@ -77,7 +79,7 @@ def _column_numpy(arr: pa.Array) -> np.ndarray:
     fixed = _fixed_shape(arr)
     if fixed is not None:
         values, shape = fixed
-        return values.to_numpy(zero_copy_only=True).reshape((len(arr), *shape))
+        return numpy_view(values).reshape((len(arr), *shape))
     return arr.to_numpy(zero_copy_only=False)
 
 
@@ -131,7 +133,7 @@ def splitter(batch: pa.RecordBatch, output: str) -> Callable[[int, int], Any]:
             fixed = _fixed_shape(col)
             if fixed is not None:
                 values, shape = fixed
-                whole[name] = values.to_numpy(zero_copy_only=True).reshape((len(col), *shape))
+                whole[name] = numpy_view(values).reshape((len(col), *shape))
     per_step = [i for i, name in enumerate(names) if name not in whole]
     convert = _column_torch if output == "torch" else _column_numpy
 

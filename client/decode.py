@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
+from shardstream.numpy_view import numpy_view
 from shardstream.order.cursor_math import cursor_after, is_last_step
 from shardstream.order.scheduled_steps import Layout
 from shardstream.v1 import shardstream_pb2 as pb
@@ -71,7 +72,7 @@ def decode_message(
         raise DataLossError(f"message has {batch.num_rows} rows, its steps cover {covered}")
     names = batch.schema.names
     at = {name: i for i, name in enumerate(names)}
-    prov = {c: batch.column(at[c]).to_numpy() for c in PROVENANCE if c in at}
+    prov = {c: numpy_view(batch.column(at[c])) for c in PROVENANCE if c in at}
     shards, rows = prov.get("_shard"), prov.get("_row")  # (every message with steps has them)
     sources = prov.get("_source")
     mixture = sources is not None

@@ -6,6 +6,7 @@ import torch
 
 from shardstream.client.convert import splitter, to_numpy, to_torch
 from shardstream.ipc import ipc_bytes, read_ipc
+from shardstream.numpy_view import numpy_view
 
 
 def received(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -116,3 +117,53 @@ def test_splitter_gives_what_per_step_conversion_gives() -> None:
             assert list(got) == list(want)
             for name in want:
                 _same(got[name], want[name])
+
+
+_NUMBER_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
+                 pa.float16(), pa.float32(), pa.float64()]
+
+
+def test_numpy_view_is_to_numpy_without_pyarrows_conversion() -> None:
+    """Numbers without nulls, whole or sliced anywhere, received over IPC or not: the values, dtype
+    and read-only view over the batch's memory that `to_numpy(zero_copy_only=True)` gives."""
+    rng = np.random.default_rng(7)
+    for t in _NUMBER_TYPES:
+        values = rng.integers(0, 100, 300).astype(t.to_pandas_dtype())
+        for arr in (pa.array(values, t), received(pa.record_batch([pa.array(values, t)], names=["v"])).column(0)):
+            for _ in range(20):
+                a = int(rng.integers(0, 300))
+                part = arr.slice(a, int(rng.integers(0, 301 - a)))
+                got, want = numpy_view(part), part.to_numpy(zero_copy_only=True)
+                assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), (t, a)
+                assert not got.flags.writeable
+                if len(part):
+                    assert got.ctypes.data == want.ctypes.data  # the same memory: no copy
+    with_nulls = pa.array([1, None, 3], pa.int64())  # (and booleans, strings): to_numpy's own way
+    assert np.array_equal(numpy_view(with_nulls), with_nulls.to_numpy(zero_copy_only=False), equal_nan=True)
+    assert numpy_view(pa.array([True, False])).tolist() == [True, False]
+
+
+_FIRST_BATCHES = """
+import sys
+from shardstream.client import Loader
+for output, columns in (("arrow", None), ("numpy", ["id", "x", "label"])):
+    with Loader([sys.argv[1]], "toy", batch_size=8, output=output, columns=columns, epochs=1) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        assert loader.last_batch.rows.dtype.name == "int64"
+print(" ".join(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
+"""
+
+
+def test_a_fresh_client_reads_its_first_batches_without_importing_pandas(endpoints: list[str]) -> None:
+    """pyarrow's to_numpy imports pandas where it is installed (~250-360 ms) and pandas imports
+    pyarrow.compute: a fresh client, a restarted rank, paid both in its first batch (its provenance
+    columns as numpy, and numeric columns for numpy/torch output)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("pandas") is not None  # (the dev install has it: else this proves nothing)
+    r = subprocess.run([sys.executable, "-c", _FIRST_BATCHES, endpoints[0]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [], f"a fresh client's first batches imported: {r.stdout.strip()}"
