@@ -5,6 +5,7 @@ within the limit, shutdown cancels what waits. Synchronised with events, never w
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -130,6 +131,33 @@ def test_shutdown_cancels_what_waits_and_refuses_more():
     assert busy.result() == "busy"  # the build in progress ends as it would have
     worker.join(WAIT_S)
     assert not worker.is_alive()
+
+
+def test_shutdown_with_a_wait_returns_once_the_threads_have_ended():
+    """A stopping server waits for its build threads (daemons: one still in C++ when the
+    interpreter finalizes can abort it): shutdown(wait_s) returns only after the build in progress
+    ends and its thread with it."""
+    pool = BuildPool(2, "test-join")
+    started, go = threading.Event(), threading.Event()
+    busy = pool.submit(_blocker(started, go, "busy"))
+    assert started.wait(WAIT_S)
+    threads = [t for t in threading.enumerate() if t.name.startswith("test-join_")]
+    seen: list[bool] = []
+
+    def stop() -> None:
+        pool.shutdown(wait_s=WAIT_S)
+        seen.append(any(t.is_alive() for t in threads))
+
+    stopping = threading.Thread(target=stop)
+    stopping.start()
+    deadline = time.monotonic() + WAIT_S
+    while not pool._closed and time.monotonic() < deadline:  # shutdown has begun (its first step)
+        time.sleep(0.001)
+    go.set()
+    stopping.join(WAIT_S)
+    assert not stopping.is_alive()
+    assert seen == [False]  # no build thread outlived shutdown
+    assert busy.result() == "busy"
 
 
 def test_many_callers_at_once_each_get_their_own_result(pool):

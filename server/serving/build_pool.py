@@ -8,12 +8,14 @@ Lock, released when its build ends. Measured in process, a no-op task submitted 
 33-35 us of CPU against 10-11 (issue #26).
 
 Threads start as tasks find none idle, up to `max_threads`, and stay for the pool's life.
-`shutdown()` cancels the builds no thread has started and lets the threads end once their build does.
+`shutdown()` cancels the builds no thread has started and lets the threads end once their build does
+(waiting for them up to a bound, when asked).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from queue import Empty, SimpleQueue
@@ -124,8 +126,11 @@ class BuildPool:
         """Threads started so far."""
         return len(self._threads)
 
-    def shutdown(self) -> None:
-        """Cancel the builds not started yet; each thread ends once its build does (none is joined)."""
+    def shutdown(self, wait_s: float = 0.0) -> None:
+        """Cancel the builds not started yet; each thread ends once its build does, and is waited for
+        up to `wait_s` in all. The threads are daemons: one still inside Arrow's C++ (a gather with
+        the GIL released) when the interpreter finalizes can abort the process, so a server that
+        exits waits for them first (data_plane.py)."""
         with self._lock:
             if self._closed:
                 return
@@ -139,3 +144,7 @@ class BuildPool:
                     task.cancel()
             for _ in self._threads:
                 self._queue.put(None)
+            threads = list(self._threads)
+        deadline = time.monotonic() + wait_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -83,6 +83,7 @@ FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label
 preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
 _DO_GET = MethodMetrics("server_stream", FLIGHT_SERVICE, "DoGet")  # the recorder the gRPC port's interceptor uses
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
+BUILD_JOIN_S = 5.0  # how long a stopping data plane waits for its build threads to end
 _MIDDLEWARE = "shardstream"
 
 
@@ -151,9 +152,9 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self.reaper = Reaper(runtime.write_timeout_s, lambda: self.port)
 
     def shutdown(self) -> None:
-        super().shutdown()
+        super().shutdown()  # (returns once every stream has ended)
         self.reaper.stop()
-        self.builds.shutdown()
+        self.builds.shutdown(wait_s=BUILD_JOIN_S)  # builds started ahead for streams that ended
 
     def _principal(self, call: _Call, ticket: bytes) -> Principal:
         """The caller: by its token, or by the grant the gRPC port gave its certificate (grants.py)."""
