@@ -386,7 +386,7 @@ class MessageBuilder:
                 n = found[1]
                 header, _ = self._header(plan, chunk)
                 batch = run.batch(start, n)
-                size = header.ByteSize() + _FRAMING_BYTES + run.ipc_size(batch, start)  # (_size)
+                size = _size(header, batch, run.ipc_size(batch, start))
                 if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
                     break
                 out.append(Message(header, batch, len(header.steps), n, False, size, 0))
@@ -606,9 +606,10 @@ def _positions(ranges: list[tuple[int, int]]) -> np.ndarray:
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
 
 
-def _size(header: pb.ReadHeader, batch: pa.RecordBatch) -> int:
-    """Bytes of the message `header` + `batch` would make, or a little more (counted, not written)."""
-    return header.ByteSize() + _FRAMING_BYTES + ipc_size(batch)
+def _size(header: pb.ReadHeader, batch: pa.RecordBatch, batch_bytes: int | None = None) -> int:
+    """Bytes of the message `header` + `batch` would make, or a little more (counted, not written);
+    `batch_bytes`: `ipc_size(batch)` where the caller knows it."""
+    return header.ByteSize() + _FRAMING_BYTES + (ipc_size(batch) if batch_bytes is None else batch_bytes)
 
 
 def _header(whole: pb.ReadHeader, infos: list[pb.StepInfo], last: bool) -> pb.ReadHeader:

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardstream import kernels
+from shardstream.numpy_view import numpy_view
 
 from .message_buffers import message_buffers
 
@@ -98,26 +99,21 @@ def _column_view(col: pa.ChunkedArray) -> np.ndarray | None:
         values = arr.values.slice(arr.offset * t.list_size, len(arr) * t.list_size)
         if values.null_count or _element_type(values.type) is None:
             return None
-        return _rows(values, len(arr), t)
+        return _rows(values, t)
     if _element_type(t) is None:
         return None
-    return _rows(arr, len(arr), t)
+    return _rows(arr, t)
 
 
-def _rows(values: pa.Array, rows: int, t: pa.DataType) -> np.ndarray | None:
-    """The `rows` rows of a column of type `t` whose (primitive, null-free) values are `values`, as
-    one opaque item per row (its bytes) over the values' buffer: numpy copies each row taken as one
-    item, faster than the same take over rows x values. (Read from the buffer, not `to_numpy`:
-    pyarrow's to_numpy imports pandas where it is installed, ~250 ms the first time, which a fresh
-    server's first shuffled message paid.)"""
+def _rows(values: pa.Array, t: pa.DataType) -> np.ndarray | None:
+    """The (primitive, null-free) `values` of a column of type `t` as one opaque item per row (its
+    bytes): numpy copies each row taken as one item, faster than the same take over rows x values.
+    (`numpy_view`, not `to_numpy`: pyarrow's to_numpy imports pandas where it is installed, ~250 ms
+    the first time, which a fresh server's first shuffled message paid.)"""
     width = t.value_type.bit_width // 8 * t.list_size if pa.types.is_fixed_size_list(t) else t.bit_width // 8
     if width == 0:
         return None  # a list of size 0: Arrow's path
-    size = values.type.bit_width // 8
-    data = values.buffers()[1]
-    return np.frombuffer(data, np.uint8, count=rows * width, offset=values.offset * size).view(
-        np.dtype((np.void, width))
-    )
+    return numpy_view(values).view(np.uint8).view(np.dtype((np.void, width)))
 
 
 def _views(table: pa.Table) -> _Views:

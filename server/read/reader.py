@@ -38,7 +38,7 @@ from shardstream.order.read_order import RowLocator
 from shardstream.storage import ObjectRef
 
 from .cache import Lease, LRUCache
-from .gather import empty_batch, gather
+from .gather import empty_batch, gather, int_array
 from .shards import ShardFile, open_shard
 from .spill import SpillTier
 
@@ -442,16 +442,11 @@ def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarra
         # Its one batch, the provenance arrays over the numpy arrays' memory: the same schema and
         # buffers as append_column x2 + combine_chunks + to_batches, at ~16-25 us instead of 67-90
         (batch,) = table.to_batches()
-        batch = batch.append_column(_PROVENANCE_FIELDS[0], _int_array(pa.int32(), shards))
-        return batch.append_column(_PROVENANCE_FIELDS[1], _int_array(pa.int64(), rows))
-    table = table.append_column("_shard", pa.array(shards, type=pa.int32()))
-    table = table.append_column("_row", pa.array(rows, type=pa.int64()))
+        batch = batch.append_column(_PROVENANCE_FIELDS[0], int_array(shards, 32))
+        return batch.append_column(_PROVENANCE_FIELDS[1], int_array(rows))
+    table = table.append_column("_shard", int_array(shards, 32))
+    table = table.append_column("_row", int_array(rows))
     return table.combine_chunks().to_batches()[0] if n else empty_batch(table.schema)
-
-
-def _int_array(t: pa.DataType, values: np.ndarray) -> pa.Array:
-    """`values` (contiguous, of `t`'s width) as an Arrow array without nulls, sharing their memory."""
-    return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(values)])
 
 
 _PROVENANCE_FIELDS = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
