@@ -61,6 +61,7 @@ FAULTS: dict[str, Fault] = {
     "kill9": cf.kill9_servers,
     "rolling": cf.rolling_restart,
     "rank-kills": cf.rank_kills,
+    "rank-kills-late": cf.rank_kills_late,
     **{f"resize-{k.replace('+', '-')}": _resize(k) for k in cf.RESIZE_KINDS},
     "redis-restart": cf.redis_restart,
     "redis-wipe-midrun": cf.redis_wipe_midrun,

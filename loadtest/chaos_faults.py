@@ -20,6 +20,7 @@ from .chaos_job import Job, Phase
 __all__ = [
     "kill9_servers",
     "rank_kills",
+    "rank_kills_late",
     "redis_restart",
     "redis_wipe_down",
     "redis_wipe_midrun",
@@ -124,28 +125,44 @@ def rank_kills(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
     """A job of 2 rank processes: one rank is SIGKILLed at a random step (its peer goes down with it, as a
     launcher tears a job down), the job restarts with resume="latest" (from the start while nothing is
     committed yet); rank_kills times, then it runs to its end."""
+    return _rank_kills(ctx, stack, "rank-kills", late=False)
+
+
+def rank_kills_late(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
+    """rank_kills where, in every phase, the rank that is not killed starts late: its process opens its
+    Loader only once its peer has logged a step, so the peer runs ahead alone until their first
+    commit; a restart from the start then meets the late rank's records of the abandoned run."""
+    return _rank_kills(ctx, stack, "rank-kills-late", late=True)
+
+
+def _rank_kills(ctx: Ctx, stack: contextlib.ExitStack, name: str, *, late: bool) -> Row:
     s = ctx.sizes
     rng = random.Random(s.seed)
-    redis, job = _committing_job(ctx, stack, "rank-kills", persistent=True)
+    # The ranks meet before each commit (chaos_rank._Lockstep), as a data-parallel job's ranks do at
+    # every all-reduce: without that, a rank that starts late lets its peer complete steps with the
+    # late rank's records of an abandoned run (client/cursors/fence.py), which a real job never does.
+    redis, job = _committing_job(ctx, stack, name, persistent=True, lockstep=True)
     kills, resumed_at = [], []
     for _ in range(s.rank_kills):
+        victim = rng.randrange(2)
         # as a launcher would: resume when the job has a checkpoint (a step every rank committed)
-        phase = job.start([[0], [1]], resume=_committed(redis.url, "rank-kills") is not None)
+        resume = _committed(redis.url, name) is not None
+        phase = job.start([[0], [1]], resume=resume, late_rank=1 - victim if late else None)
         start = _started(phase)
         resumed_at.append(start)
-        victim, at = rng.randrange(2), start + rng.randint(1, 3 * s.commit_every)
+        at = start + rng.randint(1, 3 * s.commit_every)
         phase.wait(lambda ph=phase, v=victim, a=at: (ph.step(v) or 0) >= a or ph.finished(v), f"step {at}")
         if phase.finished(victim):
             break
         phase.procs[victim].kill()  # SIGKILL the rank, then the launcher takes the others down
         phase.kill()
         kills.append({"rank": victim, "step": phase.step(victim)})
-    last = job.start([[0], [1]], resume=_committed(redis.url, "rank-kills") is not None, step_ms=0.0)
+    last = job.start([[0], [1]], resume=_committed(redis.url, name) is not None, step_ms=0.0)
     last.wait_exit()
     load = f"2 ranks, batch {s.rank_batch}, {s.rows:,} rows; commit every {s.commit_every} steps to Redis"
     schedule = [] if len(kills) == s.rank_kills else [f"{len(kills)} of {s.rank_kills} kills happened"]
     return row(
-        f"trainer rank kill -9 x{len(kills)}, resume latest",
+        f"trainer rank kill -9 x{len(kills)}{', peer late' if late else ''}, resume latest",
         load,
         phase.job.tally(),
         schedule=schedule,

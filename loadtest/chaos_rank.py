@@ -28,11 +28,16 @@ resume="latest" with resume_min_step = its newest checkpoint's step; if the stor
 (CursorStoreBehindError, NoCommittedStepError) and `fallback_to_checkpoint` is set, it loads the
 checkpoint's state instead (load_state_dict) — otherwise the typed error ends it.
 
+With `lockstep` the job's ranks, in whatever processes, meet before each commit (_Lockstep), as a
+data-parallel job's ranks do at every all-reduce; `late_rank` makes one rank open its Loader only once
+another has logged a step of the phase (a process slow to start).
+
 Exit status: 0 done, 3 a typed shardstream error (logged), 1 anything else (a traceback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -85,6 +90,8 @@ class TrainerConfig:
     checkpoint_dir: str | None = None
     fallback_to_checkpoint: bool = False
     hold_at: int = 0  # after this step: log "held", then block until killed
+    lockstep: bool = False  # ranks in several processes meet before each commit (_Lockstep)
+    late_rank: int | None = None  # this rank opens its Loader once another has logged a step (_start_late)
     env: dict[str, str] = field(default_factory=dict)  # for the driver: extra environment of the process
 
     def dump(self, path: Path) -> Path:
@@ -154,6 +161,63 @@ class _Shared:
         tmp.replace(self.dir / f"{step}.json")
 
 
+class _Lockstep:
+    """The job's ranks meet before each commit, across processes, as data-parallel ranks do (each
+    step's all-reduce waits for every rank): no rank commits step N before every rank of the world has
+    trained to step N or ended. Without it a rank that starts late lets its peer run ahead alone, and
+    a step can complete with a record the late rank's slot still holds from an earlier, abandoned run
+    (client/cursors/fence.py: what a store cannot tell without a coordinator). Each rank keeps its
+    newest step in LOG_DIR/lockstep-pPHASE/RANK, replaced whole."""
+
+    ENDED = sys.maxsize
+
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.dir = Path(cfg.log_dir) / f"lockstep-p{cfg.phase}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.world = cfg.world_size
+        self.timeout_s = cfg.stream_idle_timeout_s * 2
+
+    def reached(self, rank: int, step: int) -> None:
+        tmp = self.dir / f".{rank}.tmp"
+        tmp.write_text(str(step))
+        tmp.replace(self.dir / str(rank))
+
+    def _step(self, rank: int) -> int:
+        try:
+            return int((self.dir / str(rank)).read_text())
+        except FileNotFoundError:
+            return -1
+
+    def meet(self, rank: int, step: int) -> None:
+        self.reached(rank, step)
+        deadline = time.monotonic() + self.timeout_s
+        while any(self._step(r) < step for r in range(self.world)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank}: the job's ranks did not all reach step {step}")
+            time.sleep(0.002)  # a poll of the peers' files, not a wait for time to pass
+
+
+def _start_late(cfg: TrainerConfig, rank: int) -> None:
+    """A rank whose process was slow to start: wait until another rank of the phase has logged a step
+    (reading their logs)."""
+    others = [Path(cfg.log_dir) / f"rank-{r}.jsonl" for r in range(cfg.world_size) if r != rank]
+    deadline = time.monotonic() + cfg.stream_idle_timeout_s * 2
+    while not any(_stepped(path, cfg.phase) for path in others):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {rank}: no other rank logged a step")
+        time.sleep(0.005)  # a poll of the peers' logs, not a wait for time to pass
+
+
+def _stepped(log: Path, phase: int) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line being written
+                rec = json.loads(line)
+                if rec["phase"] == phase and "s" in rec:
+                    return True
+    return False
+
+
 def _loader(cfg: TrainerConfig, rank: int, resume: bool, min_step: int | None) -> Loader:
     return Loader(
         cfg.endpoints,
@@ -202,6 +266,7 @@ def _open(cfg: TrainerConfig, rank: int, shared: _Shared, log: Any) -> tuple[Loa
 
 def _rank(cfg: TrainerConfig, rank: int, shared: _Shared, failures: list[BaseException]) -> None:
     path = Path(cfg.log_dir) / f"rank-{rank}.jsonl"
+    lockstep = _Lockstep(cfg) if cfg.lockstep else None
     with path.open("a") as f:
 
         def log(rec: dict[str, Any]) -> None:
@@ -209,6 +274,8 @@ def _rank(cfg: TrainerConfig, rank: int, shared: _Shared, failures: list[BaseExc
             f.flush()
 
         try:
+            if cfg.late_rank == rank:
+                _start_late(cfg, rank)
             ld, step = _open(cfg, rank, shared, log)
             with ld:
                 it = iter(ld)
@@ -233,6 +300,8 @@ def _rank(cfg: TrainerConfig, rank: int, shared: _Shared, failures: list[BaseExc
                         }
                     )
                     if cfg.job and cfg.commit_every and step % cfg.commit_every == 0:
+                        if lockstep is not None:
+                            lockstep.meet(rank, step)
                         _commit(cfg, ld, step, shared, log, rank)
                     if step == cfg.hold_at:
                         log({"held": step, "f": _client_metric(FAILOVERS, cfg, rank)})
@@ -263,6 +332,9 @@ def _rank(cfg: TrainerConfig, rank: int, shared: _Shared, failures: list[BaseExc
             failures.append(exc)
             shared.barrier.abort()
             raise
+        finally:
+            if lockstep is not None:  # a rank that ended holds nobody back
+                lockstep.reached(rank, _Lockstep.ENDED)
 
 
 def _commit(cfg: TrainerConfig, ld: Loader, step: int, shared: _Shared, log: Any, rank: int) -> None:
