@@ -9,6 +9,7 @@ Faults (each a row; loadtest/chaos_faults.py and chaos_storage.py say exactly wh
     kill9           kill -9 one of 3 servers every 5 s (restarted on its port) for 2 epochs, 4 ranks
     rolling         every server in turn SIGTERMed (drain, --grace) and restarted, mid-epoch
     rank-kills      a trainer rank SIGKILLed at a random step 50 times, the job resumed from the store
+    rank-kills-late ... with the rank not killed starting late (after its peer's first step)
     resize-*        a job resumed 8 -> 4 -> 16 ranks: a dataset, a mixture, a mixture of packed texts
     redis-restart   Redis (AOF) kill -9 mid-run, restarted; the job killed later and resumed
     redis-wipe-midrun   Redis restarted empty while the job runs: commits claim the job again
