@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 
 from .decode import Item, decode_message
@@ -22,7 +23,7 @@ from .striped import stream_epoch_striped
 __all__ = ["Done", "Producer"]
 
 _POLL_S = 0.1
-_EXIT_JOIN_S = 5.0  # how long the interpreter's exit waits for each prefetch thread still streaming
+_EXIT_JOIN_S = 5.0  # how long the interpreter's exit waits, in all, for the prefetch threads still streaming
 
 
 class Done:
@@ -71,9 +72,13 @@ class Producer:
             return item
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        self.cancel()
+        self._thread.join(timeout=timeout_s)
+
+    def cancel(self) -> None:
+        """Cancel the streams and stop the thread at its next step, without waiting for it."""
         _LIVE.discard(self)
         self._calls.stop()
-        self._thread.join(timeout=timeout_s)
 
     def _put(self, item: Item | Done | _Failed) -> bool:
         """Queue an item, waiting for room; False once stopped."""
@@ -146,5 +151,9 @@ def _stop_live_producers() -> None:
     is ended by CPython with pthread_exit as it asks for the GIL back, and that unwinding through C++
     frames can abort the process ("terminate called without an active exception": a DataLoader
     worker killed by SIGABRT at shutdown)."""
-    for producer in list(_LIVE):
-        producer.stop(timeout_s=_EXIT_JOIN_S)
+    producers = list(_LIVE)
+    for producer in producers:  # every stream cancelled first: the threads end side by side
+        producer.cancel()
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for producer in producers:
+        producer._thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import grpc
@@ -274,3 +275,44 @@ def test_raw_read_resumes_at_first_step(endpoints: list[str]) -> None:
     steps = [s for h, _ in msgs for s in h.steps]
     assert [s.step for s in steps] == [250, 251, 252]
     assert steps[-1].position_end == N_ROWS and msgs[-1][0].end_of_epoch
+
+
+def test_the_exit_hook_cancels_every_abandoned_stream_before_it_waits_for_any(
+    endpoints: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaders iterated and never closed: the interpreter's exit hook cancels all their streams first,
+    then joins their threads within one deadline in all (not one per thread, which would make an
+    exit with N abandoned Loaders wait up to N times as long)."""
+    from shardstream.client import prefetch
+
+    before = set(prefetch._LIVE)
+    loaders = [Loader(endpoints, "toy@1", batch_size=4, seed=s, prefetch=1) for s in range(3)]
+    its = [iter(ld) for ld in loaders]  # iterated, never run to the end
+    for it in its:
+        next(it)
+    producers = sorted(set(prefetch._LIVE) - before, key=id)
+    assert len(producers) == 3
+    events: list[tuple[str, int, float]] = []
+
+    class Joins:  # the thread, with its joins on record
+        def __init__(self, i: int, thread: threading.Thread) -> None:
+            self.i, self.thread = i, thread
+
+        def join(self, timeout: float | None = None) -> None:
+            events.append(("join", self.i, timeout or 0.0))
+            self.thread.join(timeout)
+
+        def is_alive(self) -> bool:
+            return self.thread.is_alive()
+
+    for i, p in enumerate(producers):
+        cancel = p.cancel
+        monkeypatch.setattr(p, "cancel", lambda i=i, cancel=cancel: (events.append(("cancel", i, 0.0)), cancel()))
+        monkeypatch.setattr(p, "_thread", Joins(i, p._thread))
+    prefetch._stop_live_producers()
+    kinds = [e[0] for e in events]
+    assert kinds == ["cancel"] * 3 + ["join"] * 3, events
+    assert all(0 < e[2] <= prefetch._EXIT_JOIN_S for e in events[3:])
+    assert not any(p._thread.is_alive() for p in producers) and not set(producers) & set(prefetch._LIVE)
+    for ld in loaders:  # their own close afterwards is harmless
+        ld.close()
