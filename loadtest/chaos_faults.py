@@ -138,10 +138,7 @@ def rank_kills_late(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
 def _rank_kills(ctx: Ctx, stack: contextlib.ExitStack, name: str, *, late: bool) -> Row:
     s = ctx.sizes
     rng = random.Random(s.seed)
-    # The ranks meet before each commit (chaos_rank._Lockstep), as a data-parallel job's ranks do at
-    # every all-reduce: without that, a rank that starts late lets its peer complete steps with the
-    # late rank's records of an abandoned run (client/cursors/fence.py), which a real job never does.
-    redis, job = _committing_job(ctx, stack, name, persistent=True, lockstep=True)
+    redis, job = _committing_job(ctx, stack, name, persistent=True)  # its ranks in lockstep
     kills, resumed_at = [], []
     for _ in range(s.rank_kills):
         victim = rng.randrange(2)
@@ -244,9 +241,14 @@ def _committing_job(
     ctx: Ctx, stack: contextlib.ExitStack, name: str, *, persistent: bool, **kw: Any
 ) -> tuple[Any, Job]:
     """A job of 2 ranks over the stable fleet committing every commit_every steps to a Redis of its
-    own (with an append-only file if `persistent`); `kw` changes its trainers' config."""
+    own (with an append-only file if `persistent`); `kw` changes its trainers' config.
+
+    The ranks meet before each commit (chaos_rank._Lockstep), as a data-parallel job's ranks do at
+    every all-reduce: ranks that drift apart let a step complete with a peer's record of an earlier,
+    abandoned run (client/cursors/fence.py), which a real job never does."""
     s = ctx.sizes
     redis = ctx.redis(stack, f"redis-{name}", persistent=persistent)
+    kw.setdefault("lockstep", True)
     cfg = ctx.trainer(
         [x.target for x in ctx.fleet],
         ctx.vectors,
