@@ -5,9 +5,12 @@ checksums in the shards shardstream writes. The same through real servers: test_
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import struct
+import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ import pytest
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.manifest import Manifest, Shard, ShardChecksums
 from shardstream.registry import Registry
+from shardstream.server.read import shards
 from shardstream.server.read.checksums import chunk_spans, footer_bytes_of, scan_shard
 from shardstream.server.read.reader import DatasetReader, new_row_group_cache
 from shardstream.server.read.shards import read_footer
@@ -152,6 +156,51 @@ def test_a_read_checks_only_the_chunks_it_decodes(tmp_path: Path) -> None:
         DataLossError, match=rf"toy@1: shard {m.shards[1].uri}: row group 2: column chunk 'text'"
     ):
         reader.take(rows, ["text"])
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_arrow_reads_a_shard_only_in_the_thread_that_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """A row group read through a Python file is decoded in the caller's thread, not in Arrow's pools:
+    a pool thread still holding the Python objects it read when the process exits aborts it
+    (shards.PYTHON_FILE_THREADS). Checked (manifest checksums) and unchecked (a remote shard of an
+    older manifest, read by ranges as they come)."""
+    root, m = toy(tmp_path)
+    handed: list[int] = []  # the thread of each read
+    released: list[int] = []  # the thread that let go of each read's bytes
+
+    class Held(bytearray):  # what Arrow holds of a read (as a PyBuffer), and where it lets go
+        def __del__(self) -> None:
+            released.append(threading.get_ident())
+
+    for cls in (shards._CheckedFile, shards._SparseFile):
+        read = cls.read
+
+        def spied(self: object, n: int = -1, read: Callable[..., bytes] = read) -> Held:
+            handed.append(threading.get_ident())
+            return Held(read(self, n))
+
+        monkeypatch.setattr(cls, "read", spied)
+    for shard in m.shards:
+        path = root / "toy" / shard.uri
+        if checked:
+            f = shards.open_shard(path, shard, hash_check_max_bytes=0)
+        else:
+            data = path.read_bytes()
+
+            def fetch(start: int, n: int, data: bytes = data) -> bytes:
+                return data[start : start + n]
+
+            f = shards._RangedShard(fetch, len(data), *shards.read_footer(fetch, len(data)), None)
+        for g, rows in enumerate(shard.row_groups):
+            assert f.read_row_group(g, ["id", "label", "text"]).num_rows == rows
+        del f
+    gc.collect()  # (a reference cycle would keep some alive: collected here, in this thread)
+    me = threading.get_ident()
+    assert handed and set(handed) == {me}
+    # every read's bytes let go (the tables were dropped), and all of them in this thread
+    assert len(released) == len(handed) and set(released) == {me}
 
 
 def test_rows_read_unchecked_are_never_served_as_checked(tmp_path: Path) -> None:

@@ -53,6 +53,18 @@ STORAGE_FETCHED_BYTES = Counter(
     "shardstream_storage_fetched_bytes_total", "Bytes fetched from remote storage (footers and row groups)"
 )
 
+# Arrow decodes a row group read through a Python file (pa.PythonFile) in the calling thread, not in
+# its CPU pool, and without pre-buffering (which reads in its IO pool). Its pool threads would read
+# the file there and hold the Python objects the reads
+# return (as PyBuffers) until their tasks' closures are destroyed, which can be after the read has
+# returned. A process that exits right then (a CLI command whose last act was a read) has a pool
+# thread ask for the GIL during finalization. CPython ends that thread with pthread_exit, and the
+# unwinding through Arrow's C++ frames aborts the process ("terminate called without an active
+# exception", exit status -6; seen 1 in ~150 runs of `shardstream inspect` beside two busy loops).
+# The server decodes several row groups at once in its own threads (reader.py's fetch pool), so
+# little is lost: one column at a time within a row group.
+PYTHON_FILE_THREADS = False
+
 # Byte ranges of one row group: a pool of their own, so the reader's row-group tasks never wait on
 # their own pool.
 _RANGE_POOL = ThreadPoolExecutor(RANGE_THREADS, thread_name_prefix="shardstream-range")
@@ -266,7 +278,8 @@ class _RangedShard:
         blobs = [(s, d) for (s, _), d in zip(ranges, datas, strict=True)]
         if self._sums is None:
             view = pa.PythonFile(_SparseFile(self._size, [self._tail, *blobs], self._fetch), mode="r")
-            return pq.ParquetFile(view, metadata=self.metadata).read_row_group(group, columns=columns)
+            pf = pq.ParquetFile(view, metadata=self.metadata, pre_buffer=False)  # (the ranges are here)
+            return pf.read_row_group(group, columns=columns, use_threads=PYTHON_FILE_THREADS)
         expected = self._sums.chunks(group)
         for i in chosen:
             span = spans[i]
@@ -282,7 +295,7 @@ class _RangedShard:
         # pre_buffer off: pyarrow then reads each chunk it decodes as one range (on, it would also read
         # the unchecked holes up to 8 KiB between them); the bytes are in memory already anyway.
         pf = pq.ParquetFile(view, metadata=self.metadata, pre_buffer=False, page_checksum_verification=True)
-        return pf.read_row_group(group, columns=columns)
+        return pf.read_row_group(group, columns=columns, use_threads=PYTHON_FILE_THREADS)
 
 
 def _remote_fetch(ref: ObjectRef, etag: str) -> Fetch:
