@@ -13,6 +13,9 @@ becomes `errors.from_flight_error` (the status a shardstream server put in its e
 Flight's DoGet returns only once the server sent its first message, and cannot be cancelled before
 it returns; so it runs in a thread of its own and the session waits on it cancellably: a call
 cancelled while it waits is given up (its thread cancels the stream as soon as DoGet returns).
+Those threads are daemons, and one still inside DoGet when the interpreter finalizes is ended as it
+asks for the GIL back, which can abort the process from Flight's C++ frames; so the interpreter's exit
+hook (prefetch.py) waits for them too (`opening`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from shardstream.errors import ShardstreamError, from_flight_error, status_error
 from shardstream.ipc import plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["FlightCall", "Message", "ReadCall", "ReadOpener"]
+__all__ = ["FlightCall", "Message", "ReadCall", "ReadOpener", "opening"]
 
 Message = tuple[pb.ReadHeader, pa.RecordBatch]  # one step (or part of one) and its header
 
@@ -50,6 +53,15 @@ class ReadCall(Protocol):
 
 
 ReadOpener = Callable[[str, pb.ReadRequest], ReadCall]  # (endpoint, request) -> its stream
+
+_OPENING: set[threading.Thread] = set()  # the threads inside a DoGet now
+_OPENING_LOCK = threading.Lock()
+
+
+def opening() -> list[threading.Thread]:
+    """The threads still opening a stream (inside Flight's DoGet)."""
+    with _OPENING_LOCK:
+        return list(_OPENING)
 
 
 class FlightCall:
@@ -79,18 +91,25 @@ class FlightCall:
 
         def open_stream() -> None:
             try:
-                reader = client.do_get(ticket, options)
-            except BaseException as exc:  # noqa: BLE001 — handed to the iterating thread
-                self._error = exc
-                reader = None
-            with self._lock:
-                self._reader = reader
-                late = self._cancelled
-            if late and reader is not None:
-                reader.cancel()
-            self._opened.set()
+                try:
+                    reader = client.do_get(ticket, options)
+                except BaseException as exc:  # noqa: BLE001 — handed to the iterating thread
+                    self._error = exc
+                    reader = None
+                with self._lock:
+                    self._reader = reader
+                    late = self._cancelled
+                if late and reader is not None:
+                    reader.cancel()
+                self._opened.set()
+            finally:
+                with _OPENING_LOCK:
+                    _OPENING.discard(opener)
 
-        threading.Thread(target=open_stream, name="flight-doget", daemon=True).start()
+        opener = threading.Thread(target=open_stream, name="flight-doget", daemon=True)
+        with _OPENING_LOCK:
+            _OPENING.add(opener)
+        opener.start()
 
     def __iter__(self) -> FlightCall:
         return self

@@ -15,7 +15,7 @@ import time
 import weakref
 
 from .decode import Item, decode_message
-from .flight_call import ReadOpener
+from .flight_call import ReadOpener, opening
 from .session import CallRegistry, StreamSession
 from .spec import ReadSpec
 from .striped import stream_epoch_striped
@@ -150,10 +150,13 @@ def _stop_live_producers() -> None:
     streaming. A daemon thread still inside Arrow's C++ (a Flight read) when the interpreter finalizes
     is ended by CPython with pthread_exit as it asks for the GIL back, and that unwinding through C++
     frames can abort the process ("terminate called without an active exception": a DataLoader
-    worker killed by SIGABRT at shutdown)."""
+    worker killed by SIGABRT at shutdown). The threads still inside a DoGet (flight_call.py) are
+    waited for in the same deadline, for the same reason."""
     producers = list(_LIVE)
     for producer in producers:  # every stream cancelled first: the threads end side by side
         producer.cancel()
     deadline = time.monotonic() + _EXIT_JOIN_S
     for producer in producers:
         producer._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    for opener in opening():  # a DoGet of a stream just cancelled, still in Flight's C++
+        opener.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -316,3 +316,35 @@ def test_the_exit_hook_cancels_every_abandoned_stream_before_it_waits_for_any(
     assert not any(p._thread.is_alive() for p in producers) and not set(producers) & set(prefetch._LIVE)
     for ld in loaders:  # their own close afterwards is harmless
         ld.close()
+
+
+def test_the_exit_hook_waits_for_a_stream_still_opening(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DoGet still in Flight's C++ at exit (a stream opened just before its Loader was abandoned):
+    the exit hook waits for it within its deadline, as for the prefetch threads, since its thread
+    asking for the GIL back during finalization can abort the process."""
+    from shardstream.client import flight_call, prefetch
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Reader:
+        def cancel(self) -> None:
+            pass
+
+    class Client:  # a DoGet the server answers only when the test says so
+        def do_get(self, ticket: object, options: object) -> Reader:
+            entered.set()
+            release.wait(30)
+            return Reader()
+
+    call = flight_call.FlightCall(Client(), b"ticket", None)  # type: ignore[arg-type]
+    assert entered.wait(30)
+    (opener,) = [t for t in flight_call.opening() if t.is_alive()]
+    monkeypatch.setattr(prefetch, "_EXIT_JOIN_S", 30.0)
+    hook = threading.Thread(target=prefetch._stop_live_producers)
+    hook.start()
+    hook.join(0.2)
+    assert hook.is_alive() and opener.is_alive()  # waiting for the DoGet
+    release.set()
+    hook.join(30)
+    assert not hook.is_alive() and not opener.is_alive() and opener not in flight_call.opening()
+    call.cancel()
