@@ -54,14 +54,12 @@ class ReadCall(Protocol):
 
 ReadOpener = Callable[[str, pb.ReadRequest], ReadCall]  # (endpoint, request) -> its stream
 
-_OPENING: set[threading.Thread] = set()  # the threads inside a DoGet now
-_OPENING_LOCK = threading.Lock()
+_OPENER = "flight-doget"  # the name of a thread opening a stream
 
 
 def opening() -> list[threading.Thread]:
-    """The threads still opening a stream (inside Flight's DoGet)."""
-    with _OPENING_LOCK:
-        return list(_OPENING)
+    """The threads still opening a stream (inside Flight's DoGet, or just returned from it)."""
+    return [t for t in threading.enumerate() if t.name == _OPENER]
 
 
 class FlightCall:
@@ -91,25 +89,18 @@ class FlightCall:
 
         def open_stream() -> None:
             try:
-                try:
-                    reader = client.do_get(ticket, options)
-                except BaseException as exc:  # noqa: BLE001 — handed to the iterating thread
-                    self._error = exc
-                    reader = None
-                with self._lock:
-                    self._reader = reader
-                    late = self._cancelled
-                if late and reader is not None:
-                    reader.cancel()
-                self._opened.set()
-            finally:
-                with _OPENING_LOCK:
-                    _OPENING.discard(opener)
+                reader = client.do_get(ticket, options)
+            except BaseException as exc:  # noqa: BLE001 — handed to the iterating thread
+                self._error = exc
+                reader = None
+            with self._lock:
+                self._reader = reader
+                late = self._cancelled
+            if late and reader is not None:
+                reader.cancel()
+            self._opened.set()
 
-        opener = threading.Thread(target=open_stream, name="flight-doget", daemon=True)
-        with _OPENING_LOCK:
-            _OPENING.add(opener)
-        opener.start()
+        threading.Thread(target=open_stream, name=_OPENER, daemon=True).start()
 
     def __iter__(self) -> FlightCall:
         return self

@@ -11,8 +11,9 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
-import time
 import weakref
+
+from shardstream.threads import join_all
 
 from .decode import Item, decode_message
 from .flight_call import ReadOpener, opening
@@ -155,8 +156,5 @@ def _stop_live_producers() -> None:
     producers = list(_LIVE)
     for producer in producers:  # every stream cancelled first: the threads end side by side
         producer.cancel()
-    deadline = time.monotonic() + _EXIT_JOIN_S
-    for producer in producers:
-        producer._thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    for opener in opening():  # a DoGet of a stream just cancelled, still in Flight's C++
-        opener.join(timeout=max(0.0, deadline - time.monotonic()))
+    # then their threads, and any DoGet of a stream just cancelled still in Flight's C++
+    join_all([*(p._thread for p in producers), *opening()], _EXIT_JOIN_S)

@@ -15,11 +15,12 @@ Threads start as tasks find none idle, up to `max_threads`, and stay for the poo
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from queue import Empty, SimpleQueue
 from typing import Any, Generic, TypeVar
+
+from shardstream.threads import join_all
 
 __all__ = ["BuildPool", "Pending"]
 
@@ -145,6 +146,4 @@ class BuildPool:
             for _ in self._threads:
                 self._queue.put(None)
             threads = list(self._threads)
-        deadline = time.monotonic() + wait_s
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        join_all(threads, wait_s)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.threads import join_all
 
 from ..config import ServerConfig
 from . import security
@@ -139,7 +140,4 @@ class DataPlane:
             stopping = threading.Thread(target=plane.shutdown, name="data-plane-stop", daemon=True)
             stopping.start()
             self._retiring.append(stopping)
-        deadline = time.monotonic() + grace_s
-        for t in self._retiring:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._retiring)
+        return join_all(self._retiring, grace_s)
