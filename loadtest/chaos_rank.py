@@ -43,6 +43,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,22 +191,31 @@ class _Lockstep:
 
     def meet(self, rank: int, step: int) -> None:
         self.reached(rank, step)
-        deadline = time.monotonic() + self.timeout_s
-        while any(self._step(r) < step for r in range(self.world)):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {rank}: the job's ranks did not all reach step {step}")
-            time.sleep(0.002)  # a poll of the peers' files, not a wait for time to pass
+        _poll(
+            lambda: all(self._step(r) >= step for r in range(self.world)),
+            self.timeout_s,
+            f"rank {rank}: the job's ranks did not all reach step {step}",
+        )
 
 
 def _start_late(cfg: TrainerConfig, rank: int) -> None:
     """A rank whose process was slow to start: wait until another rank of the phase has logged a step
     (reading their logs)."""
     others = [Path(cfg.log_dir) / f"rank-{r}.jsonl" for r in range(cfg.world_size) if r != rank]
-    deadline = time.monotonic() + cfg.stream_idle_timeout_s * 2
-    while not any(_stepped(path, cfg.phase) for path in others):
+    _poll(
+        lambda: any(_stepped(path, cfg.phase) for path in others),
+        cfg.stream_idle_timeout_s * 2,
+        f"rank {rank}: no other rank logged a step",
+    )
+
+
+def _poll(done: Callable[[], bool], timeout_s: float, failure: str) -> None:
+    """Wait until `done()` (what peers wrote in files), or raise RuntimeError(failure) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"rank {rank}: no other rank logged a step")
-        time.sleep(0.005)  # a poll of the peers' logs, not a wait for time to pass
+            raise RuntimeError(failure)
+        time.sleep(0.002)  # a poll of the peers' files, not a wait for time to pass
 
 
 def _stepped(log: Path, phase: int) -> bool:
