@@ -71,6 +71,40 @@ def test_the_plan_orders_exactly_the_rows_held(case, seed: int, mode: str) -> No
         assert loc.block_sizes.tolist() == plain.block_sizes.tolist() and loc.num_rows == plain.num_rows
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    case=masked_shards(),
+    uniform=st.integers(0, 5),  # > 0: every shard's row groups of this size (the divided lookup)
+    masked=st.booleans(),
+)
+def test_a_run_is_where_locate_puts_each_of_its_rows(case, uniform: int, masked: bool) -> None:  # type: ignore[no-untyped-def]
+    """`run(first, n)` (an unshuffled build's lookup, once a message) says what `locate` says of
+    row `first` exactly when rows first .. first+n-1 are consecutive rows of one row group."""
+    shards, masks = case
+    if uniform:
+        shards = [[uniform] * len(groups) for groups in shards]
+        masks = [[(a, b) for a, b in m if b <= sum(groups)] for m, groups in zip(masks, shards, strict=True)]
+    loc = RowLocator(shards, masks if masked else None)
+    if not loc.num_rows:
+        return
+    shard, in_shard, group, in_group = loc.locate(np.arange(loc.num_rows))
+    stored = loc.stored(np.arange(loc.num_rows))
+    for first in range(loc.num_rows):
+        for n in range(1, loc.num_rows - first + 1):
+            rows = slice(first, first + n)
+            one_group = (
+                (shard[rows] == shard[first]).all()
+                and (group[rows] == group[first]).all()
+                and (np.diff(stored[rows]) == 1).all()
+            )
+            want = (int(shard[first]), int(group[first]), int(in_group[first]), int(in_shard[first]))
+            got = loc.run(first, n)
+            assert got == (want if one_group else None), (first, n)
+            assert got is None or all(type(v) is int for v in got)
+    assert loc.run(0, 0) is None and loc.run(-1, 1) is None and loc.run(loc.num_rows, 1) is None
+    assert loc.run(0, loc.num_rows + 1) is None
+
+
 def manifest(shards: tuple[Shard, ...], version: int = 1, schema=None) -> Manifest:  # type: ignore[no-untyped-def]
     import pyarrow as pa
 

@@ -249,10 +249,12 @@ class OrderAhead:
         in order, else None. Only in the stored order (`stored`: position p is row p), where a
         chunk's rows are its positions, one run when its steps' abut: a step, or one rank's steps."""
         p = self._plan
-        if not self.stored or (len(chunk.steps) > 1 and not self._one_rank):
+        steps = chunk.steps
+        if not self.stored or (len(steps) > 1 and not self._one_rank):
             return None
-        a, _ = p.layout.rank_range(chunk.steps[0], p.rank)
-        _, b = p.layout.rank_range(chunk.steps[-1], p.rank)
+        a, b = p.layout.rank_range(steps[0], p.rank)
+        if len(steps) > 1:
+            b = p.layout.rank_range(steps[-1], p.rank)[1]
         return (a, b - a) if b > a else None
 
     def _fill(self, chunk: Chunk) -> None:

@@ -157,14 +157,21 @@ class RowLocator:
         would say of each, without an array per row); None when they are not."""
         if n < 1 or first < 0 or first + n > self.num_rows:
             return None
-        a, b = self.stored(np.array([first, first + n - 1], dtype=np.int64)).tolist()
-        if b - a != n - 1:  # a masked range between them
+        if self._gap_starts is None:
+            a, b = first, first + n - 1
+        else:
+            a, b = self.stored(np.array([first, first + n - 1], dtype=np.int64)).tolist()
+            if b - a != n - 1:  # a masked range between them
+                return None
+        # Scalars, without an array or a numpy call where the row groups are of one size: an
+        # unshuffled build asks once a message or row group (~0.4 us; ~2 through numpy)
+        starts = self._group_starts
+        step = self._groups.step
+        g = min(a // step, len(starts) - 2) if step else int(np.searchsorted(starts, a, side="right")) - 1
+        if b >= starts.item(g + 1):
             return None
-        g = int(np.searchsorted(self._group_starts, a, side="right")) - 1
-        if b >= self._group_starts[g + 1]:
-            return None
-        shard = int(self._group_shard[g])
-        return shard, int(self._group_index[g]), a - int(self._group_starts[g]), a - int(self._shard_starts[shard])
+        shard = self._group_shard.item(g)
+        return shard, self._group_index.item(g), a - starts.item(g), a - self._shard_starts.item(shard)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
