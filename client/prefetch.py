@@ -13,7 +13,7 @@ import queue
 import threading
 import weakref
 
-from shardstream.threads import join_all
+from shardstream.threads import join_all, name_native
 
 from .decode import Item, decode_message
 from .flight_call import ReadOpener, opening
@@ -94,6 +94,7 @@ class Producer:
 
     def _run(self, epoch: int, offset: int) -> None:
         spec = self._spec
+        name_native(f"prefetch-r{spec.rank}")  # in top -H (its Python name is longer than Linux keeps)
         try:
             stream_epoch = self._stream_epoch if spec.streams == 1 else self._stream_epoch_striped
             while spec.epochs is None or epoch < spec.epochs:

@@ -4,6 +4,7 @@ within the limit, shutdown cancels what waits. Synchronised with events, never w
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -11,6 +12,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from shardstream.server.serving.build_pool import BuildPool
+from shardstream.threads import name_native
 
 WAIT_S = 30  # a bound for a wait that should end at once: a failure, not a timing
 
@@ -173,3 +175,20 @@ def test_many_callers_at_once_each_get_their_own_result(pool):
         t.join(WAIT_S)
     assert results == {k: [k * j for j in range(200)] for k in range(8)}
     assert pool.threads <= 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc are Linux's")
+def test_a_build_thread_has_its_name_where_the_system_shows_it(pool):
+    """`top -H` and /proc show a build thread by its name ("test-build_0"), not by the name of the
+    thread that started it (gRPC's, in a server); names longer than Linux keeps are cut to 15 bytes."""
+
+    def comm() -> str:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            return f.read().strip()
+
+    assert pool.submit(comm).result() == "test-build_0"
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.extend([name_native(), comm()]), name="a-name-longer-than-fifteen")
+    t.start()
+    t.join(WAIT_S)
+    assert out == [True, "a-name-longer-t"]

@@ -20,7 +20,7 @@ from concurrent.futures import CancelledError
 from queue import Empty, SimpleQueue
 from typing import Any, Generic, TypeVar
 
-from shardstream.threads import join_all
+from shardstream.threads import join_all, name_native
 
 __all__ = ["BuildPool", "Pending"]
 
@@ -110,6 +110,7 @@ class BuildPool:
         return pending
 
     def _work(self) -> None:
+        name_native()  # "flight-build_0" in top -H, not the gRPC thread's name it would inherit
         get, lock = self._queue.get, self._lock
         while True:
             task = get()
