@@ -81,7 +81,7 @@ from loadtest.bench import (
     build_dataset,
 )
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
-from loadtest.fleet import tree_cpu_s
+from loadtest.fleet import tree_cpu_s, tree_threads_cpu_s
 from loadtest.flight_server import GENERATOR_TICKET
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
@@ -96,6 +96,7 @@ DOGET = "doget"
 LOADER = "loader"
 GENERATOR = "generator"  # --ceiling: the baseline's batches handed over from Python, with metadata
 CACHE_MIB = 1024
+BUILD_THREADS = "flight-build"  # the data plane's build threads, by their names in /proc (BuildPool)
 TARGET_MB_PER_S = 0.9  # issue #26: per stream >= 0.9x Flight DoGet from memory where they share 2 cores
 TARGET_SERVER_CPU = 1.2  # ... server CPU/GB <= 1.2x Flight's
 TARGET_CLIENT_CPU = 1.1  # ... the Loader's client CPU/GB <= 1.1x a plain pyarrow.flight reader's
@@ -178,6 +179,7 @@ def stream_pass(
     rows = n = received = 0
     first = float("nan")
     s0, c0 = tree_cpu_s(server_pid), _cpu_s(me)
+    b0, m0 = tree_threads_cpu_s(server_pid, BUILD_THREADS), time.thread_time()
     t0 = last = time.perf_counter()
     try:
         for batch, nbytes in steps:
@@ -194,7 +196,9 @@ def stream_pass(
         if loader is not None:
             loader.close()
     wall = time.perf_counter() - t0
+    main_cpu = time.thread_time() - m0  # (the Loader's close, after the last batch, counts too)
     client_cpu, server_cpu = _cpu_s(me) - c0, tree_cpu_s(server_pid) - s0
+    build_cpu = tree_threads_cpu_s(server_pid, BUILD_THREADS) - b0
     gb = rows * ROW_BYTES / 1e9
     w = np.array(waits) * 1e3
     return {
@@ -214,6 +218,8 @@ def stream_pass(
         "server_cpu_s": server_cpu,
         "client_cpu_s_per_gb": client_cpu / gb,
         "server_cpu_s_per_gb": server_cpu / gb,
+        "server_build_cpu_s_per_gb": build_cpu / gb,  # of it, the build threads' (0 for Flight's own)
+        "client_main_cpu_s_per_gb": main_cpu / gb,  # of the client's, its iterating thread's
         "client_peak_rss_mib": _peak_rss_mib(me.pid) if peaks else None,
         "server_peak_rss_mib": _peak_rss_mib(server_pid) if peaks else None,
     }
@@ -227,6 +233,8 @@ METRICS = (
     "wait_p99_ms",
     "client_cpu_s_per_gb",
     "server_cpu_s_per_gb",
+    "server_build_cpu_s_per_gb",
+    "client_main_cpu_s_per_gb",
 )
 RATIOS = ("mb_per_s", "wait_p99_ms", "client_cpu_s_per_gb", "server_cpu_s_per_gb")
 MODES = ("none", "block", "full")
@@ -388,6 +396,19 @@ def print_report(result: dict[str, Any]) -> None:
                 f"{mode:<8} {name:<8} {_fmt(s['mb_per_s']):>18} {s['first_batch_ms']['median']:>13.1f} "
                 f"{_fmt(s['wait_p99_ms'], 2):>18} {_fmt(s['server_cpu_s_per_gb'], 2):>18} "
                 f"{_fmt(s['client_cpu_s_per_gb'], 2):>18} {s['batches']:>8}"
+            )
+    print(
+        "\nwhere the CPU goes, CPU-s/GB (medians; a rest is the total's median less the part's): the "
+        "server's build threads and the rest of the server; the client's iterating thread and its other "
+        "threads (the Loader's prefetch thread, gRPC's)"
+    )
+    for mode, m in summary["modes"].items():
+        for name, s in m["paths"].items():
+            build, main = s["server_build_cpu_s_per_gb"]["median"], s["client_main_cpu_s_per_gb"]["median"]
+            server, client = s["server_cpu_s_per_gb"]["median"], s["client_cpu_s_per_gb"]["median"]
+            print(
+                f"{mode:<8} {name:<10} server: build {build:.3f} + rest {server - build:.3f}   "
+                f"client: iterating thread {main:.3f} + other threads {client - main:.3f}"
             )
     print()
     for mode, m in summary["modes"].items():

@@ -320,6 +320,14 @@ def print_report(res: dict[str, Any]) -> None:
                     f"{cpu[flight_bench.BASELINE]:.2f} (target <= 1.2); client CPU/GB "
                     f"{_fmt(r['client_cpu_s_per_gb'])}, p99 wait {_fmt(r['wait_p99_ms'])}"
                 )
+            build = {k: v["server_build_cpu_s_per_gb"]["median"] for k, v in d["paths"].items()}
+            main = {k: v["client_main_cpu_s_per_gb"]["median"] for k, v in d["paths"].items()}
+            print(
+                f"{'  of the server CPU s/GB, its build threads':<58} {'':>24}  plain DoGet "
+                f"{build[flight_bench.DOGET]:.3f}, Loader {build[flight_bench.LOADER]:.3f}; of the client's, "
+                f"its iterating thread: plain reader {main[flight_bench.DOGET]:.3f}, Loader "
+                f"{main[flight_bench.LOADER]:.3f}"
+            )
             r = d["ratios"][f"{flight_bench.LOADER}/{flight_bench.DOGET}"]
             print(
                 f"{'  client CPU s/GB, Loader / plain pyarrow.flight reader':<58} "
