@@ -41,7 +41,11 @@ mode). One warm-up pass per path and mode, then --pairs rounds alternating the o
 ...). Per pass: MB/s of payload (rows x
 1,032 B), time to the first batch (connection set-up included), p50/p99 of the wait for each later
 batch, client and server CPU seconds (psutil, user + system, the server's child processes
-included) per GB of payload, peak RSS of both (VmHWM, reset before the pass). Ratios doget/flight,
+included) per GB of payload, and of those where it goes: the server's build threads' (found by
+their names, `flight-build_N`, on-CPU time from /proc/PID/task/TID/schedstat: what shardstream
+builds, beside what Flight and gRPC send) and the client's iterating thread's (`time.thread_time`:
+the plain reader's own reads, or the Loader's training-loop side, apart from its prefetch and
+gRPC's threads); peak RSS of both (VmHWM, reset before the pass). Ratios doget/flight,
 loader/flight and loader/doget (the Loader's client against a plain pyarrow.flight reader of the
 same stream) per round and mode, median (min-max), against issue #26's targets: per stream >= 0.9x
 Flight's MB/s (client and server on 2 shared cores), server CPU/GB <= 1.2x Flight's, the Loader's
