@@ -18,7 +18,7 @@ from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS, write_dataset
-from .support.servers import rpc_count, scrape
+from .support.servers import rpc_count, scrape, wait_for
 
 
 def list_services(target: str) -> set[str]:
@@ -73,6 +73,9 @@ def test_metrics_count_streams_batches_bytes_and_errors(server_factory) -> None:
         steps = sum(1 for _ in ld)
     with Loader([server.target], "nope", batch_size=1) as ld, pytest.raises(LookupError):
         iter(ld)
+    # A Loader stops reading at its epoch's last step, before the stream's end: the server counts
+    # the stream's last messages as its send loop ends, which may come after the client is done
+    wait_for(lambda: scrape(server)["shardstream_streams_active"] == 0, "the stream to end")
     after = scrape(server)
     assert steps == 11
     assert after["shardstream_batches_sent_total"] - before.get("shardstream_batches_sent_total", 0) == steps
