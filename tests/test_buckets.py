@@ -1,5 +1,6 @@
-"""shardstream/order/buckets.py: `Buckets.index` is `np.searchsorted(starts, v, "right") - 1` for
-every value, on evenly spaced starts (its division) and on any other (the search)."""
+"""shardstream/order/buckets.py: `Buckets.index` (and `index_one`, a value at a time) is
+`np.searchsorted(starts, v, "right") - 1` for every value, on evenly spaced starts (its division)
+and on any other (the search)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def test_index_is_the_search(kind: str, seed: int) -> None:
     lo, hi = int(s[0]) - 3 * int(s[-1] - s[0] + 1), int(s[-1]) * 2 + 10
     values = np.concatenate([rng.integers(lo, hi, 500), s, s - 1, s + 1]).astype(np.int64)
     got = Buckets(s).index(values)
-    assert np.array_equal(got, np.searchsorted(s, values, side="right") - 1), (kind, s)
+    want = np.searchsorted(s, values, side="right") - 1
+    assert np.array_equal(got, want), (kind, s)
+    one = [Buckets(s).index_one(int(v)) for v in values]  # one value at a time, as RowLocator.run asks
+    assert one == want.tolist() and all(type(i) is int for i in one), (kind, s)
 
 
 def test_evenly_spaced_starts_take_the_division() -> None:

@@ -39,3 +39,14 @@ class Buckets:
         i += v >= s[last]
         np.maximum(i, -1, out=i)
         return i.astype(np.intp, copy=False)
+
+    def index_one(self, value: int) -> int:
+        """`index` of one value, in scalars (~0.2 us; an array and a numpy call: ~2)."""
+        s = self.starts
+        if not self.step:
+            return int(np.searchsorted(s, value, side="right")) - 1
+        last = len(s) - 1
+        if value >= s.item(last):
+            return last
+        first = s.item(0)
+        return -1 if value < first else min((value - first) // self.step, last - 1)
