@@ -199,6 +199,9 @@ done:
     return result;
 }
 
+#define PREFETCH_BYTES 8192     /* gather_rows: bytes of rows asked for ahead of the copy */
+#define PREFETCH_ROW_BYTES 4096 /* ... of each row at most */
+
 PyDoc_STRVAR(gather_rows_doc,
 "gather_rows(out, width, addresses, lengths, group, row)\n--\n\n"
 "Copies row row[i] of row group group[i] to out[i * width : (i + 1) * width] for every i. Row group\n"
@@ -235,6 +238,13 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
     const int64_t *addr = (const int64_t *)bufs[0].buf, *len = (const int64_t *)bufs[1].buf;
     const int64_t *group = (const int64_t *)bufs[2].buf, *row = (const int64_t *)bufs[3].buf;
     Py_ssize_t bad = -1;
+    /* Each row's every cache line (up to PREFETCH_ROW_BYTES; the CPU's own prefetcher follows a longer
+     * row), asked for rows enough ahead to keep ~PREFETCH_BYTES in flight: a row's first line alone,
+     * 4 rows ahead, left a 1,032 B row's other 16 lines to miss one after another (1.8x slower on 2
+     * MiB messages of random rows out of 256 MiB; loadtest/README.md, "Ninth pass"). */
+    const Py_ssize_t lines = width < PREFETCH_ROW_BYTES ? width : PREFETCH_ROW_BYTES;
+    Py_ssize_t ahead = PREFETCH_BYTES / width;
+    ahead = ahead < 4 ? 4 : ahead > 32 ? 32 : ahead;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t g = group[i], r = row[i];
@@ -242,10 +252,13 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
             bad = i;
             break;
         }
-        if (i + 4 < n) { /* rows of a shuffled message lie anywhere: ask for one a few rows ahead */
-            int64_t g4 = group[i + 4], r4 = row[i + 4];
-            if (g4 >= 0 && g4 < groups)
-                __builtin_prefetch((const char *)(intptr_t)addr[g4] + r4 * width);
+        if (i + ahead < n) { /* rows of a shuffled message lie anywhere: ask for one a few rows ahead */
+            int64_t ga = group[i + ahead], ra = row[i + ahead];
+            if (ga >= 0 && ga < groups && ra >= 0 && ra < len[ga]) {
+                const char *p = (const char *)(intptr_t)addr[ga] + ra * width;
+                for (Py_ssize_t at = 0; at < lines; at += 64)
+                    __builtin_prefetch(p + at);
+            }
         }
         memcpy(out + i * width, (const char *)(intptr_t)addr[g] + r * width, (size_t)width);
     }
