@@ -195,33 +195,38 @@ class LRUCache(Generic[V]):
     def _need(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> int:
         """The bytes pinning `keys` would add (under the lock; no value referenced after: a lease
         waiting must not keep alive what the cache evicts meanwhile)."""
+        pins, items = self._pins, self._items  # (locals: a full shuffle's lease has a key per row group)
         need = 0
         for i, key in enumerate(keys):
-            if key not in self._pins:
-                size = self._items.get(key, (None, -1))[1]
-                need += size if size >= 0 else estimate(i)
+            if key not in pins:
+                hit = items.get(key)
+                need += hit[1] if hit is not None else estimate(i)
         return need
 
     def _pin(self, keys: Sequence[Hashable], estimate: Callable[[int], int]) -> list[V | None]:
         values: list[V | None] = []
-        hits = hit_bytes = 0
+        pins, items, unused = self._pins, self._items, self._unused
+        hits = hit_bytes = pinned = 0
         for i, key in enumerate(keys):
-            count = self._pins.get(key, 0)
-            self._pins[key] = count + 1
-            hit = self._items.get(key)
+            count = pins.get(key, 0)
+            pins[key] = count + 1
+            hit = items.get(key)
             if hit is None:
                 if not count:
                     self._reserved[key] = size = estimate(i)
-                    self.pinned_bytes += size
+                    pinned += size
                     self._reserved_bytes += size
                 values.append(None)
                 continue
+            size = hit[1]
             if not count:
-                self.pinned_bytes += hit[1]
-            self._used(key, hit[1])
+                pinned += size
+            if unused and key in unused:
+                self._used(key, size)
             hits += 1
-            hit_bytes += hit[1]
+            hit_bytes += size
             values.append(hit[0])
+        self.pinned_bytes += pinned
         if self._reserved_bytes:
             self._evict()  # room for the reads reserved
         if hits:
@@ -231,20 +236,23 @@ class LRUCache(Generic[V]):
 
     def _unpin(self, keys: Sequence[Hashable]) -> None:
         with self._lock:
-            items = self._items
+            pins, items = self._pins, self._items
+            unpinned = 0
             for key in keys:
-                count = self._pins[key] - 1
+                count = pins[key] - 1
                 if count:
-                    self._pins[key] = count
+                    pins[key] = count
                     continue
-                del self._pins[key]
-                if key in items:
-                    self.pinned_bytes -= items[key][1]
+                del pins[key]
+                hit = items.get(key)
+                if hit is not None:
+                    unpinned += hit[1]
                     items.move_to_end(key)  # used last by this lease
                 else:  # never read (its read failed, or the build stopped first)
                     estimate = self._reserved.pop(key)
-                    self.pinned_bytes -= estimate
+                    unpinned += estimate
                     self._reserved_bytes -= estimate
+            self.pinned_bytes -= unpinned
             self._evict()
             if self._waiting:
                 self._room.notify_all()
