@@ -132,6 +132,22 @@ def test_the_numpy_gather_serves_fixed_width_columns() -> None:
     assert gather_module._gather_fixed([with_nulls, t], group, row) is None
 
 
+def test_the_numpy_gather_takes_row_groups_of_one_schema_only() -> None:
+    """Row groups whose schemas differ (a type, or metadata alone) are left to Arrow's path, however
+    their views were found before (the views of a table are remembered by its id)."""
+    a = pa.table({"id": np.arange(10, dtype=np.int64)})
+    b = pa.table({"id": np.arange(10, 20, dtype=np.int64)})
+    other_metadata = b.replace_schema_metadata({"k": "v"})
+    other_type = pa.table({"id": np.arange(10, dtype=np.int32)})
+    group, row = np.array([1, 0, 1, 0]), np.array([3, 9, 0, 2])
+    for _ in range(2):  # the second time, every table's views are remembered
+        fast = gather_module._gather_fixed([a, b], group, row)
+        assert fast is not None and fast.column("id").to_pylist() == [13, 9, 10, 2]
+        assert gather_module._gather_fixed([a, other_metadata], group, row) is None
+        assert gather_module._gather_fixed([other_type, a], group, row) is None
+        assert gather_module._gather_fixed([b, b, other_type], np.array([2]), np.array([0])) is None
+
+
 def test_fixed_shape_tensors_take_the_numpy_gather_and_make_the_same_bytes() -> None:
     """Decoded images as the feature cache keeps them (fixed-shape tensors: an extension type over a
     fixed-size list) are gathered by numpy too, from whole and sliced row groups, into the bytes
