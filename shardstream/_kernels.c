@@ -240,8 +240,8 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
     Py_ssize_t bad = -1;
     /* Each row's every cache line (up to PREFETCH_ROW_BYTES; the CPU's own prefetcher follows a longer
      * row), asked for rows enough ahead to keep ~PREFETCH_BYTES in flight: a row's first line alone,
-     * 4 rows ahead, left a 1,032 B row's other 16 lines to miss one after another (1.8x slower on 2
-     * MiB messages of random rows out of 256 MiB; loadtest/README.md, "Ninth pass"). */
+     * 4 rows ahead, left a 1,032 B row's other 16 lines to miss one after another: the copy of a 2 MiB
+     * message of random rows out of 256 MiB took 1.8x as long (loadtest/README.md, "Ninth pass"). */
     const Py_ssize_t lines = width < PREFETCH_ROW_BYTES ? width : PREFETCH_ROW_BYTES;
     Py_ssize_t ahead = PREFETCH_BYTES / width;
     ahead = ahead < 4 ? 4 : ahead > 32 ? 32 : ahead;
