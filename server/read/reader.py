@@ -288,6 +288,7 @@ class DatasetReader:
         return known
 
     def _group_key(self, by_group: list[str | None], g: int, cols: tuple[str, ...]) -> str:
+        """Row group `g`'s key with `cols`, made and kept in `by_group` (`_group_keys(cols)`)."""
         shard, group = self.locator.group_place(np.array([g]))
         key = by_group[g] = self._key(int(shard[0]), int(group[0]), cols)
         return key
