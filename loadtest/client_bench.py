@@ -1,7 +1,7 @@
 """The Loader's client, in process: CPU per message of `Loader` against a plain reader of the same messages.
 
     python -m loadtest.client_bench [--messages 400] [--rounds 7] [--steps 1] [--output arrow]
-                                    [--profile] [--json PATH]
+                                    [--evict-mib 4] [--profile] [--json PATH]
 
 No server, no network: messages as a shardstream server sends them for one rank of world size 1,
 unshuffled — `id` int64 + `vec` fixed_size_list<float32>[256] (1,032 B/row, `loadtest.bench`'s
@@ -21,6 +21,12 @@ The Loader is a subclass whose `_get_dataset` answers from the prepared dataset 
 `read_chunk` itself (the socket, gRPC, Arrow's IPC decode) costs both paths the same and is left
 out, so `loader - plain` is the Loader's own cost per message; add it to a plain reader's CPU per
 message through Flight (flight_bench: ~700 us for 2 MiB here) for the ratio flight_bench measures.
+Before each message, both paths write one byte in every cache line of `--evict-mib` MiB (default 4;
+0: none), as a real client's network receive copies each 2 MiB message through the CPU's caches:
+the Loader's Python then runs with the cold caches it has in a trainer, where it costs up to twice
+what it costs warm (2026-11-27, `loader - plain`: 43-62 us a message evicted against 32-36 warm;
+over a real server the Loader's process spends ~60-78 us a message more than a plain reader's). The
+writes cost both paths the same and cancel in `loader - plain`.
 Per round: CPU microseconds per message (`time.process_time`: both threads of the Loader count);
 median (min-max) over rounds, and `loader - plain` per round. `--profile`: cProfile of one
 Loader pass, both threads, the top functions by own time. Figures only; it exits 0.
@@ -114,21 +120,36 @@ class Stream:
         )
 
 
+class Evict:
+    """What a network receive does to the CPU's caches, on demand: one write in every cache line of
+    `mib` MiB (none when 0)."""
+
+    def __init__(self, mib: int) -> None:
+        self._lines = np.zeros(max(0, mib) << 20, np.uint8)[::64]
+
+    def __call__(self) -> None:
+        if len(self._lines):
+            self._lines += 1
+
+
 class MemoryCall:
     """A `ReadCall` (client/flight_call.py) over prepared messages: what `FlightCall.__next__` does
-    past `read_chunk` — the header parsed from its bytes, the batch through `plain_batch`."""
+    past `read_chunk` — the header parsed from its bytes, the batch through `plain_batch` — after
+    `evict` (the receive's copy)."""
 
     stream_id = "bench"
 
-    def __init__(self, stream: Stream, request: pb.ReadRequest) -> None:
+    def __init__(self, stream: Stream, request: pb.ReadRequest, evict: Evict) -> None:
         first = request.first_step // stream.steps  # (a whole epoch from its start: first_step 0)
         self._it = zip(stream.headers(request.epoch)[first:], stream.batches[first:], strict=True)
+        self._evict = evict
 
     def __iter__(self) -> MemoryCall:
         return self
 
     def __next__(self) -> tuple[pb.ReadHeader, pa.RecordBatch]:
         meta, batch = next(self._it)
+        self._evict()
         return pb.ReadHeader.FromString(meta), plain_batch(batch)
 
     def cancel(self) -> None:
@@ -138,33 +159,35 @@ class MemoryCall:
 class MemoryLoader(Loader):
     """A Loader whose dataset and Read calls are the prepared stream's (no channel is opened)."""
 
-    def __init__(self, stream: Stream, **options: Any) -> None:
+    def __init__(self, stream: Stream, evict: Evict, **options: Any) -> None:
         super().__init__(["127.0.0.1:1"], DATASET, **options)
         self._stream = stream
+        self._evict = evict
 
     def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
         return self._stream.info()
 
     def _open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
-        return MemoryCall(self._stream, request)
+        return MemoryCall(self._stream, request, self._evict)
 
 
-def plain_pass(stream: Stream, epochs: int) -> int:
+def plain_pass(stream: Stream, epochs: int, evict: Evict) -> int:
     """flight_bench's plain reader past `read_chunk`: each message's batch and metadata size."""
     n = received = 0
     for epoch in range(epochs):
         for meta, batch in zip(stream.headers(epoch), stream.batches, strict=True):
+            evict()
             received += len(meta)
             batch.num_rows  # noqa: B018 — the chunk's `data`, touched as the plain reader does
             n += 1
     return n
 
 
-def loader_pass(stream: Stream, epochs: int, output: str) -> int:
+def loader_pass(stream: Stream, epochs: int, output: str, evict: Evict) -> int:
     """A whole Loader read; the messages it received."""
     steps = 0
     with MemoryLoader(
-        stream, batch_size=stream.step_rows, output=output, world_size=1, rank=0, epochs=epochs
+        stream, evict, batch_size=stream.step_rows, output=output, world_size=1, rank=0, epochs=epochs
     ) as loader:
         for _ in loader:
             steps += 1
@@ -177,13 +200,13 @@ def _cpu_us_per_message(fn: Callable[[], int]) -> float:
     return (time.process_time() - c0) / n * 1e6
 
 
-def profile_loader(stream: Stream, epochs: int, output: str, top: int = 20) -> str:
+def profile_loader(stream: Stream, epochs: int, output: str, evict: Evict, top: int = 20) -> str:
     """cProfile of one Loader pass, its prefetch thread included: the top functions by own time."""
     profile = cProfile.Profile()
     threading.setprofile(lambda *_: profile.enable())  # ... in threads started from here on
     profile.enable()
     try:
-        loader_pass(stream, epochs, output)
+        loader_pass(stream, epochs, output, evict)
     finally:
         profile.disable()
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -195,9 +218,10 @@ def profile_loader(stream: Stream, epochs: int, output: str, top: int = 20) -> s
 def run(args: argparse.Namespace) -> dict[str, Any]:
     stream = Stream(MESSAGES_PER_EPOCH, args.steps)
     epochs = max(1, args.messages // MESSAGES_PER_EPOCH)
+    evict = Evict(args.evict_mib)
     paths: dict[str, Callable[[], int]] = {
-        "plain": lambda: plain_pass(stream, epochs),
-        "loader": lambda: loader_pass(stream, epochs, args.output),
+        "plain": lambda: plain_pass(stream, epochs, evict),
+        "loader": lambda: loader_pass(stream, epochs, args.output, evict),
     }
     for fn in paths.values():  # warm-up (imports, the header cache, the first Loader)
         fn()
@@ -215,6 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps_per_message": args.steps,
             "message_bytes": message_bytes,
             "output": args.output,
+            "evict_mib": args.evict_mib,
             "rounds": args.rounds,
         },
         "versions": versions("shardstream"),
@@ -224,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": per,
     }
     if args.profile:
-        result["profile"] = profile_loader(stream, epochs, args.output)
+        result["profile"] = profile_loader(stream, epochs, args.output, evict)
     return result
 
 
@@ -232,7 +257,8 @@ def print_report(result: dict[str, Any]) -> None:
     c = result["config"]
     print(
         f"client A/B in process: {c['messages_per_pass']} messages of {c['message_bytes'] / (1 << 20):.2f} MiB "
-        f"({c['steps_per_message']} step(s) each), output={c['output']}, {c['rounds']} rounds"
+        f"({c['steps_per_message']} step(s) each), output={c['output']}, {c['rounds']} rounds, "
+        f"{c.get('evict_mib', 0)} MiB evicted a message"
     )
     for p, s in result["cpu_us_per_message"].items():
         print(f"  {p:<7} {s['median']:8.1f} us/message ({s['min']:.1f}-{s['max']:.1f})")
@@ -251,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="rounds after the warm-up (default 7)")
     ap.add_argument("--steps", type=int, default=1, help="steps a 2 MiB message (default 1)")
     ap.add_argument("--output", choices=("arrow", "numpy", "torch"), default="arrow")
+    ap.add_argument(
+        "--evict-mib",
+        type=int,
+        default=4,
+        help="MiB written through the caches before each message, as a network receive does (default 4; 0: none)",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile of one Loader pass (both threads)")
     return bench_main(ap, argv, run, json_default=results_path("client_bench"), report=print_report)
 
