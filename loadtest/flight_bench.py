@@ -1,7 +1,8 @@
 """Data plane A/B: shardstream's data plane (Arrow Flight DoGet) against Flight DoGet from memory.
 
     python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
-                                    [--shuffle none block full] [--no-loader] [--ceiling] [--json PATH]
+                                    [--shuffle none block full] [--no-loader] [--ceiling] [--gather]
+                                    [--json PATH]
 
 Issue #17's comparison (and issue #26's, in every shuffle mode), now that shardstream's Read streams are Arrow Flight DoGets
 (server/serving/data_plane.py): does one stream of a real `shardstream serve` move bytes as fast, and
@@ -34,6 +35,11 @@ process of its own kept for all its passes (bench.py's `ClientProcess`):
              of app_metadata (loadtest/flight_server.py, ticket `generator`), read as `flight` reads
              them: what handing Flight each message from Python costs with nothing built, the
              floor under any server that does (shardstream's data plane does: data_plane.py)
+    gather   (--gather; block and full only) the baseline's rows in a shuffled order of the pass's
+             mode, each batch copied out of its table as it is sent (loadtest/flight_server.py,
+             ticket `gather:MODE:WINDOW`), read as `flight` reads them: the least a Flight server
+             that shuffles does. The issue's targets stay against `flight`; the ratios to `gather`
+             say how far a shuffled stream is from the copy that any shuffle costs
 
 A pass is --epochs whole epochs, one DoGet (one stream) per epoch, in one shuffle mode (--shuffle:
 each mode gets its passes in every round; Flight's baseline serves the same batches whatever the
@@ -86,7 +92,7 @@ from loadtest.bench import (
 )
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.fleet import tree_cpu_s, tree_threads_cpu_s
-from loadtest.flight_server import GENERATOR_TICKET
+from loadtest.flight_server import GATHER_TICKET, GENERATOR_TICKET
 from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.order.shuffle import DEFAULT_WINDOW
@@ -99,6 +105,7 @@ BASELINE = "flight"
 DOGET = "doget"
 LOADER = "loader"
 GENERATOR = "generator"  # --ceiling: the baseline's batches handed over from Python, with metadata
+GATHER = "gather"  # --gather: the baseline's rows shuffled, each batch copied as it is sent
 CACHE_MIB = 1024
 BUILD_THREADS = "flight-build"  # the data plane's build threads, by their names in /proc (BuildPool)
 TARGET_MB_PER_S = 0.9  # issue #26: per stream >= 0.9x Flight DoGet from memory where they share 2 cores
@@ -107,7 +114,9 @@ TARGET_CLIENT_CPU = 1.1  # ... the Loader's client CPU/GB <= 1.1x a plain pyarro
 
 
 # --- in each path's client process ------------------------------------------------------------
-def read_request(ref: str, fingerprint: str, batch_rows: int, epoch: int, mode: str = "none") -> pb.ReadRequest:
+def read_request(
+    ref: str, fingerprint: str, batch_rows: int, epoch: int, mode: str = "none"
+) -> pb.ReadRequest:
     """The ReadRequest the Loader sends for one whole epoch of rank 0 of 1 in shuffle `mode`
     (client/spec.py `ReadSpec.request`)."""
     return pb.ReadRequest(
@@ -164,8 +173,12 @@ def stream_pass(
         steps = _chunks(int(where), [b"all"] * epochs)
     elif path == GENERATOR:
         steps = _chunks(int(where), [GENERATOR_TICKET] * epochs)
+    elif path == GATHER:
+        steps = _chunks(int(where), [GATHER_TICKET + f"{mode}:{DEFAULT_WINDOW}".encode()] * epochs)
     elif path == DOGET:
-        tickets = [read_request(ref, fingerprint, batch_rows, e, mode).SerializeToString() for e in range(epochs)]
+        tickets = [
+            read_request(ref, fingerprint, batch_rows, e, mode).SerializeToString() for e in range(epochs)
+        ]
         steps = _chunks(int(where), tickets)
     else:
         loader = Loader(
@@ -266,13 +279,20 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dic
         pairs = list(zip(by_path[other], by_path[BASELINE], strict=True))
         r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
         out["ratios"][f"{other}/{BASELINE}"] = r
-        if other == GENERATOR:
-            continue  # a floor, not shardstream: no targets
+        if other in (GENERATOR, GATHER):
+            continue  # baselines of their own, not shardstream: no targets
         out["targets"][other] = {
             f"mb_per_s >= {TARGET_MB_PER_S}x": r["mb_per_s"]["median"] >= TARGET_MB_PER_S,
             f"server_cpu_s_per_gb <= {TARGET_SERVER_CPU}x": r["server_cpu_s_per_gb"]["median"]
             <= TARGET_SERVER_CPU,
         }
+    if GATHER in paths:  # shardstream's shuffled streams against the least a shuffling Flight server does
+        for other in (DOGET, LOADER):
+            if other in paths:
+                pairs = list(zip(by_path[other], by_path[GATHER], strict=True))
+                out["ratios"][f"{other}/{GATHER}"] = {
+                    m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS
+                }
     if LOADER in paths:  # the Loader's client against a plain pyarrow.flight reader of the same stream
         pairs = list(zip(by_path[LOADER], by_path[DOGET], strict=True))
         r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
@@ -283,10 +303,18 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dic
     return out
 
 
+def mode_paths(paths: tuple[str, ...], mode: str) -> tuple[str, ...]:
+    """The paths a shuffle mode's rounds run (the gather only where there is a shuffle)."""
+    return tuple(p for p in paths if p != GATHER or mode != "none")
+
+
 def summarize(passes: list[dict[str, Any]], paths: tuple[str, ...], modes: tuple[str, ...]) -> dict[str, Any]:
     measured = [p for p in passes if p["round"] > 0]
     return {
-        "modes": {mode: _summarize_mode([p for p in measured if p["mode"] == mode], paths) for mode in modes},
+        "modes": {
+            mode: _summarize_mode([p for p in measured if p["mode"] == mode], mode_paths(paths, mode))
+            for mode in modes
+        },
         "same_rows_on_every_path": len({p["rows"] for p in passes}) == 1,
     }
 
@@ -296,6 +324,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     paths = (BASELINE, DOGET) if getattr(args, "no_loader", False) else (BASELINE, DOGET, LOADER)
     if getattr(args, "ceiling", False):
         paths = (*paths, GENERATOR)
+    if getattr(args, "gather", False):
+        paths = (*paths, GATHER)
     modes = tuple(getattr(args, "shuffle", None) or ("none",))
     passes: list[dict[str, Any]] = []
     t_start = time.perf_counter()
@@ -320,6 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         where: dict[str, tuple[str | int, int]] = {
             BASELINE: (baseline.port, baseline.proc.pid),
             GENERATOR: (baseline.port, baseline.proc.pid),
+            GATHER: (baseline.port, baseline.proc.pid),
             DOGET: (info.data_port or server.data_port, server.pid),
             LOADER: (server.target, server.pid),
         }
@@ -331,7 +362,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for round_ in range(args.pairs + 1):
             order = paths if round_ % 2 == 0 else paths[::-1]  # A B C, C B A, ...: none always first
             for mode in modes:
-                for name in order:
+                for name in mode_paths(order, mode):
                     target, pid = where[name]
                     p = (
                         clients[name]
@@ -365,6 +396,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "server_cache_mib": CACHE_MIB,
             "malloc_env": MALLOC_ENV,
             "baseline": "loadtest/flight_server.py --from-memory (RecordBatchStream of the table)",
+            "gather_window": DEFAULT_WINDOW,
             "page_cache": "warm (written just before the passes)",
             "setup_s": setup_s,
             "load_average": os.getloadavg(),
@@ -443,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=2, help="whole epochs per pass, a stream each (default 2)")
     ap.add_argument("--batch-mib", type=float, default=2.0, help="batch size in MiB of payload (default 2)")
     ap.add_argument(
-        "--shuffle", nargs="+", choices=MODES, default=["none"], help="shuffle modes, each a pass per path and round"
+        "--shuffle",
+        nargs="+",
+        choices=MODES,
+        default=["none"],
+        help="shuffle modes, each a pass per path and round",
     )
     ap.add_argument(
         "--no-loader", action="store_true", help="leave out the Loader path (the two plain DoGets only)"
@@ -452,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ceiling",
         action="store_true",
         help="add the generator path: the baseline's batches handed to Flight from Python, with metadata",
+    )
+    ap.add_argument(
+        "--gather",
+        action="store_true",
+        help="add the gather path (block and full): the baseline's rows shuffled, each batch copied as it is sent",
     )
     return bench_main(
         ap, argv, run, json_default=results_path("flight_bench"), report=print_report, check=_check

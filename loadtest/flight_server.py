@@ -8,8 +8,15 @@ DoGet (any ticket) streams every shard listed in --shards, in order, read from P
 ticket `generator` serves the same batches through a `GeneratorStream` that yields each with
 METADATA_BYTES of app_metadata (a shardstream message's header is ~30-50 B): what handing Flight
 every message from Python costs with nothing built, the least a data plane that does so can cost
-(`loadtest.flight_bench --ceiling`: issue #26). The port it picked is written, with its pid, to
---ready-file once it serves; SIGTERM (default action) ends it.
+(`loadtest.flight_bench --ceiling`: issue #26). With --from-memory, the ticket `gather:MODE:WINDOW`
+(MODE `block` or `full`) serves the table's rows in a shuffled order, each batch of --batch-rows rows
+copied out of the table as it is sent (`np.take` of whole rows, a column at a time) with the same
+app_metadata: the least a Flight server that shuffles does, against which shardstream's shuffled
+streams can be set (`loadtest.flight_bench --gather`). The order is shardstream's kind, not its
+permutation: full, any row anywhere; block, the row groups (of the Parquet shards) in a random order,
+the rows permuted within each WINDOW consecutive row groups. It is made at the first such DoGet and
+kept; a shardstream server works out its order as it goes. The port it picked is written, with its
+pid, to --ready-file once it serves; SIGTERM (default action) ends it.
 """
 
 from __future__ import annotations
@@ -21,12 +28,58 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
 GENERATOR_TICKET = b"generator"
+GATHER_TICKET = b"gather:"  # + b"block:WINDOW" or b"full:WINDOW"
 METADATA_BYTES = 40
+
+
+def shuffled_order(group_rows: list[int], mode: str, window: int, seed: int = 0) -> np.ndarray:
+    """Every row index of a table of row groups of `group_rows` rows, in a shuffled order of `mode`:
+    "full", a permutation of all rows; "block", the row groups in a random order, cut into windows of
+    `window` row groups, the rows of each window permuted."""
+    rng = np.random.default_rng(seed)
+    if mode == "full":
+        return rng.permutation(sum(group_rows))
+    if mode != "block" or window < 1:
+        raise ValueError(f"no shuffled order {mode!r} with window {window}")
+    starts = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
+    groups = rng.permutation(len(group_rows))
+    windows = []
+    for w in range(0, len(groups), window):
+        rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups[w : w + window]])
+        windows.append(rng.permutation(rows))
+    return np.concatenate(windows) if windows else np.zeros(0, np.int64)
+
+
+def _row_view(column: pa.ChunkedArray) -> np.ndarray:
+    """A column of numbers, or of fixed-size lists of them, without nulls and in one chunk, as one
+    opaque numpy item per row (a row taken is one copy of its bytes)."""
+    arr = column.chunk(0) if column.num_chunks == 1 else None
+    if arr is None or arr.null_count:
+        raise ValueError("the gather serves columns of one chunk without nulls")
+    t = arr.type
+    size = t.list_size if pa.types.is_fixed_size_list(t) else 1
+    values = arr.values.slice(arr.offset * size, len(arr) * size) if pa.types.is_fixed_size_list(t) else arr
+    vt = values.type
+    if values.null_count or not (pa.types.is_integer(vt) or pa.types.is_floating(vt)):
+        raise ValueError(f"the gather serves fixed-width columns of numbers, not {t}")
+    item = vt.bit_width // 8
+    data = np.frombuffer(values.buffers()[1], np.uint8, len(arr) * size * item, values.offset * item)
+    return data.view(np.dtype((np.void, size * item)))
+
+
+def _from_rows(t: pa.DataType, rows: np.ndarray) -> pa.Array:
+    """The column of type `t` whose rows are `rows` (`_row_view`'s items), over their buffer."""
+    buf = pa.py_buffer(rows)
+    if pa.types.is_fixed_size_list(t):
+        values = pa.Array.from_buffers(t.value_type, len(rows) * t.list_size, [None, buf])
+        return pa.Array.from_buffers(t, len(rows), [None], children=[values])
+    return pa.Array.from_buffers(t, len(rows), [None, buf])
 
 
 class ShardFlightServer(flight.FlightServerBase):
@@ -36,6 +89,8 @@ class ShardFlightServer(flight.FlightServerBase):
         self.batch_rows = batch_rows
         self.schema = pq.read_schema(shards[0]).remove_metadata()
         self.table = pa.Table.from_batches(list(self._batches()), self.schema) if from_memory else None
+        self._rows: list[np.ndarray] | None = None  # the table's columns, for the gather
+        self._orders: dict[bytes, np.ndarray] = {}
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         for path in self.shards:
@@ -47,8 +102,37 @@ class ShardFlightServer(flight.FlightServerBase):
             if ticket.ticket == GENERATOR_TICKET:
                 metadata = bytes(METADATA_BYTES)
                 return flight.GeneratorStream(self.schema, ((b, metadata) for b in self.table.to_batches()))
+            if ticket.ticket.startswith(GATHER_TICKET):
+                return flight.GeneratorStream(self.schema, self._gathered(self._order(ticket.ticket)))
             return flight.RecordBatchStream(self.table)  # one IPC message per chunk (= per batch)
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(self.schema, self._batches()))
+
+    def _order(self, ticket: bytes) -> np.ndarray:
+        order = self._orders.get(ticket)
+        if order is None:
+            mode, window = ticket[len(GATHER_TICKET) :].decode().split(":")
+            groups = [
+                pq.ParquetFile(path).metadata.row_group(i).num_rows
+                for path in self.shards
+                for i in range(pq.ParquetFile(path).metadata.num_row_groups)
+            ]
+            order = self._orders[ticket] = shuffled_order(groups, mode, int(window))
+        return order
+
+    def _gathered(self, order: np.ndarray) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+        """The table's rows in `order`, each batch copied out of the table as it is asked for."""
+        assert self.table is not None
+        if self._rows is None:
+            whole = self.table.combine_chunks()
+            self._rows = [_row_view(c) for c in whole.columns]  # (views: they keep `whole` alive)
+        metadata = bytes(METADATA_BYTES)
+        types = self.schema.types
+        for a in range(0, len(order), self.batch_rows):
+            rows = order[a : a + self.batch_rows]
+            columns = [
+                _from_rows(t, np.take(view, rows, axis=0)) for t, view in zip(types, self._rows, strict=True)
+            ]
+            yield pa.RecordBatch.from_arrays(columns, schema=self.schema), metadata
 
 
 def main(argv: list[str] | None = None) -> int:

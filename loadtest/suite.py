@@ -7,7 +7,8 @@
                 serving the same 2 MiB batches from memory, same allocator settings
                 (`loadtest.flight_bench`): per-stream MB/s, server and client CPU/GB and p99 batch
                 wait as ratios per round, alternating; issue #17's targets (>= 1.0x MB/s, server
-                CPU/GB <= 1.2x).
+                CPU/GB <= 1.2x). Shuffled, also against Flight copying each batch's rows out of its
+                table in a shuffled order as it sends them (`--gather`): what a shuffle's copy costs.
 2. servers      2 server processes vs 1 on a server-bound load (full shuffle of 264 B rows,
                 batches of 4,096 rows, 2 ranks, no step time): total samples/s, alternating.
 3. cache        8 ranks on 2 servers, one block-shuffled epoch, row-group cache 1 GiB vs 1 MiB
@@ -112,6 +113,7 @@ def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
         batch_mib=2,
         no_loader=False,
         ceiling=True,  # the floor: Flight's batches handed over from Python with their metadata
+        gather=True,  # shuffled: Flight's rows shuffled, each batch copied as it is sent
         shuffle=list(flight_bench.MODES),
     )
     res = flight_bench.run(args)
@@ -342,6 +344,15 @@ def print_report(res: dict[str, Any]) -> None:
                     f"{cpu[flight_bench.BASELINE]:.2f}: each message yielded with {METADATA_BYTES} B of metadata, "
                     "nothing built"
                 )
+            for path, label in ((flight_bench.DOGET, "plain DoGet"), (flight_bench.LOADER, "Loader")):
+                r = d["ratios"].get(f"{path}/{flight_bench.GATHER}")
+                if r is not None:  # shuffled: against Flight copying out the same kind of shuffle
+                    print(
+                        f"{f'  {label} / Flight gathering its rows (server CPU s/GB)':<58} "
+                        f"{_fmt(r['server_cpu_s_per_gb']):>24}  {cpu[path]:.2f} vs "
+                        f"{cpu[flight_bench.GATHER]:.2f}; MB/s {_fmt(r['mb_per_s'])}: each batch copied "
+                        "out of Flight's table as it is sent (no target: what a shuffle's copy costs)"
+                    )
     if "servers" in s:
         d = s["servers"]
         print(
@@ -389,7 +400,9 @@ def print_report(res: dict[str, Any]) -> None:
             missing = ", ".join(map(str, d["workers_not_measured"]))
             print(f"{f'workers {missing}: not measured':<58} {'-':>24}  {d['cpus']} CPUs here")
     if "checkpoints" in s:
-        print(f"{'checkpoints (Checkpointer vs torch.distributed.checkpoint)':<58} {'-':>24}  {checkpoint_bench.summary(s['checkpoints'])}")
+        print(
+            f"{'checkpoints (Checkpointer vs torch.distributed.checkpoint)':<58} {'-':>24}  {checkpoint_bench.summary(s['checkpoints'])}"
+        )
 
 
 def _git(*args: str) -> str | None:
