@@ -72,7 +72,9 @@ class Sizes:
     scaling_pairs: int
 
 
-FULL = Sizes(512, 5, 2, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
+# data plane: 4 epochs (2 GB) a pass, so that a pass's CPU, read in 10 ms ticks, is known within ~2-5%
+# on a fast machine (2 epochs at 4 GB/s took ~0.25 s, Flight's server ~0.2 CPU-s: ~5% a tick)
+FULL = Sizes(512, 5, 4, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
 QUICK = Sizes(128, 5, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2)
 
 
