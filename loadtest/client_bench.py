@@ -25,7 +25,7 @@ Before each message, both paths write one byte in every cache line of `--evict-m
 0: none), as a real client's network receive copies each 2 MiB message through the CPU's caches:
 the Loader's Python then runs with the cold caches it has in a trainer, where it costs up to twice
 what it costs warm (2026-11-27, `loader - plain`: 43-62 us a message evicted against 32-36 warm;
-over a real server the Loader's process spends ~60-78 us a message more than a plain reader's). The
+over a real server the Loader's process spends ~45-78 us a message more than a plain reader's). The
 writes cost both paths the same and cancel in `loader - plain`.
 Per round: CPU microseconds per message (`time.process_time`: both threads of the Loader count);
 median (min-max) over rounds, and `loader - plain` per round. `--profile`: cProfile of one

@@ -111,11 +111,8 @@ class ShardFlightServer(flight.FlightServerBase):
         order = self._orders.get(ticket)
         if order is None:
             mode, window = ticket[len(GATHER_TICKET) :].decode().split(":")
-            groups = [
-                pq.ParquetFile(path).metadata.row_group(i).num_rows
-                for path in self.shards
-                for i in range(pq.ParquetFile(path).metadata.num_row_groups)
-            ]
+            shards = [pq.ParquetFile(path).metadata for path in self.shards]
+            groups = [m.row_group(i).num_rows for m in shards for i in range(m.num_row_groups)]
             order = self._orders[ticket] = shuffled_order(groups, mode, int(window))
         return order
 
