@@ -273,12 +273,17 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dic
         "ratios": {},
         "targets": {},
     }
+
+    def ratios(path: str, base: str) -> dict[str, dict[str, float]]:
+        """`path`'s passes over `base`'s of the same round, per metric of RATIOS (kept in `out`)."""
+        pairs = list(zip(by_path[path], by_path[base], strict=True))
+        r = out["ratios"][f"{path}/{base}"] = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
+        return r
+
     for other in paths:
         if other == BASELINE:
             continue
-        pairs = list(zip(by_path[other], by_path[BASELINE], strict=True))
-        r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
-        out["ratios"][f"{other}/{BASELINE}"] = r
+        r = ratios(other, BASELINE)
         if other in (GENERATOR, GATHER):
             continue  # baselines of their own, not shardstream: no targets
         out["targets"][other] = {
@@ -289,14 +294,9 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...]) -> dic
     if GATHER in paths:  # shardstream's shuffled streams against the least a shuffling Flight server does
         for other in (DOGET, LOADER):
             if other in paths:
-                pairs = list(zip(by_path[other], by_path[GATHER], strict=True))
-                out["ratios"][f"{other}/{GATHER}"] = {
-                    m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS
-                }
+                ratios(other, GATHER)
     if LOADER in paths:  # the Loader's client against a plain pyarrow.flight reader of the same stream
-        pairs = list(zip(by_path[LOADER], by_path[DOGET], strict=True))
-        r = {m: spread([a[m] / b[m] for a, b in pairs]) for m in RATIOS}
-        out["ratios"][f"{LOADER}/{DOGET}"] = r
+        r = ratios(LOADER, DOGET)
         out["targets"][LOADER][f"client_cpu_s_per_gb <= {TARGET_CLIENT_CPU}x doget's"] = (
             r["client_cpu_s_per_gb"]["median"] <= TARGET_CLIENT_CPU
         )

@@ -58,7 +58,9 @@ def shuffled_order(group_rows: list[int], mode: str, window: int, seed: int = 0)
 
 def _row_view(column: pa.ChunkedArray) -> np.ndarray:
     """A column of numbers, or of fixed-size lists of them, without nulls and in one chunk, as one
-    opaque numpy item per row (a row taken is one copy of its bytes)."""
+    opaque numpy item per row (a row taken is one copy of its bytes). What server/read/gather.py's
+    `_column_view` does for shardstream, written again here on purpose: the baseline runs no
+    shardstream code."""
     arr = column.chunk(0) if column.num_chunks == 1 else None
     if arr is None or arr.null_count:
         raise ValueError("the gather serves columns of one chunk without nulls")
