@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .checkpoints.limits import DEFAULT_LIMITS, CheckpointLimits
 from .read.readahead import DEFAULT_READ_AHEAD_MESSAGES
 from .read.request_limits import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -91,6 +92,15 @@ class ServerConfig:
     # Checkpoints (server/checkpoints/): kept under this root (a directory or s3://) and moved over the
     # data plane (Flight DoPut/DoGet/DoAction); None: not kept
     checkpoint_root: str | None = None
+    checkpoint_limits: CheckpointLimits = DEFAULT_LIMITS  # what one writer may ask (server/checkpoints/limits.py)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> ServerConfig:
+        """The config `dataclasses.asdict` wrote (a supervisor's to its workers)."""
+        limits = fields.get("checkpoint_limits")
+        if isinstance(limits, dict):
+            fields = {**fields, "checkpoint_limits": CheckpointLimits(**limits)}
+        return cls(**fields)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

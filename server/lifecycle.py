@@ -116,7 +116,12 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
     )
     if cfg.checkpoint_root:  # before the data plane starts: it serves them (serving/data_plane.py)
         runtime.checkpoints = open_checkpoint_plane(
-            cfg.checkpoint_root, cache, runtime.auth, lambda: runtime.grants, s3_endpoint=cfg.s3_endpoint
+            cfg.checkpoint_root,
+            cache,
+            runtime.auth,
+            lambda: runtime.grants,
+            s3_endpoint=cfg.s3_endpoint,
+            limits=cfg.checkpoint_limits,
         )
     service = ShardStreamService(runtime)  # the control plane; Read streams are the data plane's
     server = grpc.aio.server(options=server_options(cfg), interceptors=[RpcMetrics()])

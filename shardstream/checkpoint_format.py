@@ -33,11 +33,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from shardstream.errors import InvalidArgumentError, excerpt
 from shardstream.names import validate_name
 
 __all__ = [
     "CHUNK_BYTES",
+    "CHUNK_SCHEMA",
     "CHUNK_TICKET_PREFIX",
     "FORMAT",
     "MANIFEST_KIND",
@@ -70,6 +73,8 @@ MANIFEST_KIND = "shardstream.checkpoint"
 # DoGet batch) are small against the bytes, small enough that one changed slice of a large tensor
 # costs one chunk, and that 4 of them in flight per upload bound its memory (client/checkpoint/).
 CHUNK_BYTES = 8 << 20
+# The rows of a chunk DoPut and a chunk DoGet: one chunk a row, named by its sha256
+CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 # The data plane's DoGet tickets of checkpoint chunks start with this (never the start of a ReadRequest)
 CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"
 MAX_STEP = (1 << 63) - 1

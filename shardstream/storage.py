@@ -28,6 +28,7 @@ code that fsyncs sits beside the writes it makes durable.)
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -39,7 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
+from shardstream.errors import (
+    DataLossError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
 
 __all__ = ["LocalStorage", "ObjectInfo", "ObjectRef", "Storage", "check_key", "open_local_storage"]
 
@@ -124,12 +131,13 @@ class Storage(ABC):
         """The whole object, streamed in chunks (for hashing without holding it)."""
 
     @abstractmethod
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         """Write `data` at `key`, replacing it atomically (readers see old or new, never a mix)."""
 
     @abstractmethod
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Write only if `key` does not exist; False (nothing written) when it does."""
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
+        """Write only if `key` does not exist; False (nothing written) when it does. A full root is
+        ResourceExhaustedError (and leaves nothing behind)."""
 
     @abstractmethod
     def put_file(self, key: str, path: Path) -> None: ...
@@ -330,20 +338,30 @@ class LocalStorage(Storage):
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
 
-    def _write_tmp(self, path: Path, data: bytes) -> Path:
+    def _write_tmp(self, path: Path, data: bytes | memoryview) -> Path:
+        """`data` in a temporary file beside `path`, durable. A write that fails leaves nothing behind,
+        and a full disk (or quota) is ResourceExhaustedError naming the root, not an OSError."""
         tmp = self._tmp(path)
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhaustedError(
+                    f"{self.url}: no space left ({os.strerror(exc.errno)}): free space or remove old data there"
+                ) from exc
+            raise
         return tmp
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         self._write_tmp(path, data).replace(path)  # atomic rename
         self._sync_dirs([path.parent])
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         path = self._path(key)
         tmp = self._write_tmp(path, data)
         try:

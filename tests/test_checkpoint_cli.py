@@ -42,7 +42,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 def test_list_show_verify(saved: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = saved
     code, out = _run(capsys, "list", "--checkpoint-root", str(root), "--json")
-    assert code == 0 and json.loads(out) == {"jobs": [{"job": "cli-job", "steps": [10, 20, 30]}]}
+    assert code == 0 and json.loads(out) == {"jobs": [{"job": "cli-job", "steps": [10, 20, 30], "damaged": []}]}
     code, out = _run(capsys, "list", "--checkpoint-root", str(root), "--job", "cli-job")
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == ["10", "20", "30"]
     code, out = _run(capsys, "show", "--checkpoint-root", str(root), "--job", "cli-job")

@@ -80,7 +80,7 @@ def test_a_step_is_committed_only_when_every_rank_and_chunk_is_there(store: Chec
     store.put_chunk(job, chunk_hash(chunks[0][0]), chunks[0][0])
     store.put_part(job, 5, 0, _part(job, 5, 0, 2, chunks[0]))
     # rank 1 missing: waiting; and never listed
-    assert store.commit(job, 5, 2, "s") == {"committed": False, "waiting_for": [1], "missing": []}
+    assert store.commit(job, 5, 2, "s") == {"committed": False, "waiting_for": [1], "waiting": 1, "missing": []}
     assert store.steps(job) == []
     store.put_part(job, 5, 1, _part(job, 5, 1, 2, chunks[1]))
     out = store.commit(job, 5, 2, "s")

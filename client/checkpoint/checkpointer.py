@@ -28,20 +28,26 @@ through the DCP plugins, whose planner reshards.
 A save whose error nobody asked for (its handle's `result()`) is never dropped silently: the next
 save logs it, `close()` raises it (leaving a `with` block on an exception logs it instead).
 
-`steps()` and `latest()` name committed steps only; `follow()` yields each new committed step as it
-lands (RL rollout workers: `for step in ckpt.follow(): ckpt.load(step, into=policy.state_dict())`).
+`steps()` and `latest()` name committed steps only (a step whose manifest is damaged is skipped by
+`latest`); `follow()` yields the newest committed step each time a newer one lands, skipping those
+that landed between two looks, and rides out server restarts (RL rollout workers:
+`for step in ckpt.follow(): ckpt.load(step, into=policy.state_dict())`).
+
+A save that fails asks the server to remove the chunks it sent (those no committed step names), so
+a full checkpoint root is not left full by a save that did not commit.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from shardstream.checkpoint_format import (
     CHUNK_BYTES,
@@ -53,8 +59,10 @@ from shardstream.checkpoint_format import (
     encode_value,
 )
 from shardstream.errors import (
+    RETRYABLE_CODES,
     InvalidArgumentError,
     NotFoundError,
+    ShardstreamError,
 )
 
 from ..credentials import ChannelSecurity, TlsOption
@@ -68,6 +76,10 @@ __all__ = ["Checkpointer", "SaveHandle"]
 
 log = logging.getLogger("shardstream.client.checkpoint")
 
+T = TypeVar("T")
+
+FOLLOW_UNAVAILABLE_S = 300.0  # how long follow() keeps trying without reaching a server
+FOLLOW_BACKOFF_S = (0.1, 5.0)  # follow()'s first and longest wait between tries when it reaches none
 HASH_THREADS = GET_STREAMS  # sha256 releases the GIL: chunks are hashed (and fetched) this many at a time
 
 
@@ -203,10 +215,13 @@ class Checkpointer:
     def _upload(self, handle: SaveHandle, staged: Staged, objects: Any, loader_state: Any, save_id: str) -> None:
         labels = (self.job, str(self.rank))
         t0 = time.perf_counter()
+        sent: list[str] = []  # the chunks this save sent: removed again if it fails (a full root frees them)
         try:
-            self._send(handle, staged, objects, loader_state, save_id)
+            self._send(handle, staged, objects, loader_state, save_id, sent)
         except BaseException as exc:  # noqa: BLE001 — handed to the caller through the handle
             metrics.SAVE_FAILURES.labels(*labels).inc()
+            if sent:
+                self._chunks.abort(sent)
             handle._finish(exc)
         else:
             metrics.UPLOAD.labels(*labels).observe(time.perf_counter() - t0)
@@ -214,9 +229,11 @@ class Checkpointer:
         finally:
             metrics.SENT.labels(*labels).inc(handle.bytes_sent)
 
-    def _send(self, handle: SaveHandle, staged: Staged, objects: Any, loader_state: Any, save_id: str) -> None:
+    def _send(
+        self, handle: SaveHandle, staged: Staged, objects: Any, loader_state: Any, save_id: str, sent: list[str]
+    ) -> None:
         step = handle.step
-        chunks, handle.bytes_sent, by_hash = self._chunks.store([t.data for t in staged.tensors])
+        chunks, handle.bytes_sent, by_hash = self._chunks.store([t.data for t in staged.tensors], sent)
         tensors: dict[str, Any] = {
             str(i): {"path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": t.shape, "nbytes": t.data.nbytes, "chunks": c}
             for i, (t, c) in enumerate(zip(staged.tensors, chunks, strict=True))
@@ -235,7 +252,7 @@ class Checkpointer:
             "loader": loader_state,
         }
         self._session.action("checkpoint.put-part", {"job": self.job, "step": step, "rank": self.rank, "part": part})
-        handle.bytes_sent += self._chunks.commit(step, save_id, self.world_size, by_hash)
+        handle.bytes_sent += self._chunks.commit(step, save_id, self.world_size, by_hash, sent)
 
     # --- what is there -----------------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -252,17 +269,46 @@ class Checkpointer:
             check_step(step)
         return dict(self._session.action("checkpoint.manifest", {"job": self.job, "step": step}))
 
-    def follow(self, *, poll_s: float = 0.2, start: int | None = None, timeout_s: float | None = None) -> Iterator[int]:
-        """Each committed step newer than `start` (default: the latest when follow() is called) as it
-        lands, the newest first when several landed between two looks (a reader behind skips the
-        ones in between); ends when `timeout_s` passes without a new one (None: never)."""
-        seen = start if start is not None else self.latest()
-        return self._follow(-1 if seen is None else seen, poll_s, timeout_s)
+    def follow(
+        self,
+        *,
+        poll_s: float = 0.2,
+        start: int | None = None,
+        timeout_s: float | None = None,
+        unavailable_s: float = FOLLOW_UNAVAILABLE_S,
+    ) -> Iterator[int]:
+        """The newest committed step, each time a newer one than `start` (default: the latest when
+        follow() is called) lands. It yields the newest only: when several commits land between two
+        looks (every `poll_s`), the ones in between are skipped — a rollout worker wants the freshest
+        policy, not a backlog; use steps() to see them all. Ends when `timeout_s` passes without a
+        new one (None: never).
 
-    def _follow(self, seen: int, poll_s: float, timeout_s: float | None) -> Iterator[int]:
+        It rides out servers restarting or moving (a Kubernetes Service, a rolling update): a look
+        that fails as a stream would be resumed elsewhere (UNAVAILABLE, a cut connection, an
+        overloaded server) is tried again — on the next endpoint, rediscovered — with a jittered
+        backoff up to FOLLOW_BACKOFF_S[1], for up to `unavailable_s` without an answer; then the
+        last error is raised."""
+        seen = start if start is not None else self._look(unavailable_s, lambda: self.latest())
+        return self._follow(-1 if seen is None else seen, poll_s, timeout_s, unavailable_s)
+
+    def _look(self, unavailable_s: float, fn: Callable[[], T]) -> T:
+        """fn(), tried again on a retryable error (see follow) for up to `unavailable_s`."""
+        deadline = time.monotonic() + unavailable_s
+        wait = FOLLOW_BACKOFF_S[0]
+        while True:
+            try:
+                return fn()
+            except ShardstreamError as exc:
+                if exc.status not in RETRYABLE_CODES or time.monotonic() + wait > deadline:
+                    raise
+                log.warning("checkpoint job %s: follow() could not look for new steps (%s): trying again", self.job, exc)
+            time.sleep(wait * (0.5 + random.random() / 2))
+            wait = min(wait * 2, FOLLOW_BACKOFF_S[1])
+
+    def _follow(self, seen: int, poll_s: float, timeout_s: float | None, unavailable_s: float) -> Iterator[int]:
         last_new = time.monotonic()
         while True:
-            new = [s for s in self.steps() if s > seen]
+            new = [s for s in self._look(unavailable_s, self.steps) if s > seen]
             if new:
                 seen = new[-1]
                 last_new = time.monotonic()

@@ -12,6 +12,7 @@ tensors it belongs to.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +21,11 @@ from typing import Any
 from shardstream.errors import DataLossError, FailedPreconditionError, UnavailableError
 
 from .state_tree import find, new_array, writable_view
-from .transport import CheckpointSession, chunk_batches
+from .transport import MAX_PUT_CHUNKS, CheckpointSession, chunk_batches
 
 __all__ = ["COMMIT_POLL_S", "PUT_BATCH_BYTES", "ChunkStore"]
+
+log = logging.getLogger("shardstream.client.checkpoint")
 
 PUT_BATCH_BYTES = 64 << 20  # chunks per DoPut, by bytes
 COMMIT_POLL_S = (0.01, 1.0)  # waiting for the other ranks' parts: first and longest wait between polls
@@ -35,10 +38,13 @@ class ChunkStore:
         self.pool = pool
         self.chunk_bytes = chunk_bytes
 
-    def store(self, views: Sequence[memoryview]) -> tuple[list[list[list[Any]]], int, dict[str, memoryview]]:
+    def store(
+        self, views: Sequence[memoryview], sent: list[str] | None = None
+    ) -> tuple[list[list[list[Any]]], int, dict[str, memoryview]]:
         """Chunk, hash and store byte ranges: per view its [[sha256, size], ...], the bytes sent
         (those the server did not have), and the chunks by name (until the commit: one a gc took
-        meanwhile is sent again)."""
+        meanwhile is sent again). The names of the chunks sent are added to `sent` (a save that
+        fails asks the server to remove them: `abort`)."""
         pieces: list[tuple[int, memoryview]] = []  # (view, bytes)
         for i, data in enumerate(views):
             for start in range(0, data.nbytes, self.chunk_bytes):
@@ -50,13 +56,20 @@ class ChunkStore:
         for start in range(0, len(names), 4096):
             body = {"job": self.job, "hashes": names[start : start + 4096]}
             present |= set(self.session.action("checkpoint.has", body)["present"])
-        sent = self.put([h for h in names if h not in present], by_hash)
+        sent_bytes = self.put([h for h in names if h not in present], by_hash, sent)
         chunks: list[list[list[Any]]] = [[] for _ in views]
         for (i, data), h in zip(pieces, hashes, strict=True):
             chunks[i].append([h, data.nbytes])
-        return chunks, sent, by_hash
+        return chunks, sent_bytes, by_hash
 
-    def commit(self, step: int, save_id: str, world_size: int, by_hash: Mapping[str, memoryview]) -> int:
+    def commit(
+        self,
+        step: int,
+        save_id: str,
+        world_size: int,
+        by_hash: Mapping[str, memoryview],
+        sent_names: list[str] | None = None,
+    ) -> int:
         """Commit once every rank's part is in (polling for the others'); the bytes sent again."""
         sent = 0
         wait = COMMIT_POLL_S[0]
@@ -72,25 +85,41 @@ class ChunkStore:
                         f"checkpoint {self.job}@{step}: {len(out['missing'])} chunk(s) its parts name are not stored "
                         "(removed by a gc during the save?): save the step again"
                     )
-                sent += self.put(resend, by_hash)
+                sent += self.put(resend, by_hash, sent_names)
                 continue
             time.sleep(wait)  # the other ranks' parts: the last one to land commits
             wait = min(wait * 2, COMMIT_POLL_S[1])
 
-    def put(self, hashes: list[str], by_hash: Mapping[str, memoryview]) -> int:
-        sent = 0
+    def put(self, hashes: list[str], by_hash: Mapping[str, memoryview], sent: list[str] | None = None) -> int:
+        """Send these chunks, in DoPuts of up to PUT_BATCH_BYTES and MAX_PUT_CHUNKS; the bytes sent."""
+        total = 0
         batch: list[tuple[str, memoryview]] = []
         size = 0
         for h in hashes:
             batch.append((h, by_hash[h]))
             size += by_hash[h].nbytes
-            if size >= PUT_BATCH_BYTES:
-                self.session.put_chunks(self.job, batch)
-                sent, batch, size = sent + size, [], 0
+            if size >= PUT_BATCH_BYTES or len(batch) == MAX_PUT_CHUNKS:
+                self._put(batch, sent)
+                total, batch, size = total + size, [], 0
         if batch:
-            self.session.put_chunks(self.job, batch)
-            sent += size
-        return sent
+            self._put(batch, sent)
+            total += size
+        return total
+
+    def _put(self, batch: list[tuple[str, memoryview]], sent: list[str] | None) -> None:
+        if sent is not None:  # named before the call: a DoPut that fails half-way stored some of them
+            sent.extend(h for h, _ in batch)
+        self.session.put_chunks(self.job, batch)
+
+    def abort(self, sent: Sequence[str]) -> None:
+        """A save failed: ask the server to remove the chunks it sent (those no committed step names),
+        so a full root is not left full by a save that did not commit. Best effort: a failure is
+        logged (gc reclaims them later)."""
+        try:
+            for start in range(0, len(sent), MAX_PUT_CHUNKS):
+                self.session.action("checkpoint.abort", {"job": self.job, "hashes": list(sent[start : start + MAX_PUT_CHUNKS])})
+        except Exception as exc:  # noqa: BLE001 — the save's own error is the one the caller sees
+            log.warning("checkpoint job %s: the failed save's chunks were not removed (gc reclaims them): %s", self.job, exc)
 
     def fetch(self, part: Mapping[str, Any], into: Any, where: str, verify: bool) -> dict[str, Any]:
         """name -> tensor of the part, its bytes fetched, verified and written in place."""

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from shardstream.checkpoint_format import CHUNK_TICKET_PREFIX, signed_bytes
+from shardstream.checkpoint_format import CHUNK_SCHEMA, CHUNK_TICKET_PREFIX, signed_bytes
 from shardstream.errors import (
     RETRYABLE_CODES,
     InvalidArgumentError,
@@ -35,15 +35,23 @@ from shardstream.errors import (
 from ..channel import GRANT_MARGIN_S, Connection, normalize_endpoints
 from ..credentials import ChannelSecurity
 
-__all__ = ["CHUNK_SCHEMA", "CHUNK_TICKET_PREFIX", "GET_BATCH_CHUNKS", "GET_STREAMS", "CheckpointSession", "chunk_batches"]
+__all__ = [
+    "CHUNK_SCHEMA",
+    "CHUNK_TICKET_PREFIX",
+    "GET_BATCH_CHUNKS",
+    "GET_STREAMS",
+    "MAX_PUT_CHUNKS",
+    "CheckpointSession",
+    "chunk_batches",
+]
 
 T = TypeVar("T")
 
-CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 DISCOVERY_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 120.0  # one action or one batch of chunks
 GET_BATCH_CHUNKS = 16  # chunks per DoGet of a load, at most
 GET_STREAMS = 4  # DoGets of a load at once (its chunks spread over them)
+MAX_PUT_CHUNKS = 4096  # chunks one DoPut names (the server's bound on a call's list of chunks)
 
 
 def chunk_batches(names: Sequence[str]) -> list[list[str]]:
@@ -148,10 +156,13 @@ class CheckpointSession:
         return self._call(call)
 
     def put_chunks(self, job: str, chunks: Sequence[tuple[str, memoryview]]) -> dict[str, Any]:
-        """Send chunks (name, bytes) in one DoPut, one batch each, without copying their bytes."""
+        """Send chunks (name, bytes) in one DoPut (MAX_PUT_CHUNKS at most), one batch each, without
+        copying their bytes."""
 
         def call(client: flight.FlightClient) -> dict[str, Any]:
-            command = json.dumps({"op": "chunks", "job": job}).encode()
+            # the chunks it sends, named: the server takes no others (and a certificate caller's
+            # proof signs this list, so a replayed call can only send these bytes again)
+            command = json.dumps({"op": "chunks", "job": job, "hashes": [h for h, _ in chunks]}).encode()
             descriptor = flight.FlightDescriptor.for_command(command)
             writer, reader = client.do_put(descriptor, CHUNK_SCHEMA, self._options(signed_bytes("put", command), None))
             for h, data in chunks:

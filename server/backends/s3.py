@@ -43,6 +43,7 @@ from shardstream.errors import (
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
+    ResourceExhaustedError,
     ShardstreamError,
     UnauthenticatedError,
     UnavailableError,
@@ -65,6 +66,8 @@ S3_BYTES = Counter("shardstream_s3_fetched_bytes_total", "Bytes of object bodies
 S3_RESUMES = Counter("shardstream_s3_body_resumes_total", "Object bodies cut mid-read and resumed")
 
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AuthFailure"}
+# What S3-compatible stores answer when a bucket is over its quota or their disks are full
+_QUOTA_CODES = {"QuotaExceeded", "XMinioStorageFull", "InsufficientStorage", "StorageFull"}
 _BODY_ERRORS = (
     aiohttp.ClientPayloadError,
     aiohttp.ClientConnectionError,
@@ -164,6 +167,10 @@ class S3Storage(Storage):
             return NotFoundError(f"{what}: no such object")
         if code == "PreconditionFailed" or status == 412:
             return DataLossError(f"{what}: the object was overwritten since it was opened (ETag changed)")
+        if code in _QUOTA_CODES or status == 507:  # a bucket quota, a full volume behind the gateway
+            return ResourceExhaustedError(
+                f"{what}: S3 at {self._where()} has no room ({msg}): free space or raise the quota"
+            )
         if status in (500, 502, 503, 504) or code in ("SlowDown", "ServiceUnavailable", "InternalError"):
             return UnavailableError(f"{what}: S3 unavailable ({msg})")
         return UnavailableError(f"{what}: S3 error {code or status}: {msg}")
@@ -281,20 +288,20 @@ class S3Storage(Storage):
         for start in range(0, info.size, step):
             yield self.get_range(key, start, min(step, info.size - start), etag=info.etag)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         async def put() -> None:
             s3 = await self._s3()
             S3_REQUESTS.labels("put").inc()
-            await s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            await s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
 
         self._run(put(), self.url_of(key))
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> bool:
         async def put() -> bool:
             s3 = await self._s3()
             S3_REQUESTS.labels("put").inc()
             try:
-                await s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+                await s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), IfNoneMatch="*")
             except ClientError as exc:
                 err = exc.response.get("Error", {})
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

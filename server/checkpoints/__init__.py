@@ -2,6 +2,7 @@
 
     store.py   chunks, parts and the commit protocol over one Storage (local directory or s3://)
     reclaim.py `checkpoint gc --keep N`: old manifests, dead parts, unreferenced chunks
+    limits.py  what one writer may ask: record and chunk sizes, bytes in flight, a quota per job
     plane.py   the Flight calls a Checkpointer makes (DoPut, DoGet, DoAction, ListFlights), auth
 
 The format is shardstream/checkpoint_format.py's (the client builds the same records).
@@ -18,6 +19,7 @@ from ..backends.roots import open_storage
 from ..read.cache import LRUCache
 from ..serving.auth import Authenticator
 from ..serving.grants import Grants
+from .limits import DEFAULT_LIMITS, CheckpointLimits
 from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
 from .reclaim import GcReport, collect
 from .store import CheckpointStore
@@ -25,7 +27,9 @@ from .store import CheckpointStore
 __all__ = [
     "CHECKPOINT_MIDDLEWARE",
     "CHUNK_TICKET_PREFIX",
+    "DEFAULT_LIMITS",
     "CheckpointCallFactory",
+    "CheckpointLimits",
     "CheckpointPlane",
     "CheckpointStore",
     "GcReport",
@@ -52,5 +56,6 @@ def open_checkpoint_plane(
     grants: Callable[[], Grants | None] = lambda: None,
     *,
     s3_endpoint: str | None = None,
+    limits: CheckpointLimits = DEFAULT_LIMITS,
 ) -> CheckpointPlane:
-    return CheckpointPlane(open_checkpoint_store(url, s3_endpoint=s3_endpoint), cache, auth, grants)
+    return CheckpointPlane(open_checkpoint_store(url, s3_endpoint=s3_endpoint), cache, auth, grants, limits)

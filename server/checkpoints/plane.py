@@ -1,14 +1,18 @@
 """Checkpoints on the Flight data plane: the calls a Checkpointer makes (DESIGN §13).
 
-    DoPut    descriptor = command {"op": "chunks", "job": J}; batches of (hash: string, data: binary)
-             rows -> stored create-if-absent, each checked against its name; one PutResult at the
-             end: {"stored": n, "present": m, "bytes": b}
+    DoPut    descriptor = command {"op": "chunks", "job": J, "hashes": [the chunks it sends]};
+             batches of (hash: string, data: binary) rows, each a chunk the descriptor names ->
+             stored create-if-absent, each checked against its name; one PutResult at the end:
+             {"stored": n, "present": m, "bytes": b}. A DoPut that fails removes what it stored.
     DoGet    ticket = CHUNK_TICKET_PREFIX + {"job": J, "hashes": [...]} -> one batch per chunk,
              (hash, data), verified and served from the server's row-group cache (so N ranks loading
              one checkpoint read storage once)
     DoAction "checkpoint.has" {"job", "hashes"} -> {"present": [...]}     (incremental saves)
              "checkpoint.put-part" {"job", "step", "rank", "part"} -> {}
-             "checkpoint.commit" {"job", "step", "world_size", "save_id"} -> {"committed", "waiting_for", "missing"}
+             "checkpoint.commit" {"job", "step", "world_size", "save_id"} -> {"committed", "waiting_for"
+                                 (the first 64), "waiting" (how many), "missing"}
+             "checkpoint.abort" {"job", "hashes"} -> {"freed": bytes}  (a failed save's chunks, those
+                                 no committed step names, removed: a full root frees what it took)
              "checkpoint.steps" {"job"} -> {"steps": [...]}                  (committed steps)
              "checkpoint.manifest" {"job", "step": int | "latest"[, "rank", "world_size"]} -> the
              manifest; with rank and world size, only the part that rank loads (its own when the
@@ -16,6 +20,11 @@
              part when it has none), so a rank of a big job does not read every rank's records
     ListFlights criteria = a job name (empty: every job the caller may read) -> one FlightInfo per
              committed step, descriptor path [job, step]
+
+Limits (limits.py, `serve --checkpoint-*`): every call is authenticated from its headers before
+its body is read or parsed (a certificate caller's proof covers the body: it is hashed, not parsed,
+and only once its size is within bounds); JSON is parsed within a size and depth bound; chunk
+sizes, bytes in flight per job and principal, and an optional quota per job bound the writers.
 
 Who may: a call is authenticated by its bearer token as DoGet's are (server/serving/auth.py); a principal writes
 (and reads) the jobs its `checkpoints:` patterns match and only reads those of `checkpoints_read:`;
@@ -39,7 +48,9 @@ import pyarrow.flight as flight
 from prometheus_client import Counter
 
 from shardstream.checkpoint_format import (
+    CHUNK_SCHEMA,
     CHUNK_TICKET_PREFIX,
+    MAX_RANKS,
     check_hash,
     check_job,
     check_step,
@@ -47,6 +58,7 @@ from shardstream.checkpoint_format import (
     signed_bytes,
 )
 from shardstream.errors import (
+    DataLossError,
     InternalError,
     InvalidArgumentError,
     NotFoundError,
@@ -60,6 +72,7 @@ from ..read.cache import LRUCache
 from ..serving.auth import Authenticator, Principal, has_token
 from ..serving.grants import GRANT_HEADER, Grants
 from ..serving.redact import client_message
+from .limits import DEFAULT_LIMITS, CheckpointLimits, InFlight, Quota
 from .store import CheckpointStore, dumps
 
 __all__ = [
@@ -75,7 +88,6 @@ __all__ = [
 log = logging.getLogger("shardstream.server.checkpoints")
 
 CHECKPOINT_MIDDLEWARE = "shardstream-checkpoints"
-CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 MAX_HASHES_PER_CALL = 4096
 MANIFESTS_KEPT = 64  # parsed manifests a server keeps (N ranks loading one step parse it once)
 
@@ -89,6 +101,9 @@ BYTES_READ = Counter(
 )
 BYTES_SERVED = Counter("shardstream_checkpoint_served_bytes_total", "Checkpoint chunk bytes sent to clients")
 COMMITS = Counter("shardstream_checkpoint_commits_total", "Checkpoints committed")
+ABORTED = Counter(
+    "shardstream_checkpoint_aborted_bytes_total", "Chunk bytes removed because the save that stored them failed"
+)
 
 
 class _Headers(flight.ServerMiddleware):  # type: ignore[misc]
@@ -132,30 +147,40 @@ class CheckpointPlane:
         cache: LRUCache[pa.Table],
         auth: Authenticator,
         grants: Callable[[], Grants | None] = lambda: None,
+        limits: CheckpointLimits = DEFAULT_LIMITS,
     ) -> None:
         self.store = store
         self.cache = cache
         self.auth = auth
         self.grants = grants  # the data plane's, once it started (they vouch for certificate callers)
+        self.limits = limits
+        self.inflight = InFlight(limits)
+        self.quota = Quota(limits.job_quota_bytes, self._usage)
         self._manifests: OrderedDict[tuple[str, int], tuple[str, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
     # --- who ---------------------------------------------------------------------------------------
-    def _principal(self, context: flight.ServerCallContext, signed: bytes) -> Principal:
-        """The caller: its token's principal; or, without a token, the certificate principal of the
-        grant it sent (ListDatasets gave it), with the proof over `signed` (what the call asks:
-        signed_bytes) that it holds the certificate's key — as a DoGet of a Read stream."""
+    def _caller(self, context: flight.ServerCallContext, body: Any, what: str, sign: Callable[[bytes], bytes]) -> Principal:
+        """The caller, from the call's headers: its token's principal; or, without a token, the
+        certificate principal of the grant it sent (ListDatasets gave it), with the proof over
+        `sign(body)` (what the call asks: signed_bytes) that it holds the certificate's key — as a
+        DoGet of a Read stream. A caller without credentials is refused before its body is looked
+        at; then the body's size is checked (max_record_bytes), before the proof hashes it or
+        anything parses it. `body` is bytes or a pyarrow Buffer."""
         call = context.get_middleware(CHECKPOINT_MIDDLEWARE)
         metadata = call.metadata() if call is not None else []
         grants = self.grants()
         if call is not None and call.headers.get(GRANT_HEADER) and grants is not None and self.auth.enabled:
             if not has_token(metadata):
-                return grants.principal(call.headers, signed, self.auth)
-        return self.auth.authenticate(metadata, None)
+                self._record(body, what)
+                raw = body.to_pybytes() if isinstance(body, pa.Buffer) else body
+                return grants.principal(call.headers, sign(raw), self.auth)
+        principal = self.auth.authenticate(metadata, None)
+        self._record(body, what)
+        return principal
 
-    def _job(self, context: flight.ServerCallContext, job: object, signed: bytes, *, write: bool) -> str:
+    def _check_job(self, principal: Principal, job: object, *, write: bool) -> str:
         name = check_job(job)
-        principal = self._principal(context, signed)
         if not (may_write(principal, name) if write else may_read(principal, name)):
             raise PermissionDeniedError(
                 f"checkpoint job {excerpt(name)} is not {'writable' if write else 'readable'} with the credentials "
@@ -163,6 +188,18 @@ class CheckpointPlane:
                 "checkpoint jobs of each principal (checkpoints:, checkpoints_read:)"
             )
         return name
+
+    def _record(self, raw: Any, what: str) -> None:
+        """A body (bytes or a pyarrow Buffer) within max_record_bytes, before anything reads it."""
+        size = raw.size if isinstance(raw, pa.Buffer) else len(raw)
+        if size > self.limits.max_record_bytes:
+            raise InvalidArgumentError(
+                f"the checkpoint {what} is {size} bytes, over this server's {self.limits.max_record_bytes} "
+                "(serve --checkpoint-max-record-mib)"
+            )
+
+    def _json(self, raw: bytes, what: str) -> dict[str, Any]:
+        return parse_record(raw, what, self.limits.max_json_depth)
 
     def _fail(self, what: str, exc: BaseException) -> flight.FlightError:
         if not isinstance(exc, ShardstreamError):
@@ -180,39 +217,78 @@ class CheckpointPlane:
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
     ) -> None:
+        stored: list[str] = []
+        job = ""
         try:
-            command = _json(descriptor.command, "DoPut descriptor")
+            raw = descriptor.command
+            principal = self._caller(context, raw, "DoPut descriptor", lambda b: signed_bytes("put", b))
+            command = self._json(raw, "DoPut descriptor")
             if command.get("op") != "chunks":
                 raise InvalidArgumentError(f"unknown checkpoint DoPut {excerpt(command.get('op'))}")
-            job = self._job(context, command.get("job"), signed_bytes("put", descriptor.command), write=True)
-            stored = present = nbytes = 0
+            job = self._check_job(principal, command.get("job"), write=True)
+            names = command.get("hashes")
+            if not isinstance(names, list) or not 1 <= len(names) <= MAX_HASHES_PER_CALL:
+                raise InvalidArgumentError(
+                    f"a checkpoint DoPut's descriptor names the 1 to {MAX_HASHES_PER_CALL} chunks it sends (\"hashes\")"
+                )
+            expected = {check_hash(h) for h in names}
+            present = nbytes = 0
             for chunk in reader:
                 batch = chunk.data
                 if batch is None:
                     continue
-                if batch.schema.names != CHUNK_SCHEMA.names:
-                    raise InvalidArgumentError(f"checkpoint chunks are (hash, data) rows, got {batch.schema.names}")
-                hashes = batch.column(0).to_pylist()
+                _check_chunk_batch(batch)
                 data = batch.column(1)
-                for i, h in enumerate(hashes):
+                for i, h in enumerate(batch.column(0).to_pylist()):
+                    if h not in expected:
+                        raise InvalidArgumentError(
+                            f"checkpoint job {job}: the DoPut sent chunk {excerpt(h)} its descriptor does not name "
+                            "(or sent it twice)"
+                        )
+                    expected.discard(h)
                     body = data[i].as_buffer()
-                    if self.store.put_chunk(job, check_hash(h), memoryview(body)):
-                        stored += 1
-                        nbytes += body.size
-                    else:
-                        present += 1
-            CHUNKS_WRITTEN.inc(stored)
+                    if body.size > self.limits.max_chunk_bytes:
+                        raise InvalidArgumentError(
+                            f"checkpoint job {job}: a chunk of {body.size} bytes is over this server's "
+                            f"{self.limits.max_chunk_bytes} (serve --checkpoint-max-chunk-mib; Checkpointer(chunk_bytes=))"
+                        )
+                    with self.inflight.hold(job, principal.name, body.size):
+                        self.quota.check(job, body.size)
+                        if self.store.put_chunk(job, h, memoryview(body)):
+                            stored.append(h)
+                            nbytes += body.size
+                            self.quota.add(job, body.size)
+                        else:
+                            present += 1
+                    del body
+            CHUNKS_WRITTEN.inc(len(stored))
             CHUNKS_PRESENT.inc(present)
             BYTES_WRITTEN.inc(nbytes)
-            writer.write(pa.py_buffer(dumps({"stored": stored, "present": present, "bytes": nbytes})))
+            writer.write(pa.py_buffer(dumps({"stored": len(stored), "present": present, "bytes": nbytes})))
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
+            if stored:  # a failed DoPut leaves nothing it stored (the client's next try sends them again)
+                self._forget(job, stored)
             raise self._fail("DoPut", exc) from None
+
+    def _forget(self, job: str, hashes: list[str]) -> int:
+        try:
+            freed = self.store.forget(job, hashes)
+        except BaseException as exc:  # noqa: BLE001 — the call's own error is the one to report
+            log.warning("checkpoint job %s: removing a failed save's %d chunk(s) failed: %s", job, len(hashes), exc)
+            return 0
+        ABORTED.inc(freed)
+        self.quota.add(job, -freed)
+        return freed
+
+    def _usage(self, job: str) -> int:
+        return sum(info.size for _, info in self.store.storage.list_info(f"{check_job(job)}/"))
 
     # --- DoGet: chunks -----------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: bytes) -> flight.FlightDataStream:
         try:
-            request = _json(ticket[len(CHUNK_TICKET_PREFIX) :], "DoGet ticket")
-            job = self._job(context, request.get("job"), ticket, write=False)
+            principal = self._caller(context, ticket, "DoGet ticket", lambda b: b)
+            request = self._json(ticket[len(CHUNK_TICKET_PREFIX) :], "DoGet ticket")
+            job = self._check_job(principal, request.get("job"), write=False)
             hashes = request.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"a chunk DoGet names 1 to {MAX_HASHES_PER_CALL} chunks")
@@ -243,34 +319,38 @@ class CheckpointPlane:
 
     # --- DoAction ----------------------------------------------------------------------------------
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+        kind = action.type
         try:
-            raw = action.body.to_pybytes() if action.body is not None else b""
-            result = self._action(context, action.type, _json(raw, action.type), signed_bytes(action.type, raw))
+            buffer = action.body if action.body is not None else pa.py_buffer(b"")
+            principal = self._caller(context, buffer, kind, lambda b: signed_bytes(kind, b))
+            result = self._action(principal, kind, self._json(buffer.to_pybytes(), kind))
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
-            raise self._fail(action.type, exc) from None
+            raise self._fail(kind, exc) from None
         return iter([dumps(result)])
 
-    def _action(self, context: flight.ServerCallContext, kind: str, body: dict[str, Any], signed: bytes) -> Any:
+    def _action(self, principal: Principal, kind: str, body: dict[str, Any]) -> Any:
         store = self.store
         if kind == "checkpoint.has":
-            job = self._job(context, body.get("job"), signed, write=True)
+            job = self._check_job(principal, body.get("job"), write=True)
             hashes = body.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"checkpoint.has names at most {MAX_HASHES_PER_CALL} chunks")
             return {"present": store.has_chunks(job, hashes)}
         if kind == "checkpoint.put-part":
-            job = self._job(context, body.get("job"), signed, write=True)
+            job = self._check_job(principal, body.get("job"), write=True)
             rank = body.get("rank")
-            if not isinstance(rank, int):
-                raise InvalidArgumentError("checkpoint.put-part needs an int rank")
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
+                raise InvalidArgumentError(f"checkpoint.put-part needs an int rank from 0 to {MAX_RANKS - 1}")
             store.put_part(job, check_step(body.get("step")), rank, body.get("part"))  # type: ignore[arg-type]
             return {}
         if kind == "checkpoint.commit":
-            job = self._job(context, body.get("job"), signed, write=True)
+            job = self._check_job(principal, body.get("job"), write=True)
             world = body.get("world_size")
             save_id = body.get("save_id")
-            if not isinstance(world, int) or world < 1 or not isinstance(save_id, str):
-                raise InvalidArgumentError("checkpoint.commit needs world_size >= 1 and a save_id")
+            if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_RANKS:
+                raise InvalidArgumentError(f"checkpoint.commit needs an int world_size from 1 to {MAX_RANKS}")
+            if not isinstance(save_id, str) or not 0 < len(save_id) <= 256:
+                raise InvalidArgumentError("checkpoint.commit needs a save_id (a string of up to 256 characters)")
             step = check_step(body.get("step"))
             out = store.commit(job, step, world, save_id)
             if out.pop("new", False):  # this call wrote the manifest (every rank asks: one line)
@@ -281,19 +361,20 @@ class CheckpointPlane:
                     job, step, manifest["world_size"], manifest["bytes"], manifest["chunks"],
                 )  # fmt: skip
             return {k: v for k, v in out.items() if k != "manifest"}
+        if kind == "checkpoint.abort":
+            job = self._check_job(principal, body.get("job"), write=True)
+            hashes = body.get("hashes")
+            if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
+                raise InvalidArgumentError(f"checkpoint.abort names at most {MAX_HASHES_PER_CALL} chunks")
+            return {"freed": self._forget(job, [check_hash(h) for h in hashes])}
         if kind == "checkpoint.steps":
-            return {"steps": store.steps(self._job(context, body.get("job"), signed, write=False))}
+            return {"steps": self._steps(self._check_job(principal, body.get("job"), write=False))}
         if kind == "checkpoint.manifest":
-            job = self._job(context, body.get("job"), signed, write=False)
+            job = self._check_job(principal, body.get("job"), write=False)
             step = body.get("step")
-            if step == "latest":
-                latest = store.latest(job)
-                if latest is None:
-                    raise InvalidArgumentError(f"checkpoint job {job} has no committed checkpoint yet")
-                step = latest
-            manifest = self._manifest(job, check_step(step))
+            manifest = self._latest(job) if step == "latest" else self._manifest(job, check_step(step))
             rank, world = body.get("rank"), body.get("world_size")
-            if isinstance(rank, int) and isinstance(world, int):
+            if _is_int(rank) and _is_int(world):
                 return _for_rank(manifest, rank, world)
             return manifest
         raise InvalidArgumentError(f"unknown action {excerpt(kind)}")
@@ -319,13 +400,41 @@ class CheckpointPlane:
                 self._manifests.popitem(last=False)
         return manifest
 
+    def _steps(self, job: str) -> list[int]:
+        """Committed steps, oldest first, without those whose manifest is damaged: the newest is
+        read (one HEAD once it is cached) and so is each damaged one before it, so `latest` is the
+        newest step that loads; older damaged ones drop out once this process has read them."""
+        steps = self.store.steps(job)
+        damaged = set()
+        for step in reversed(steps):
+            try:
+                self._manifest(job, step)
+            except DataLossError:
+                damaged.add(step)
+                continue
+            except NotFoundError:
+                damaged.add(step)
+                continue
+            break
+        known = self.store.known_damaged(job)
+        return [s for s in steps if s not in damaged and s not in known]
+
+    def _latest(self, job: str) -> dict[str, Any]:
+        """The newest committed manifest that reads: a damaged one is skipped (the store logs and
+        counts it once), so a restarting job loads the step before it."""
+        for step in reversed(self.store.steps(job)):
+            try:
+                return self._manifest(job, step)
+            except (DataLossError, NotFoundError):
+                continue
+        raise NotFoundError(f"checkpoint job {job} has no committed checkpoint yet")
+
     # --- ListFlights -------------------------------------------------------------------------------
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
         try:
-            signed = signed_bytes("list", criteria)
-            principal = self._principal(context, signed)
+            principal = self._caller(context, criteria, "ListFlights criteria", lambda b: signed_bytes("list", b))
             if criteria:
-                jobs = [self._job(context, criteria.decode("utf-8", "replace"), signed, write=False)]
+                jobs = [self._check_job(principal, criteria.decode("utf-8", "replace"), write=False)]
             else:
                 jobs = [j for j in self.store.jobs() if may_read(principal, j)]
             infos = []
@@ -347,11 +456,31 @@ def _for_rank(manifest: dict[str, Any], rank: int, world_size: int) -> dict[str,
     return {**manifest, "parts": [part]}
 
 
-def _json(raw: bytes, what: str) -> dict[str, Any]:
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_record(raw: bytes, what: str, max_depth: int) -> dict[str, Any]:
+    """A JSON object nested at most `max_depth` deep: INVALID_ARGUMENT otherwise (never a
+    RecursionError: the parser's own guard is caught, and the depth checked without recursion)."""
     try:
         value = json.loads(raw)
+    except RecursionError:
+        raise InvalidArgumentError(f"the checkpoint {what} nests deeper than {max_depth}") from None
     except (ValueError, UnicodeDecodeError):
         value = None
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"the checkpoint {what} must be a JSON object")
-    return value
+    level: list[Any] = [value]
+    for _ in range(max_depth):
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, (dict, list))]
+        if not level:
+            return value
+    raise InvalidArgumentError(f"the checkpoint {what} nests deeper than {max_depth}")
+
+
+def _check_chunk_batch(batch: pa.RecordBatch) -> None:
+    if not batch.schema.equals(CHUNK_SCHEMA) or batch.column(0).null_count or batch.column(1).null_count:
+        raise InvalidArgumentError(
+            f"checkpoint chunks are (hash: string, data: binary) rows without nulls, got {excerpt(str(batch.schema))}"
+        )

@@ -2,8 +2,9 @@
 
 What goes, in this order (each step leaves a state that loads):
 
-1. manifests of committed steps older than the newest `keep` — the manifest first, so a step is
-   uncommitted (never listed) before anything it names is removed;
+1. manifests of committed steps older than the newest `keep` intact ones — the manifest first, so a
+   step is uncommitted (never listed) before anything it names is removed — and damaged manifests
+   (unreadable: that step can never load; reported as `damaged_steps`);
 2. part records: those of committed steps (the manifest holds a copy), those of uncommitted steps
    older than the latest commit (saves that died), and those of newer uncommitted steps untouched
    for `min_age_s` (a save still running keeps its parts);
@@ -43,6 +44,7 @@ class GcReport:
     job: str
     kept_steps: list[int] = field(default_factory=list)
     removed_steps: list[int] = field(default_factory=list)
+    damaged_steps: list[int] = field(default_factory=list)  # unreadable manifests (removed unless a dry run)
     removed_parts: int = 0
     removed_chunks: int = 0
     freed_bytes: int = 0
@@ -57,21 +59,23 @@ def collect(
     storage = store.storage
     now = time.time()
     report = GcReport(job)
-    steps = store.steps(job)
+    steps, damaged = store.sort_steps(job)
     report.kept_steps, dropped = steps[-keep:], steps[:-keep]
     released: set[str] = set()  # chunks the dropped steps named: no save is uploading those
-    for step in dropped:
+    for step in sorted([*dropped, *damaged]):
         key = manifest_key(job, step)
         try:
-            released |= chunks_of(store.manifest(job, step))
+            if step not in damaged:
+                released |= chunks_of(store.manifest(job, step))
+            report.freed_bytes += storage.head(key).size
         except NotFoundError:
             continue
-        report.freed_bytes += storage.head(key).size
         if not dry_run:
             storage.delete(key)
-        report.removed_steps.append(step)
-    latest = steps[-1] if steps else -1
-    committed = set(steps)
+        (report.damaged_steps if step in damaged else report.removed_steps).append(step)
+    every = sorted([*steps, *damaged])
+    latest = every[-1] if every else -1
+    committed = set(every)
     referenced: set[str] = set()
     for step in report.kept_steps:
         try:

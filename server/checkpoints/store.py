@@ -13,7 +13,18 @@ The layout and records are shardstream/checkpoint_format.py's. Every write goes 
   Parts are durable before the manifest is written (Storage writes return once durable), so a
   committed step always loads; a save killed anywhere before it leaves the previous step `latest`.
 - Reads verify: a chunk whose bytes do not hash to its name is DataLossError naming the
-  checkpoint's job and the chunk; an unreadable manifest is DataLossError naming its step.
+  checkpoint's job and the chunk; a missing one is DataLossError too (a committed step named it);
+  an unreadable manifest is DataLossError naming its step.
+- Deduplication verifies before it trusts: a stored chunk a save would reuse (`has_chunks`, or a
+  `put_chunk` of bytes already there) is re-read and hashed unless this process verified it since
+  it last changed (a mark per chunk: its storage etag when it hashed right, VERIFIED_MARKS of them).
+  A corrupt one is removed and reported absent, so the save uploads it again — which repairs every
+  older step that names it. The cost: one read of each reused chunk per server process, the first
+  time a save reuses it.
+- A damaged manifest is contained: `intact_steps`/`latest` skip it (logged once, counted in
+  shardstream_checkpoint_damaged_manifests_total), `damaged_steps` names them for `list` and `gc`.
+- A full root is ResourceExhaustedError (Storage's), and nothing half-written stays: `forget`
+  removes what an aborted save stored and no committed step names.
 
 Reclaiming space is reclaim.py's.
 """
@@ -21,14 +32,20 @@ Reclaiming space is reclaim.py's.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from prometheus_client import Counter
+
 from shardstream.checkpoint_format import (
     FORMAT,
     MANIFEST_KIND,
+    MAX_RANKS,
     check_hash,
     check_job,
     check_part,
@@ -42,12 +59,31 @@ from shardstream.checkpoint_format import (
     part_prefix,
     step_of_manifest_key,
 )
-from shardstream.errors import DataLossError, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from shardstream.errors import (
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    excerpt,
+)
 from shardstream.storage import Storage
 
 __all__ = ["CheckpointStore", "dumps"]
 
+log = logging.getLogger("shardstream.server.checkpoints")
+
 _HEAD_THREADS = 16  # concurrent existence checks (one HEAD each on S3)
+VERIFIED_MARKS = 1 << 18  # chunks whose verification a process remembers (~60 bytes each: 16 MiB)
+WAITING_LISTED = 64  # ranks a commit's answer names of those it waits for (it counts them all)
+
+DAMAGED = Counter(
+    "shardstream_checkpoint_damaged_manifests_total",
+    "Committed checkpoint manifests found unreadable (each counted once per process); the step is skipped",
+)
+CORRUPT = Counter(
+    "shardstream_checkpoint_corrupt_chunks_total",
+    "Stored checkpoint chunks found corrupt when a save would reuse them (removed; the save sends them again)",
+)
 
 
 def dumps(record: Any) -> bytes:
@@ -59,6 +95,9 @@ class CheckpointStore:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._heads = ThreadPoolExecutor(_HEAD_THREADS, thread_name_prefix="checkpoint-head")
+        self._marks: OrderedDict[str, str] = OrderedDict()  # chunk key -> etag it was verified at
+        self._damaged: set[tuple[str, int]] = set()  # manifests found unreadable (logged once)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self._heads.shutdown(wait=False)
@@ -71,23 +110,89 @@ class CheckpointStore:
             return False
         return True
 
+    def _mark(self, key: str, etag: str) -> None:
+        with self._lock:
+            self._marks[key] = etag
+            self._marks.move_to_end(key)
+            while len(self._marks) > VERIFIED_MARKS:
+                self._marks.popitem(last=False)
+
+    def _verified(self, job: str, h: str) -> bool:
+        """Whether chunk `h` is stored and hashes to its name (read and hashed unless marked at its
+        current etag). A corrupt one is removed, logged and counted: a save sends it again."""
+        key = chunk_key(job, h)
+        try:
+            etag = self.storage.head(key).etag
+        except NotFoundError:
+            return False
+        with self._lock:
+            if self._marks.get(key) == etag:
+                return True
+        try:
+            data = self.storage.get(key)
+        except NotFoundError:
+            return False
+        if chunk_hash(data) == h:
+            self._mark(key, etag)
+            return True
+        CORRUPT.inc()
+        log.warning("checkpoint job %s: stored chunk %s is corrupt: removed, the next save sends it again", job, h)
+        self.storage.delete(key)
+        with self._lock:
+            self._marks.pop(key, None)
+        return False
+
     def has_chunks(self, job: str, hashes: Iterable[str]) -> list[str]:
-        """Those of `hashes` stored under `job` (in the order given)."""
+        """Those of `hashes` stored under `job` and intact (in the order given): a save sends the others."""
         wanted = [check_hash(h) for h in dict.fromkeys(hashes)]
-        found = self._heads.map(lambda h: self._exists(chunk_key(job, h)), wanted)
+        found = self._heads.map(lambda h: self._verified(job, h), wanted)
         return [h for h, ok in zip(wanted, found, strict=True) if ok]
 
     def put_chunk(self, job: str, h: str, data: bytes | memoryview) -> bool:
-        """Store a chunk under its sha256 `h`; False when it was there already. Bytes that do not
-        hash to `h` are refused (DataLossError: they were damaged on the way)."""
+        """Store a chunk under its sha256 `h`; False when an intact copy was there already (one that
+        is not is replaced). Bytes that do not hash to `h` are refused (DataLossError: they were
+        damaged on the way). The bytes go to storage as they are (no copy here)."""
         key = chunk_key(job, h)
         if chunk_hash(data) != h:
             raise DataLossError(f"checkpoint job {job}: chunk {h[:16]} arrived damaged (its bytes hash differently)")
-        return self.storage.put_if_absent(key, bytes(data))
+        for _ in range(2):
+            if self.storage.put_if_absent(key, data):
+                try:
+                    self._mark(key, self.storage.head(key).etag)
+                except NotFoundError:
+                    pass
+                return True
+            if self._verified(job, h):  # there already: reused only once it checks out
+                return False
+        raise DataLossError(f"checkpoint job {job}: chunk {h[:16]} could not be stored intact")
+
+    def forget(self, job: str, hashes: Iterable[str]) -> int:
+        """Remove chunks an aborted save stored, except those a committed step names (another save
+        may have reused them since); the bytes freed. A save racing this one finds a chunk gone at
+        its commit and sends it again."""
+        wanted = {check_hash(h) for h in hashes}
+        if not wanted:
+            return 0
+        for step in self.intact_steps(job):
+            wanted -= chunks_of(self.manifest(job, step))
+        freed = 0
+        for h in sorted(wanted):
+            key = chunk_key(job, h)
+            try:
+                freed += self.storage.head(key).size
+            except NotFoundError:
+                continue
+            self.storage.delete(key)
+            with self._lock:
+                self._marks.pop(key, None)
+        return freed
 
     def read_chunk(self, job: str, h: str) -> bytes:
-        """The chunk's bytes, verified against its name."""
-        data = self.storage.get(chunk_key(job, h))
+        """The chunk's bytes, verified against its name; DataLossError when it is missing or corrupt."""
+        try:
+            data = self.storage.get(chunk_key(job, h))
+        except NotFoundError:
+            raise DataLossError(f"checkpoint job {job}: chunk {h} is missing from storage") from None
         if chunk_hash(data) != h:
             raise DataLossError(f"checkpoint job {job}: chunk {h} is corrupt (its bytes hash differently)")
         return data
@@ -123,6 +228,8 @@ class CheckpointStore:
         {"committed": False, "waiting_for": [ranks], "missing": [chunk names]}."""
         check_job(job)
         check_step(step)
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
+            raise InvalidArgumentError(f"a checkpoint's world size must be an int from 1 to {MAX_RANKS}, got {world_size!r}")
         key = manifest_key(job, step)
         existing = self._manifest_or_none(job, step)
         if existing is not None:
@@ -136,7 +243,7 @@ class CheckpointStore:
             if r not in parts or parts[r]["save_id"] != save_id or parts[r]["world_size"] != world_size
         ]
         if waiting:
-            return {"committed": False, "waiting_for": waiting, "missing": []}
+            return {"committed": False, "waiting_for": waiting[:WAITING_LISTED], "waiting": len(waiting), "missing": []}
         ordered = [parts[r] for r in range(world_size)]
         names = sorted({h for p in ordered for h in chunks_of(p)})
         present = set(self.has_chunks(job, names))
@@ -178,8 +285,51 @@ class CheckpointStore:
         return sorted(s for s in found if s is not None)
 
     def latest(self, job: str) -> int | None:
-        steps = self.steps(job)
-        return steps[-1] if steps else None
+        """The newest committed step whose manifest reads (a damaged one is skipped: see damaged_steps)."""
+        for step in reversed(self.steps(job)):
+            try:
+                self.manifest(job, step)
+            except DataLossError:
+                continue
+            except NotFoundError:  # removed meanwhile
+                continue
+            return step
+        return None
+
+    def intact_steps(self, job: str) -> list[int]:
+        """Committed steps whose manifests read, oldest first."""
+        return self.sort_steps(job)[0]
+
+    def damaged_steps(self, job: str) -> list[int]:
+        """Committed steps whose manifests do not read (each logged and counted once per process)."""
+        return self.sort_steps(job)[1]
+
+    def sort_steps(self, job: str) -> tuple[list[int], list[int]]:
+        """(intact, damaged) committed steps, oldest first: every manifest read once."""
+        intact, damaged = [], []
+        for step in self.steps(job):
+            try:
+                self.manifest(job, step)
+            except DataLossError:
+                damaged.append(step)
+            except NotFoundError:  # removed meanwhile
+                continue
+            else:
+                intact.append(step)
+        return intact, damaged
+
+    def known_damaged(self, job: str) -> set[int]:
+        """Steps of `job` this process found damaged (until gc removes them: see steps())."""
+        with self._lock:
+            return {s for j, s in self._damaged if j == job}
+
+    def _note_damaged(self, job: str, step: int, exc: BaseException) -> None:
+        with self._lock:
+            if (job, step) in self._damaged:
+                return
+            self._damaged.add((job, step))
+        DAMAGED.inc()
+        log.error("checkpoint %s@%d: its manifest is unreadable (%s): skipped; `checkpoint gc` removes it", job, step, exc)
 
     def _manifest_or_none(self, job: str, step: int) -> dict[str, Any] | None:
         try:
@@ -199,8 +349,12 @@ class CheckpointStore:
                 raise ValueError("not this checkpoint's manifest")
             for p in record["parts"]:
                 check_part(p, job=job, step=step)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DataLossError(f"checkpoint {job}@{step}: its manifest is unreadable ({exc})") from exc
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            self._note_damaged(job, step, exc)
+            raise DataLossError(f"checkpoint {job}@{step}: its manifest is unreadable ({excerpt(str(exc))})") from exc
+        if self._damaged:
+            with self._lock:
+                self._damaged.discard((job, step))  # written again since (gc removed the damaged one)
         return record  # type: ignore[no-any-return]
 
     def verify(self, job: str, step: int) -> list[str]:

@@ -39,7 +39,7 @@ def _drain_with_parent(parent: int) -> None:
 
 def _read_config(stdin: BinaryIO) -> ServerConfig:
     """The config the supervisor wrote to this worker's stdin (then closed: read to its end)."""
-    return ServerConfig(**json.loads(stdin.read()))
+    return ServerConfig.from_dict(json.loads(stdin.read()))
 
 
 def main(argv: list[str]) -> int:

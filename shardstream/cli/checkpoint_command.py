@@ -3,12 +3,14 @@
 They read the root itself (`--checkpoint-root`, a directory or s3://; what `serve --checkpoint-root`
 serves), so they run beside the fleet with the storage's credentials, not through it:
 
-    list    [--job J]                  jobs, or a job's committed steps (size, age, data position)
+    list    [--job J]                  jobs, or a job's committed steps (size, age, data position; a
+                                       damaged manifest is listed as DAMAGED and the others still are)
     show    --job J [--step S]         one checkpoint: ranks, tensors, bytes, chunks, Loader state
     verify  --job J [--step S]         re-read every chunk and check it against its name (exit 1 on a problem)
     pull    --job J [--step S] --to D  write a plain torch.distributed.checkpoint directory (dcp.load reads
                                        it without shardstream): for evaluation and inference hosts
-    gc      --job J --keep N           keep the newest N, reclaim the rest (server/checkpoints/reclaim.py)
+    gc      --job J --keep N           keep the newest N intact, reclaim the rest and any damaged manifest
+                                       (server/checkpoints/reclaim.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from shardstream.errors import InvalidArgumentError, NotFoundError
+from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
 
 from . import common
 from .datasets_gc import duration
@@ -60,14 +62,23 @@ def _cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     if not args.job:
         jobs = store.jobs()
+        listed = {j: store.sort_steps(j) for j in jobs}
         if args.json:
-            print(json.dumps({"jobs": [{"job": j, "steps": store.steps(j)} for j in jobs]}))
+            print(json.dumps({"jobs": [{"job": j, "steps": ok, "damaged": bad} for j, (ok, bad) in listed.items()]}))
         else:
-            common.print_table([["JOB", "CHECKPOINTS", "LATEST"]] + [[j, str(len(s := store.steps(j))), str(s[-1]) if s else "-"] for j in jobs])
+            common.print_table(
+                [["JOB", "CHECKPOINTS", "LATEST", "DAMAGED"]]
+                + [[j, str(len(ok)), str(ok[-1]) if ok else "-", str(len(bad))] for j, (ok, bad) in listed.items()]
+            )
         return 0
     rows, out = [["STEP", "RANKS", "BYTES", "AGE", "DATA POSITION"]], []
     for step in store.steps(args.job):
-        m = store.manifest(args.job, step)
+        try:
+            m = store.manifest(args.job, step)
+        except DataLossError as exc:  # one damaged manifest: said, and the others still listed
+            out.append({"step": step, "damaged": str(exc)})
+            rows.append([str(step), "-", "-", "-", "DAMAGED: manifest unreadable (checkpoint gc removes it)"])
+            continue
         age = time.time() - m["committed_s"]
         out.append({"step": step, "world_size": m["world_size"], "bytes": m["bytes"], "committed_s": m["committed_s"]})
         rows.append([str(step), str(m["world_size"]), common.human_bytes(m["bytes"]), f"{age:.0f}s", _position(m["parts"][0])])
@@ -160,8 +171,9 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.__dict__))
     else:
+        damaged = f", damaged steps {report.damaged_steps}" if report.damaged_steps else ""
         print(
-            f"checkpoint job {args.job}: kept steps {report.kept_steps}; {verb} steps {report.removed_steps}, "
+            f"checkpoint job {args.job}: kept steps {report.kept_steps}; {verb} steps {report.removed_steps}{damaged}, "
             f"{report.removed_parts} part(s), {report.removed_chunks} chunk(s), {common.human_bytes(report.freed_bytes)}"
         )
     return 0

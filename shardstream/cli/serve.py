@@ -22,6 +22,7 @@ def _seconds(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The ServerConfig the parsed `serve` arguments ask for."""
+    from shardstream.server.checkpoints.limits import CheckpointLimits
     from shardstream.server.config import ServerConfig
     from shardstream.server.serving.supervisor import usable_cpus
 
@@ -59,6 +60,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
         data_port=args.data_port if args.data_port is not None else (args.port + 1 if args.port else 0),
         advertised_data_port=args.advertised_data_port,
         checkpoint_root=args.checkpoint_root,
+        checkpoint_limits=CheckpointLimits(
+            max_record_bytes=args.checkpoint_max_record_mib << 20,
+            max_chunk_bytes=args.checkpoint_max_chunk_mib << 20,
+            inflight_job_bytes=args.checkpoint_inflight_mib << 20,
+            inflight_principal_bytes=2 * (args.checkpoint_inflight_mib << 20),
+            job_quota_bytes=round(args.checkpoint_job_quota_gib * (1 << 30)) if args.checkpoint_job_quota_gib else None,
+        ),
     )
 
 
@@ -267,6 +275,38 @@ def add_commands(sub: Any) -> None:
         default=None,
         help="keep training checkpoints under this directory or s3://bucket/prefix and move them over the "
         "data plane (Checkpointer; `shardstream checkpoint`); --auth principals need `checkpoints:` job globs",
+    )
+    ck = sp.add_argument_group("checkpoint limits (what one writer may ask of this server)")
+    ck.add_argument(
+        "--checkpoint-max-chunk-mib",
+        type=common.positive_int,
+        default=64,
+        metavar="MIB",
+        help="largest checkpoint chunk a DoPut may send (default 64; the Checkpointer sends 8 MiB chunks)",
+    )
+    ck.add_argument(
+        "--checkpoint-max-record-mib",
+        type=common.positive_int,
+        default=64,
+        metavar="MIB",
+        help="largest checkpoint call body (a rank's part record, a chunk list), refused before it is parsed "
+        "(default 64: ~300k tensors a rank)",
+    )
+    ck.add_argument(
+        "--checkpoint-inflight-mib",
+        type=common.positive_int,
+        default=512,
+        metavar="MIB",
+        help="chunk bytes this server holds at once for one job (twice this for one principal); more waits "
+        "for room, then is RESOURCE_EXHAUSTED (default 512)",
+    )
+    ck.add_argument(
+        "--checkpoint-job-quota-gib",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="bytes a job may keep under --checkpoint-root (as each server counts them); over it a save is "
+        "RESOURCE_EXHAUSTED (default: no quota)",
     )
     sp.add_argument(
         "--transform-threads",
