@@ -25,6 +25,9 @@
 7. checkpoints  (loadtest/checkpoint_bench.py) Checkpointer vs torch.distributed.checkpoint on a local
                 directory: save stall vs dcp.save, load vs dcp.load (warm server), bytes of a save
                 with 10% changed, storage reads of 4 concurrent loads, follow() latency.
+8. balance      (loadtest/balance_bench.py) balanced steps: packed rows and attention cost per rank,
+                balance=None vs "tokens" vs "attention" on CPython's sources and a lognormal corpus,
+                and the simulated data-parallel time as a ratio to None (arithmetic: no servers).
 
 Figures only: it prints a table of ratios, writes everything as JSON and exits 0 unless something
 crashed. Read /work/shared/BENCHMARKING.md (or loadtest/README.md) before quoting a number.
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import checkpoint_bench, flight_bench, peers, scaling
+from loadtest import balance_bench, checkpoint_bench, flight_bench, peers, scaling
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from loadtest.driver import LoadConfig, dataset_name, ensure_dataset, run_load
 from loadtest.flight_server import METADATA_BYTES
@@ -52,7 +55,7 @@ from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
 
-SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small", "scaling", "checkpoints")
+SECTIONS = ("dataplane", "servers", "cache", "client_rss", "small", "scaling", "checkpoints", "balance")
 MIB = 1 << 20
 
 
@@ -288,6 +291,11 @@ def checkpoints(sz: Sizes, workdir: Path) -> dict[str, Any]:
     return checkpoint_bench.run(args, workdir / "checkpoints")
 
 
+# --- 8 ----------------------------------------------------------------------------------------
+def balance(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    return balance_bench.run(argparse.Namespace(steps=10 if sz is QUICK else 40, seed=0, quick=sz is QUICK))
+
+
 # --- 6 ----------------------------------------------------------------------------------------
 def scaling_curve(sz: Sizes, workdir: Path) -> dict[str, Any]:
     args = argparse.Namespace(
@@ -405,6 +413,9 @@ def print_report(res: dict[str, Any]) -> None:
         print(
             f"{'checkpoints (Checkpointer vs torch.distributed.checkpoint)':<58} {'-':>24}  {checkpoint_bench.summary(s['checkpoints'])}"
         )
+    if "balance" in s:
+        print("balanced steps (packed rows per rank; loadtest/balance_bench.py):")
+        balance_bench.report(s["balance"])
 
 
 def _git(*args: str) -> str | None:
@@ -427,6 +438,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "small": small,
         "scaling": scaling_curve,
         "checkpoints": checkpoints,
+        "balance": balance,
     }
     sections: dict[str, Any] = {}
     elapsed: dict[str, float] = {}
