@@ -103,6 +103,11 @@ def decode_message(
                 f"the plan says {'no such step' if planned is None else list(planned)} "
                 "(is every server of the fleet up to date?)"
             )
+        if spec.balance is not None and not st.step_tokens:
+            raise DataLossError(
+                f"the server sent step {step} of epoch {epoch} unbalanced although balance={spec.balance!r} was "
+                "asked (is every server of the fleet up to date?)"
+            )
         n = st.rows
         end = row + n
         info = BatchInfo(
@@ -117,6 +122,8 @@ def decode_message(
             sources=sources[row:end] if mixture else None,
             skipped=_skipped(st.skipped, mixture) if st.skipped else (),
             documents=None if documents is None else _documents(documents.slice(row, n), mixture),
+            tokens=st.tokens,
+            step_tokens=st.step_tokens,
         )
         out = split(row, n)
         row = end

@@ -93,6 +93,8 @@ class ReadSpec:
     _walk: list[Iterator[tuple[int, int]]] = field(default_factory=list, compare=False, repr=False)
     retry: RetryPolicy = RetryPolicy()
     job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
+    balance: str | None = None  # balanced steps: None or "tokens" (shardstream/order/balance.py)
+    pad_rows: bool = False
 
     @cached_property  # looked up once: every message counts its bytes through it
     def metrics(self) -> metrics.RankMetrics:
@@ -160,5 +162,7 @@ class ReadSpec:
             transforms=tuple(Transform(t.op, t.params_json) for t in self.transforms),
             on_error=self.on_error if self.transforms else "",
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
+            balance=self.balance,
+            pad_rows=self.pad_rows,
         )
         return encode(query)

@@ -47,6 +47,8 @@ SURFACE: dict[str, Any] = {
     "stream_idle_timeout_s": 60.0,
     "mixture_block": 0,
     "mixture_epoch_samples": 0,
+    "balance": None,
+    "pad_rows": False,
     "skip_steps": None,
     "job": None,
     "cursor_store": None,

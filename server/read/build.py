@@ -52,6 +52,7 @@ from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
 from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .balanced_layout import BalancedLayout
 from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
@@ -482,9 +483,12 @@ class MessageBuilder:
             gs, ge = plan.layout.global_range(step)
             ps, pe = plan.layout.rank_range(step, plan.rank)
             a, b = chunk.samples if chunk.samples is not None else (0, pe - ps)
-            header.steps.add(
+            info = header.steps.add(
                 step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=b - a
             )
+            if isinstance(plan.layout, BalancedLayout):  # balanced packing: the step's tokens, for loss weights
+                window = plan.layout.window(step, plan.rank)
+                info.tokens, info.step_tokens = window.take, window.step_tokens
             ranges.append((ps + a, ps + b))
         steps = chunk.steps
         if (
@@ -585,6 +589,8 @@ class MessageBuilder:
         assert plan.pipeline is not None
         step_ids = [st.step for st in header.steps]
         steps = np.repeat(np.array(step_ids, np.int64), [st.rows for st in header.steps])
+        layout = plan.layout
+        windows = {s: layout.window(s, plan.rank) for s in step_ids} if isinstance(layout, BalancedLayout) else None
         out, per_step = plan.pipeline.apply(
             batch,
             seed=plan.seed,
@@ -594,6 +600,7 @@ class MessageBuilder:
             step_ids=step_ids,
             pool=self._transform_pool,
             threads=self.transform_threads,
+            windows=windows,
         )
         for st, res in zip(header.steps, per_step, strict=True):
             st.rows = res.rows

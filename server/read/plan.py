@@ -23,9 +23,10 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
-from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
 from shardstream.manifest import DatasetRef, Manifest
 from shardstream.order.mixture import MixtureOrder
 from shardstream.order.read_order import DatasetOrder, ShuffleSpec
@@ -37,11 +38,13 @@ from shardstream.v1 import shardstream_pb2 as pb
 from ..serving.auth import OPEN, Principal
 from ..transforms import Pipeline, build_pipeline
 from ..transforms.base import fixed_bytes
+from ..transforms.text import Pack
+from .balanced_layout import BalancedLayout
 from .feature_cache import share_head
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
 from .request_schedules import mixture_weights, request_mixture, request_schedule
-from .selection import check_mixture_columns
+from .selection import check_mixture_columns, take_selection
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_CACHED_ORDERS", "ReadPlan", "ReadPlanner"]
 
@@ -57,7 +60,7 @@ class ReadPlan:
     readers: list[DatasetReader]  # one per source (one for a plain dataset)
     selector: DatasetOrder | MixtureOrder
     mixture: bool
-    layout: Layout  # a StepLayout, or a ScheduledLayout for a request with schedules
+    layout: Layout  # a StepLayout, a ScheduledLayout for a request with schedules; a BalancedLayout around either
     columns: list[str]
     rank: int
     epoch: int
@@ -192,6 +195,8 @@ class ReadPlanner:
             epoch=q.epoch,
             schedule=request_schedule(q),
         )
+        if q.balance is not None:
+            layout = _balanced(q, layout, pipeline, readers, selector)
         if q.first_step > layout.num_steps:
             raise InvalidArgumentError(
                 f"first_step {q.first_step} is past the epoch's {layout.num_steps} steps"
@@ -219,6 +224,46 @@ class ReadPlanner:
             per_sample=pipeline is None or pipeline.per_sample,
             sample_bytes=_sample_bytes(readers, columns, pipeline),
         )
+
+
+def _balanced(
+    q: ReadQuery,
+    layout: Layout,
+    pipeline: Pipeline | None,
+    readers: list[DatasetReader],
+    selector: DatasetOrder | MixtureOrder,
+) -> BalancedLayout:
+    """The layout of a balance="tokens" request (balanced_layout.py), its request checked: packed
+    text whose documents' token counts the dataset keeps (text.pack's "lengths" column)."""
+    last = pipeline.transforms[-1] if pipeline else None
+    if not isinstance(last, Pack):
+        raise InvalidArgumentError(
+            'balance="tokens" balances packed rows: the request\'s last transform must be text.pack'
+        )
+    if last.lengths is None:
+        raise InvalidArgumentError(
+            'balance="tokens" needs each document\'s token count without reading the others\' text: give text.pack '
+            '"lengths": a column of the dataset holding them (for the tokenizer in use)'
+        )
+    if q.on_error == "skip":
+        raise InvalidArgumentError('balance="tokens" needs on_error="fail": a skipped document would move every rank\'s rows')
+    column = last.lengths
+    for r in readers:
+        field = r.manifest.schema.field(column) if column in r.manifest.schema.names else None
+        if field is None or not pa.types.is_integer(field.type):
+            raise InvalidArgumentError(
+                f"text.pack lengths: {r.manifest.ref} has no integer column {column!r} (token counts)"
+            )
+
+    def lengths(start: int, end: int) -> np.ndarray:
+        src, rows = selector.select(q.epoch, np.arange(start, end, dtype=np.int64))
+        values = take_selection(readers, src, rows, [column], mixture=q.mixture).column(column)
+        out = values.to_numpy(zero_copy_only=False) if not values.null_count else None
+        if out is None or (len(out) and out.min() < 0):
+            raise DataLossError(f"text.pack lengths: column {column!r} holds a null or negative token count")
+        return out.astype(np.int64)
+
+    return BalancedLayout(layout, seq_len=last.seq_len, pad_rows=q.pad_rows, lengths=lengths)
 
 
 def _sample_bytes(readers: list[DatasetReader], columns: list[str], pipeline: Pipeline | None) -> float:

@@ -258,6 +258,8 @@ class BatchContext:
     shards: np.ndarray | None = None  # int32 shard index
     rows: np.ndarray | None = None  # int64 row in the shard
     sources: np.ndarray | None = None  # int32 mixture source (None: one dataset)
+    # Balanced packing (server/read/balanced_layout.py): step -> this rank's TokenWindow of it
+    windows: Mapping[int, Any] | None = None
 
     def rng(self, i: int, salt: str) -> np.random.Generator:
         """A generator for row i that depends on (seed, epoch, position, salt) only."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -100,6 +101,7 @@ class Pipeline:
         step_ids: Sequence[int],
         pool: Executor | None,
         threads: int,
+        windows: Mapping[int, Any] | None = None,
     ) -> tuple[pa.RecordBatch, list[StepRows]]:
         """(output batch with provenance columns last, per step of `step_ids`: rows and skips)."""
         names = batch.schema.names
@@ -141,7 +143,7 @@ class Pipeline:
                 source = source[idx]
             rest = self.transforms[self.shared :]
         for t in rest:
-            ctx = BatchContext(seed, epoch, positions, steps, pool, threads, shard, row, source)
+            ctx = BatchContext(seed, epoch, positions, steps, pool, threads, shard, row, source, windows)
             t0 = time.perf_counter()
             res = t.apply(data, ctx)
             TRANSFORM_SECONDS.labels(t.op, self.dataset).observe(time.perf_counter() - t0)

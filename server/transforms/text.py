@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import DataLossError, InvalidArgumentError
 
 from .base import (
     BatchContext,
@@ -215,6 +215,8 @@ class Pack(Transform):
         self.eos_id = eos
         self.pad_id = params.int("pad_id", eos, low=0)
         self.documents = params.bool("documents", False)
+        # the dataset's column of each document's token count (EOS not counted), for balance="tokens"
+        self.lengths = params.str("lengths", None)
         n = self.seq_len
         self.output_schema = pa.schema(
             [
@@ -241,6 +243,8 @@ class Pack(Transform):
             lengths = np.diff(col.offsets.to_numpy()).astype(np.int64)
         # Steps are contiguous runs of rows: each is packed on its own, into its slice of the output.
         groups = np.split(good, np.nonzero(np.diff(ctx.steps[good]))[0] + 1) if len(good) else []
+        if ctx.windows is not None:
+            return self._apply_windows(col, groups, lengths, ctx, errors)
         step_rows = [-(-int(lengths[g].sum() + len(g)) // L) for g in groups]
         total = sum(step_rows) * L
         out_ids = np.empty(total, np.int32)
@@ -272,6 +276,64 @@ class Pack(Transform):
         out = pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
         idx = np.concatenate(index) if index else np.empty(0, np.int64)
         return Result(out, idx, errors)
+
+    def _apply_windows(
+        self, col: pa.Array, groups: list[np.ndarray], lengths: np.ndarray, ctx: BatchContext, errors: list[tuple[int, str]]
+    ) -> Result:
+        """Balanced packing (ReadRequest.balance "tokens"): each step's documents are this rank's run
+        of the step's, and its TokenWindow says which of their tokens are its rows (the stream of
+        the step's documents cut at global row boundaries: the labels and positions of a document
+        cut between two ranks are those of the whole document)."""
+        if errors:  # a null document would move every rank's rows: on_error is "fail" under balance
+            raise InvalidArgumentError(f"text.pack: {errors[0][1]} (balance='tokens' packs every document)")
+        assert ctx.windows is not None
+        L = self.seq_len
+        parts: list[tuple[np.ndarray, ...]] = []
+        index: list[np.ndarray] = []
+        spans: list[list[dict[str, int]]] = []
+        by_step = {int(ctx.steps[g[0]]): g for g in groups if len(g)}
+        for step, window in ctx.windows.items():
+            docs = by_step.get(step, np.empty(0, np.int64))
+            sizes = lengths[docs] + 1
+            if len(docs) != len(window.sizes) or not np.array_equal(sizes, window.sizes):
+                raise DataLossError(
+                    f"text.pack: the dataset's token counts (column {self.lengths!r}) disagree with column "
+                    f"{self.column!r} in step {step}: recompute the counts for this tokenizer"
+                )
+            full_rows = -(-int(sizes.sum()) // L) if len(docs) else 0
+            total = full_rows * L
+            arrays = tuple(np.empty(total, dt) for dt in (np.int32, np.int32, np.int32, np.int64))
+            if len(docs):
+                self._pack_step(col, docs, lengths[docs], ctx.positions, arrays)
+            a, b = window.skip, window.skip + window.take
+            rows = window.rows
+            out_rows = max(rows, window.pad_to) if len(docs) else 0
+            ids, labels, pos, doc_ids = (np.empty(out_rows * L, dt) for dt in (np.int32, np.int32, np.int32, np.int64))
+            for dst, src, pad in zip((ids, labels, pos, doc_ids), arrays, (self.pad_id, IGNORE_INDEX, 0, -1), strict=True):
+                dst[: b - a] = src[a:b]
+                dst[b - a :] = pad
+            # the label of the window's last token is the next token of its document where the next
+            # rank holds that one (the whole stream's labels): each prediction is counted once
+            parts.append((ids, labels, pos, doc_ids))
+            # each row's provenance: the document of its first token (padding rows: the last document's)
+            doc_of = np.repeat(np.arange(len(docs)), sizes) if len(docs) else np.empty(0, np.int64)
+            heads = [doc_of[min(a + k * L, b - 1)] for k in range(rows)] + [len(docs) - 1] * (out_rows - rows)
+            index.append(docs[np.asarray(heads, dtype=np.int64)].astype(np.int64) if out_rows else np.empty(0, np.int64))
+            if self.documents:
+                eff = sizes.copy()
+                if len(eff):
+                    eff[0] -= a
+                    eff[-1] -= int(eff.sum()) - (b - a)
+                spans.extend(_row_documents(docs, eff, rows, L, ctx))
+                spans.extend([] for _ in range(out_rows - rows))
+        dtypes = (np.int32, np.int32, np.int32, np.int64)
+        cat = [np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dt) for i, dt in enumerate(dtypes)]
+        arrays_out = [pa.FixedSizeListArray.from_arrays(pa.array(x), L) for x in cat]
+        if self.documents:
+            arrays_out.append(pa.array(spans, pa.list_(DOCUMENT)))
+        out = pa.RecordBatch.from_arrays(arrays_out, schema=self.output_schema)
+        idx = np.concatenate(index) if index else np.empty(0, np.int64)
+        return Result(out, idx, [])
 
     def _pack_step(
         self,

@@ -126,6 +126,9 @@ class ReadQuery:
     on_error: str = ""
     max_message_bytes: int = 0  # 0: the server's default
     split_steps: bool = False
+    # balanced steps (balance.py): None or "tokens"; pad_rows pads a rank's rows to the step's largest
+    balance: str | None = None
+    pad_rows: bool = False
 
     @property
     def dataset(self) -> str:
@@ -157,6 +160,8 @@ def encode(query: ReadQuery) -> pb.ReadRequest:
         on_error=query.on_error,
         split_steps=query.split_steps,
     )
+    if query.balance is not None or query.pad_rows:
+        req.balance.CopyFrom(pb.Balance(mode=_BALANCE_MODES[query.balance], pad_rows=query.pad_rows))
     if query.mixture:
         for s in query.sources:
             req.mixture.add(dataset=s.dataset, fingerprint=s.fingerprint, weight=s.weight)
@@ -210,7 +215,13 @@ def decode(req: pb.ReadRequest) -> ReadQuery:
         on_error=req.on_error,
         max_message_bytes=req.max_message_bytes,
         split_steps=req.split_steps,
+        balance=_BALANCE_NAMES[req.balance.mode],
+        pad_rows=req.balance.pad_rows,
     )
+
+
+_BALANCE_MODES = {None: pb.Balance.BALANCE_NONE, "tokens": pb.Balance.BALANCE_TOKENS}
+_BALANCE_NAMES = {v: k for k, v in _BALANCE_MODES.items()}
 
 
 def _too_long(field: str, text: str, limit: int) -> None:
@@ -293,6 +304,10 @@ def _check_mixture(req: pb.ReadRequest) -> None:
             f"(epoch + 1) * mixture_epoch_samples must be at most {MAX_COUNT}, got "
             f"({req.epoch} + 1) * {req.mixture_epoch_samples}"
         )
+    if req.balance.mode not in _BALANCE_NAMES:
+        raise InvalidArgumentError(f"balance.mode {req.balance.mode} is not one this server knows (0: none, 1: tokens)")
+    if req.balance.pad_rows and req.balance.mode != pb.Balance.BALANCE_TOKENS:
+        raise InvalidArgumentError("balance.pad_rows pads balanced packed rows: it needs balance.mode tokens")
 
 
 def check_params_json(what: str, text: str) -> None:

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -81,7 +82,7 @@ class MixtureSource(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases", "balance")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +107,7 @@ class ReadRequest(_message.Message):
     BATCH_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     SKIP_FIELD_NUMBER: _ClassVar[int]
     MIXTURE_PHASES_FIELD_NUMBER: _ClassVar[int]
+    BALANCE_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -130,7 +132,22 @@ class ReadRequest(_message.Message):
     batch_schedule: _containers.RepeatedCompositeFieldContainer[BatchPhase]
     skip: _containers.RepeatedCompositeFieldContainer[SkipRange]
     mixture_phases: _containers.RepeatedCompositeFieldContainer[MixturePhase]
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ...) -> None: ...
+    balance: Balance
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ...) -> None: ...
+
+class Balance(_message.Message):
+    __slots__ = ("mode", "pad_rows")
+    class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BALANCE_NONE: _ClassVar[Balance.Mode]
+        BALANCE_TOKENS: _ClassVar[Balance.Mode]
+    BALANCE_NONE: Balance.Mode
+    BALANCE_TOKENS: Balance.Mode
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PAD_ROWS_FIELD_NUMBER: _ClassVar[int]
+    mode: Balance.Mode
+    pad_rows: bool
+    def __init__(self, mode: _Optional[_Union[Balance.Mode, str]] = ..., pad_rows: _Optional[bool] = ...) -> None: ...
 
 class BatchPhase(_message.Message):
     __slots__ = ("start", "batch_size")
@@ -165,7 +182,7 @@ class Transform(_message.Message):
     def __init__(self, op: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class StepInfo(_message.Message):
-    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped", "part", "more_parts")
+    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped", "part", "more_parts", "tokens", "step_tokens")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POSITION_START_FIELD_NUMBER: _ClassVar[int]
     POSITION_END_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +192,8 @@ class StepInfo(_message.Message):
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     MORE_PARTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step: int
     position_start: int
     position_end: int
@@ -184,7 +203,9 @@ class StepInfo(_message.Message):
     skipped: _containers.RepeatedCompositeFieldContainer[SkippedSample]
     part: int
     more_parts: bool
-    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., part: _Optional[int] = ..., more_parts: _Optional[bool] = ...) -> None: ...
+    tokens: int
+    step_tokens: int
+    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., part: _Optional[int] = ..., more_parts: _Optional[bool] = ..., tokens: _Optional[int] = ..., step_tokens: _Optional[int] = ...) -> None: ...
 
 class SkippedSample(_message.Message):
     __slots__ = ("position", "shard", "row", "source", "reason")
