@@ -54,7 +54,8 @@ class BatchInfo:
     skipped: tuple[SkippedSample, ...] = ()
     # text.pack with "documents": true: every document of each row, in token order (None otherwise)
     documents: tuple[tuple[PackedDocument, ...], ...] | None = None
-    # balance="tokens": the step's tokens in this rank's rows (not padding) and in every rank's. A
+    # balance="tokens": the step's tokens with a label (labels != -100) in this rank's rows and in
+    # every rank's (the terms of the loss). A
     # trainer that averages its loss over its own tokens weights it by tokens * world_size /
     # step_tokens, so that the all-reduced mean is the mean over the step's tokens (README).
     tokens: int = 0

@@ -98,15 +98,18 @@ def test_rows_within_one_and_every_token_once(endpoint: str, corpus: Any, world:
     _, data = corpus
     steps = _read(endpoint, world, batch, seq_len)
     order_of = _order(endpoint, world, batch)
+    step_labels = 0
     for step, ranks in steps.items():
         assert sorted(ranks) == list(range(world))
+        step_labels += ranks[0][1].step_tokens
         rows = [len(ranks[r][0]["input_ids"]) for r in range(world)]
         assert max(rows) - min(rows) <= 1, (step, rows)
         infos = [ranks[r][1] for r in range(world)]
         assert len({i.step_tokens for i in infos}) == 1 and sum(i.tokens for i in infos) == infos[0].step_tokens
         for r in range(world):
-            assert infos[r].tokens == int((np.asarray(ranks[r][0]["document_ids"]) >= 0).sum())
+            assert infos[r].tokens == int((np.asarray(ranks[r][0]["labels"]) != -100).sum())
     _tokens_once(data, [v for ranks in steps.values() for v in ranks.values()], order_of)
+    assert step_labels == sum(len(d) for d in data)  # every document's tokens predict their next, once
 
 
 def test_pad_rows_gives_every_rank_the_same_shape(endpoint: str, corpus: Any) -> None:

@@ -36,14 +36,16 @@ STEPS_KEPT = 64
 class TokenWindow:
     """One rank's share of a balanced step: tokens [skip, skip + take) of the stream its documents
     (`sizes`: each one's declared tokens with EOS, in order) make, as `rows` rows, padded with whole
-    rows of padding to `pad_to` rows (0: not padded); `step_tokens`: every rank's tokens."""
+    rows of padding to `pad_to` rows (0: not padded). `labels`: its tokens that have a label (all but
+    each document's EOS: the terms of its loss); `step_labels`: those of every rank."""
 
     skip: int
     take: int
     sizes: np.ndarray
     rows: int
     pad_to: int
-    step_tokens: int
+    labels: int
+    step_labels: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class BalancedLayout:
         ends = np.cumsum(sizes)
         doc_starts = ends - sizes
         total = int(ends[-1]) if len(ends) else 0
+        eos = ends - 1  # where each document's EOS stands in the stream (it has no label)
         pad_to = -(-packed.num_rows // world) if self.pad_rows else 0
         starts, stops, windows = np.empty(world, np.int64), np.empty(world, np.int64), []
         for r in range(world):
@@ -97,7 +100,8 @@ class BalancedLayout:
             starts[r], stops[r] = gs + d0, gs + d1
             rows = -(-(b - a) // self.seq_len)
             skip = a - int(doc_starts[d0]) if d1 > d0 else 0
-            windows.append(TokenWindow(skip, b - a, sizes[d0:d1], rows, pad_to, total))
+            labels = (b - a) - int(np.searchsorted(eos, b) - np.searchsorted(eos, a))
+            windows.append(TokenWindow(skip, b - a, sizes[d0:d1], rows, pad_to, labels, total - len(sizes)))
         split = _Split(starts, stops, windows)
         with self._lock:
             self._splits[step] = split

@@ -488,7 +488,7 @@ class MessageBuilder:
             )
             if isinstance(plan.layout, BalancedLayout):  # balanced packing: the step's tokens, for loss weights
                 window = plan.layout.window(step, plan.rank)
-                info.tokens, info.step_tokens = window.take, window.step_tokens
+                info.tokens, info.step_tokens = window.labels, window.step_labels
             ranges.append((ps + a, ps + b))
         steps = chunk.steps
         if (
