@@ -60,3 +60,7 @@ class BatchInfo:
     # step_tokens, so that the all-reduced mean is the mean over the step's tokens (README).
     tokens: int = 0
     step_tokens: int = 0
+    # with balance: this rank's cost of the step (Σ chunk length² of its rows, or its samples' cost
+    # column) and every rank's: cost * world_size / step_cost is its load against the step's mean
+    cost: float = 0.0
+    step_cost: float = 0.0

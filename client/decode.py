@@ -103,10 +103,10 @@ def decode_message(
                 f"the plan says {'no such step' if planned is None else list(planned)} "
                 "(is every server of the fleet up to date?)"
             )
-        if spec.balance is not None and not st.step_tokens:
+        if spec.balance.mode is not None and not st.balanced:
             raise DataLossError(
-                f"the server sent step {step} of epoch {epoch} unbalanced although balance={spec.balance!r} was "
-                "asked (is every server of the fleet up to date?)"
+                f"the server sent step {step} of epoch {epoch} unbalanced although balance={spec.balance.mode!r} "
+                "was asked (is every server of the fleet up to date?)"
             )
         n = st.rows
         end = row + n
@@ -124,6 +124,8 @@ def decode_message(
             documents=None if documents is None else _documents(documents.slice(row, n), mixture),
             tokens=st.tokens,
             step_tokens=st.step_tokens,
+            cost=st.cost,
+            step_cost=st.step_cost,
         )
         out = split(row, n)
         row = end

@@ -90,9 +90,11 @@ class LoaderOptions:
     on_error: str = "fail"  # what a transform does with a sample it cannot take (transform_spec.py)
     mixture_block: int = 0  # samples per block of a mixture (0: 1000, shardstream/order/mixture.py)
     mixture_epoch_samples: int = 0  # samples per mixture epoch (0: the sources' rows together)
-    # Balanced steps (shardstream/order/balance.py): None, or "tokens" (packed text: the step's rows
-    # dealt so that every rank gets the same number, within one); pad_rows pads them to the step's largest
-    balance: str | None = None
+    # Balanced steps (shardstream/order/balance.py): None, "tokens" or "attention" (packed text: the
+    # step's rows dealt so that every rank gets the same number, within one; "attention" balancing
+    # Σ chunk length² too), or {"cost": COLUMN} (samples partitioned by a cost column); pad_rows
+    # pads packed rows to the step's largest
+    balance: str | Mapping[str, str] | None = None
     pad_rows: bool = False
     # --- what the training loop gets ---------------------------------------------------------------
     output: str = "numpy"  # one of OUTPUTS
@@ -199,14 +201,11 @@ class LoaderOptions:
             transforms = [_as_given(t) for t in transforms]  # a normal form given again
         set_(self, "transforms", tuple(to_wire(transforms, self.on_error)))
         balance = parse_balance(self.balance, pad_rows=bool(self.pad_rows))
-        if balance.mode not in (None, "tokens"):
+        if balance.packed and not any(t.op == "text.pack" for t in self.transforms):  # type: ignore[union-attr]
             raise InvalidArgumentError(
-                f"balance={self.balance!r} is not served by this release: packed text balances by rows with "
-                'balance="tokens" (the attention and cost-column splits are planned: shardstream/order/balance.py)'
+                f'balance="{balance.mode}" balances packed rows: add a text.pack transform (with "lengths")'
             )
-        if balance.mode == "tokens" and not any(t.op == "text.pack" for t in self.transforms):  # type: ignore[union-attr]
-            raise InvalidArgumentError('balance="tokens" balances packed rows: add a text.pack transform (with "lengths")')
-        set_(self, "balance", balance.mode)
+        set_(self, "balance", balance)
         set_(self, "pad_rows", balance.pad_rows)
         set_(self, "pin_memory", bool(self.pin_memory) and output == "torch" and _cuda_available())
 

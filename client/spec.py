@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from shardstream.order.balance import BalanceSpec
 from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, epoch_start
 from shardstream.order.read_order import ShuffleSpec
 from shardstream.order.read_query import BatchPhase, SkipRange, Transform, encode
@@ -93,7 +94,7 @@ class ReadSpec:
     _walk: list[Iterator[tuple[int, int]]] = field(default_factory=list, compare=False, repr=False)
     retry: RetryPolicy = RetryPolicy()
     job: str = ""  # the Loader's job ("" without one): its metrics' job_name label
-    balance: str | None = None  # balanced steps: None or "tokens" (shardstream/order/balance.py)
+    balance: BalanceSpec = BalanceSpec()  # balanced steps (shardstream/order/balance.py)
     pad_rows: bool = False
 
     @cached_property  # looked up once: every message counts its bytes through it
@@ -162,7 +163,8 @@ class ReadSpec:
             transforms=tuple(Transform(t.op, t.params_json) for t in self.transforms),
             on_error=self.on_error if self.transforms else "",
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
-            balance=self.balance,
+            balance=self.balance.mode,
             pad_rows=self.pad_rows,
+            balance_column=self.balance.column or "",
         )
         return encode(query)

@@ -48,13 +48,13 @@ def _transforms(seq_len: int, lengths: str | None = "n_tokens") -> list[dict[str
     return [{"op": "text.tokenize", "tokenizer": "bytes"}, pack]
 
 
-def _read(endpoint: str, world: int, batch: int, seq_len: int, **extra: Any) -> dict[int, dict[int, Any]]:
+def _read(endpoint: str, world: int, batch: int, seq_len: int, mode: str = "tokens", **extra: Any) -> dict[int, dict[int, Any]]:
     """step -> rank -> (batch, BatchInfo) of one epoch, every rank read in turn."""
     out: dict[int, dict[int, Any]] = defaultdict(dict)
     for rank in range(world):
         with Loader(
             [endpoint], "docs", batch_size=batch, rank=rank, world_size=world, seed=5, columns=["text"],
-            transforms=_transforms(seq_len), balance="tokens", **extra,
+            transforms=_transforms(seq_len), balance=mode, **extra,
         ) as loader:  # fmt: skip
             for b in loader:
                 info = loader.last_batch
@@ -80,6 +80,23 @@ def _tokens_once(data: list[bytes], batches: list[tuple[dict[str, Any], Any]], o
         assert sorted(positions) == list(range(len(data[order_of[d]]) + 1)), d  # every token once
 
 
+def _attention(batch: dict[str, Any]) -> float:
+    doc = np.asarray(batch["document_ids"])
+    total = 0.0
+    for row in doc:
+        _, counts = np.unique(row[row >= 0], return_counts=True)
+        total += float((counts.astype(np.float64) ** 2).sum())
+    return total
+
+
+def test_attention_deals_rows_to_even_out_attention_cost(endpoint: str) -> None:
+    worst = {}
+    for mode in ("tokens", "attention"):
+        steps = _read(endpoint, 4, 5, 64, mode)
+        worst[mode] = sum(max(ranks[r][1].cost for r in ranks) for ranks in steps.values())
+    assert worst["attention"] <= worst["tokens"]
+
+
 def _order(endpoint: str, world: int, batch: int) -> dict[int, int]:
     """Global position -> dataset row, from an unpacked read with provenance (the same order)."""
     out = {}
@@ -93,10 +110,11 @@ def _order(endpoint: str, world: int, batch: int) -> dict[int, int]:
     return out
 
 
+@pytest.mark.parametrize("mode", ["tokens", "attention"])
 @pytest.mark.parametrize(("world", "batch", "seq_len"), [(2, 4, 64), (3, 5, 37), (4, 3, 128)])
-def test_rows_within_one_and_every_token_once(endpoint: str, corpus: Any, world: int, batch: int, seq_len: int) -> None:
+def test_rows_within_one_and_every_token_once(endpoint: str, corpus: Any, mode: str, world: int, batch: int, seq_len: int) -> None:
     _, data = corpus
-    steps = _read(endpoint, world, batch, seq_len)
+    steps = _read(endpoint, world, batch, seq_len, mode)
     order_of = _order(endpoint, world, batch)
     step_labels = 0
     for step, ranks in steps.items():
@@ -108,6 +126,8 @@ def test_rows_within_one_and_every_token_once(endpoint: str, corpus: Any, world:
         assert len({i.step_tokens for i in infos}) == 1 and sum(i.tokens for i in infos) == infos[0].step_tokens
         for r in range(world):
             assert infos[r].tokens == int((np.asarray(ranks[r][0]["labels"]) != -100).sum())
+            assert infos[r].cost == pytest.approx(_attention(ranks[r][0]))  # Σ chunk length² of its rows
+        assert sum(i.cost for i in infos) == pytest.approx(infos[0].step_cost)
     _tokens_once(data, [v for ranks in steps.values() for v in ranks.values()], order_of)
     assert step_labels == sum(len(d) for d in data)  # every document's tokens predict their next, once
 
@@ -151,9 +171,33 @@ def test_what_cannot_be_balanced_is_one_line(endpoint: str) -> None:
     with pytest.raises(InvalidArgumentError, match="no integer column 'nope'"):
         with Loader([endpoint], "docs", batch_size=4, columns=["text"], transforms=_transforms(64, "nope"), balance="tokens") as loader:
             next(iter(loader))
-    with pytest.raises(InvalidArgumentError, match="not served by this release"):
-        Loader([endpoint], "docs", batch_size=4, columns=["text"], transforms=_transforms(64), balance="attention")
+    with pytest.raises(InvalidArgumentError, match="no numeric column 'text'"):
+        with Loader([endpoint], "docs", batch_size=4, columns=["text"], balance={"cost": "text"}) as loader:
+            next(iter(loader))
     with pytest.raises(InvalidArgumentError, match="text.pack"):
         Loader([endpoint], "docs", batch_size=4, columns=["text"], balance="tokens")
     with pytest.raises(InvalidArgumentError, match="balance="):
         Loader([endpoint], "docs", batch_size=4, columns=["text"], transforms=_transforms(64), balance="token")
+
+
+def test_samples_partitioned_by_a_cost_column_each_once(endpoint: str) -> None:
+    world, batch = 3, 6
+    per_step: dict[int, dict[int, Any]] = defaultdict(dict)
+    for rank in range(world):
+        with Loader([endpoint], "docs", batch_size=batch, rank=rank, world_size=world, seed=5,
+                    columns=["n_tokens"], provenance=True, balance={"cost": "n_tokens"}) as loader:  # fmt: skip
+            for b in loader:
+                per_step[loader.last_batch.step][rank] = (b, loader.last_batch)
+    order_of = _order(endpoint, 1, batch)
+    seen = []
+    for ranks in per_step.values():
+        costs = [float(np.asarray(ranks[r][0]["n_tokens"]).sum()) for r in range(world)]
+        infos = [ranks[r][1] for r in range(world)]
+        assert [i.cost for i in infos] == pytest.approx(costs) and sum(costs) == pytest.approx(infos[0].step_cost)
+        step_costs = [float(c) for r in range(world) for c in np.asarray(ranks[r][0]["n_tokens"])]
+        assert max(costs) <= sum(costs) / world + max(step_costs) + 1e-9  # LPT's bound
+        for r in range(world):
+            b = ranks[r][0]
+            rows = np.asarray(b["_row"]) + np.asarray([0, 21, 42])[np.asarray(b["_shard"])]
+            seen.extend(rows.tolist())
+    assert sorted(seen) == sorted(order_of.values())  # every sample of the epoch exactly once

@@ -52,7 +52,7 @@ from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
 from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .balanced_layout import BalancedLayout
+from .balanced_layout import BalancedLayout, rank_positions, rank_samples
 from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
@@ -145,8 +145,7 @@ def build_estimate(plan: ReadPlan, last: Message | None) -> int:
         if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
             expected = 0.0  # the end-of-epoch message only
         else:
-            start, end = plan.layout.rank_range(plan.first_step, plan.rank)
-            expected = (end - start) * plan.sample_bytes
+            expected = rank_samples(plan.layout, plan.first_step, plan.rank) * plan.sample_bytes
     else:
         expected = max(last.holds, plan.max_message_bytes)
     return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
@@ -167,8 +166,7 @@ class MessageSteps:
         return self.step < self._plan.end_step
 
     def _samples(self, step: int) -> int:
-        start, end = self._plan.layout.rank_range(step, self._plan.rank)
-        return end - start
+        return rank_samples(self._plan.layout, step, self._plan.rank)
 
     def next(self) -> Chunk:
         """The next chunk (call only while `remaining`)."""
@@ -260,22 +258,21 @@ class OrderAhead:
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
-        ranges: list[tuple[int, int]] = []
+        ranges: list[np.ndarray] = []
         total = 0
         step = chunk.steps[0]
         # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
         ahead = self.AHEAD_SAMPLES if self._count else 0
         limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
         while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
-            ps, pe = p.layout.rank_range(step, p.rank)
-            ranges.append((ps, pe))
-            total += pe - ps
+            ranges.append(rank_positions(p.layout, step, p.rank))
+            total += len(ranges[-1])
             step += p.stride
         src, self._rows = p.selector.select(p.epoch, _positions(ranges))
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
         self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
-        self._starts = np.concatenate([[0], np.cumsum([pe - ps for ps, pe in ranges])]).astype(np.int64)
+        self._starts = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
 
 
 class MessageBuilder:
@@ -312,7 +309,8 @@ class MessageBuilder:
             return
         steps = MessageSteps(plan)
         order = OrderAhead(plan)
-        runs = plan.pipeline is None and order.stored  # rows as stored: cut from row groups
+        # rows as stored: cut from row groups (not with balance: a rank's samples are not a run)
+        runs = plan.pipeline is None and order.stored and not isinstance(plan.layout, BalancedLayout)
         part = 0  # of the step being sent in parts
         chunk: Chunk | None = None  # the next chunk, when a run took it already
         while chunk is not None or steps.remaining:
@@ -476,20 +474,25 @@ class MessageBuilder:
     @staticmethod
     def _header(plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, list[tuple[int, int]]]:
         """The header of `chunk` of `plan` (one StepInfo per step, whole or part; the end of the
-        epoch on its last) and the rank's positions it covers, as ranges."""
+        epoch on its last) and the rank's positions it covers, step by step."""
         header = pb.ReadHeader(epoch=plan.epoch)
-        ranges: list[tuple[int, int]] = []
+        ranges: list[np.ndarray] = []
+        layout = plan.layout
         for step in chunk.steps:
-            gs, ge = plan.layout.global_range(step)
-            ps, pe = plan.layout.rank_range(step, plan.rank)
-            a, b = chunk.samples if chunk.samples is not None else (0, pe - ps)
+            gs, ge = layout.global_range(step)
+            ps, pe = layout.rank_range(step, plan.rank)
+            positions = rank_positions(layout, step, plan.rank)
+            a, b = chunk.samples if chunk.samples is not None else (0, len(positions))
             info = header.steps.add(
                 step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=b - a
             )
-            if isinstance(plan.layout, BalancedLayout):  # balanced packing: the step's tokens, for loss weights
-                window = plan.layout.window(step, plan.rank)
-                info.tokens, info.step_tokens = window.labels, window.step_labels
-            ranges.append((ps + a, ps + b))
+            if isinstance(layout, BalancedLayout):  # its share of the step, for loss weights and metrics
+                info.balanced = True
+                info.cost, info.step_cost = layout.cost(step, plan.rank)
+                window = layout.window(step, plan.rank)
+                if window is not None:
+                    info.tokens, info.step_tokens = window.labels, window.step_labels
+            ranges.append(positions[a:b])
         steps = chunk.steps
         if (
             steps
@@ -590,7 +593,8 @@ class MessageBuilder:
         step_ids = [st.step for st in header.steps]
         steps = np.repeat(np.array(step_ids, np.int64), [st.rows for st in header.steps])
         layout = plan.layout
-        windows = {s: layout.window(s, plan.rank) for s in step_ids} if isinstance(layout, BalancedLayout) else None
+        packed = isinstance(layout, BalancedLayout) and layout.packed
+        windows = {s: layout.window(s, plan.rank) for s in step_ids} if packed else None
         out, per_step = plan.pipeline.apply(
             batch,
             seed=plan.seed,
@@ -608,11 +612,12 @@ class MessageBuilder:
         return out
 
 
-def _positions(ranges: list[tuple[int, int]]) -> np.ndarray:
-    """The positions [start, end) of each range, in order, as one array."""
+def _positions(ranges: list[np.ndarray]) -> np.ndarray:
+    """The positions of each step, in order, as one array."""
     if not ranges:
         return np.empty(0, np.int64)
-    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
+    return np.concatenate(ranges) if len(ranges) > 1 else ranges[0]
+
 
 
 def _size(header: pb.ReadHeader, batch: pa.RecordBatch, batch_bytes: int | None = None) -> int:

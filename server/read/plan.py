@@ -233,37 +233,44 @@ def _balanced(
     readers: list[DatasetReader],
     selector: DatasetOrder | MixtureOrder,
 ) -> BalancedLayout:
-    """The layout of a balance="tokens" request (balanced_layout.py), its request checked: packed
-    text whose documents' token counts the dataset keeps (text.pack's "lengths" column)."""
+    """The layout of a balanced request (balanced_layout.py), its request checked: packed text whose
+    documents' token counts the dataset keeps (text.pack's "lengths" column), or samples with a cost
+    column."""
+    mode = q.balance
+    assert mode is not None
     last = pipeline.transforms[-1] if pipeline else None
-    if not isinstance(last, Pack):
-        raise InvalidArgumentError(
-            'balance="tokens" balances packed rows: the request\'s last transform must be text.pack'
-        )
-    if last.lengths is None:
-        raise InvalidArgumentError(
-            'balance="tokens" needs each document\'s token count without reading the others\' text: give text.pack '
-            '"lengths": a column of the dataset holding them (for the tokenizer in use)'
-        )
+    if mode == "cost":
+        column, what = q.balance_column, "balance cost column"
+    else:
+        if not isinstance(last, Pack):
+            raise InvalidArgumentError(
+                f'balance="{mode}" balances packed rows: the request\'s last transform must be text.pack'
+            )
+        if last.lengths is None:
+            raise InvalidArgumentError(
+                f'balance="{mode}" needs each document\'s token count without reading the others\' text: give '
+                'text.pack "lengths": a column of the dataset holding them (for the tokenizer in use)'
+            )
+        column, what = last.lengths, "text.pack lengths"
     if q.on_error == "skip":
-        raise InvalidArgumentError('balance="tokens" needs on_error="fail": a skipped document would move every rank\'s rows')
-    column = last.lengths
+        raise InvalidArgumentError(f'balance="{mode}" needs on_error="fail": a skipped sample would move every rank\'s share')
     for r in readers:
         field = r.manifest.schema.field(column) if column in r.manifest.schema.names else None
-        if field is None or not pa.types.is_integer(field.type):
-            raise InvalidArgumentError(
-                f"text.pack lengths: {r.manifest.ref} has no integer column {column!r} (token counts)"
-            )
+        numeric = field is not None and (pa.types.is_integer(field.type) or (mode == "cost" and pa.types.is_floating(field.type)))
+        if not numeric:
+            kind = "numeric" if mode == "cost" else "integer"
+            raise InvalidArgumentError(f"{what}: {r.manifest.ref} has no {kind} column {column!r}")
 
-    def lengths(start: int, end: int) -> np.ndarray:
+    def costs(start: int, end: int) -> np.ndarray:
         src, rows = selector.select(q.epoch, np.arange(start, end, dtype=np.int64))
         values = take_selection(readers, src, rows, [column], mixture=q.mixture).column(column)
-        out = values.to_numpy(zero_copy_only=False) if not values.null_count else None
-        if out is None or (len(out) and out.min() < 0):
-            raise DataLossError(f"text.pack lengths: column {column!r} holds a null or negative token count")
-        return out.astype(np.int64)
+        out = values.to_numpy(zero_copy_only=False).astype(np.float64 if mode == "cost" else np.int64) if not values.null_count else None
+        if out is None or (len(out) and not (np.all(np.isfinite(out)) and out.min() >= 0)):
+            raise DataLossError(f"{what}: column {column!r} holds a null, negative or infinite value")
+        return out
 
-    return BalancedLayout(layout, seq_len=last.seq_len, pad_rows=q.pad_rows, lengths=lengths)
+    seq_len = last.seq_len if isinstance(last, Pack) and mode != "cost" else 0
+    return BalancedLayout(layout, mode=mode, costs=costs, seq_len=seq_len, pad_rows=q.pad_rows)
 
 
 def _sample_bytes(readers: list[DatasetReader], columns: list[str], pipeline: Pipeline | None) -> float:

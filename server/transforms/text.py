@@ -159,6 +159,33 @@ DOCUMENT = pa.struct(
 )
 
 
+def _segment_documents(
+    docs: np.ndarray, ends: np.ndarray, segments: tuple[tuple[int, int], ...], ctx: BatchContext
+) -> list[list[dict[str, int]]]:
+    """_row_documents for balanced rows: row k is tokens segments[k] of the stream `docs` make
+    (`ends`: where each document ends in it, its EOS included)."""
+    if ctx.shards is None or ctx.rows is None:
+        raise InvalidArgumentError("text.pack: 'documents' needs the rows' provenance")
+    starts = ends - np.diff(np.concatenate([[0], ends]))
+    out: list[list[dict[str, int]]] = []
+    for lo, hi in segments:
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(starts, hi, side="left"))
+        out.append(
+            [
+                {
+                    "shard": int(ctx.shards[int(docs[d])]),
+                    "row": int(ctx.rows[int(docs[d])]),
+                    "source": int(ctx.sources[int(docs[d])]) if ctx.sources is not None else 0,
+                    "start": int(max(starts[d], lo) - lo),
+                    "end": int(min(ends[d], hi) - lo),
+                }
+                for d in range(first, last)
+            ]
+        )
+    return out
+
+
 def _row_documents(
     docs: np.ndarray, sizes: np.ndarray, rows: int, L: int, ctx: BatchContext
 ) -> list[list[dict[str, int]]]:
@@ -280,18 +307,24 @@ class Pack(Transform):
     def _apply_windows(
         self, col: pa.Array, groups: list[np.ndarray], lengths: np.ndarray, ctx: BatchContext, errors: list[tuple[int, str]]
     ) -> Result:
-        """Balanced packing (ReadRequest.balance "tokens"): each step's documents are this rank's run
-        of the step's, and its TokenWindow says which of their tokens are its rows (the stream of
-        the step's documents cut at global row boundaries: the labels and positions of a document
-        cut between two ranks are those of the whole document)."""
+        """Balanced packing (ReadRequest.balance, server/read/balanced_layout.py): each step's input
+        documents are this rank's documents of the step, and its TokenWindow says which tokens of the
+        stream they make are each of its rows — rows of the whole step's packing, so the labels and
+        positions of a document cut between ranks are those of the whole document (the label of a
+        row's last token is the next token of its document, which another rank's row starts with:
+        each prediction is counted once)."""
         if errors:  # a null document would move every rank's rows: on_error is "fail" under balance
-            raise InvalidArgumentError(f"text.pack: {errors[0][1]} (balance='tokens' packs every document)")
+            raise InvalidArgumentError(f"text.pack: {errors[0][1]} (balance packs every document)")
         assert ctx.windows is not None
         L = self.seq_len
-        parts: list[tuple[np.ndarray, ...]] = []
+        dtypes = (np.int32, np.int32, np.int32, np.int64)
+        pads = (self.pad_id, IGNORE_INDEX, 0, -1)
+        parts: list[list[np.ndarray]] = []
         index: list[np.ndarray] = []
         spans: list[list[dict[str, int]]] = []
         by_step = {int(ctx.steps[g[0]]): g for g in groups if len(g)}
+        if set(by_step) - set(ctx.windows):
+            raise InvalidArgumentError("text.pack: documents of a step the balanced plan does not name")
         for step, window in ctx.windows.items():
             docs = by_step.get(step, np.empty(0, np.int64))
             sizes = lengths[docs] + 1
@@ -300,40 +333,30 @@ class Pack(Transform):
                     f"text.pack: the dataset's token counts (column {self.lengths!r}) disagree with column "
                     f"{self.column!r} in step {step}: recompute the counts for this tokenizer"
                 )
-            full_rows = -(-int(sizes.sum()) // L) if len(docs) else 0
-            total = full_rows * L
-            arrays = tuple(np.empty(total, dt) for dt in (np.int32, np.int32, np.int32, np.int64))
+            stream = tuple(np.empty(-(-int(sizes.sum()) // L) * L, dt) for dt in dtypes)
             if len(docs):
-                self._pack_step(col, docs, lengths[docs], ctx.positions, arrays)
-            a, b = window.skip, window.skip + window.take
-            rows = window.rows
-            out_rows = max(rows, window.pad_to) if len(docs) else 0
-            ids, labels, pos, doc_ids = (np.empty(out_rows * L, dt) for dt in (np.int32, np.int32, np.int32, np.int64))
-            for dst, src, pad in zip((ids, labels, pos, doc_ids), arrays, (self.pad_id, IGNORE_INDEX, 0, -1), strict=True):
-                dst[: b - a] = src[a:b]
-                dst[b - a :] = pad
-            # the label of the window's last token is the next token of its document where the next
-            # rank holds that one (the whole stream's labels): each prediction is counted once
-            parts.append((ids, labels, pos, doc_ids))
-            # each row's provenance: the document of its first token (padding rows: the last document's)
-            doc_of = np.repeat(np.arange(len(docs)), sizes) if len(docs) else np.empty(0, np.int64)
-            heads = [doc_of[min(a + k * L, b - 1)] for k in range(rows)] + [len(docs) - 1] * (out_rows - rows)
-            index.append(docs[np.asarray(heads, dtype=np.int64)].astype(np.int64) if out_rows else np.empty(0, np.int64))
+                self._pack_step(col, docs, lengths[docs], ctx.positions, stream)
+            rows = max(window.rows, window.pad_to) if len(docs) else 0
+            out = [np.empty(rows * L, dt) for dt in dtypes]
+            for dst, pad in zip(out, pads, strict=True):
+                dst.fill(pad)
+            for k, (a, b) in enumerate(window.segments):
+                for dst, src in zip(out, stream, strict=True):
+                    dst[k * L : k * L + b - a] = src[a:b]
+            parts.append(out)
+            ends = np.cumsum(sizes)
+            heads = [a for a, _ in window.segments] + [int(ends[-1]) - 1 if len(ends) else 0] * (rows - window.rows)
+            index.append(docs[np.searchsorted(ends, np.asarray(heads, dtype=np.int64), side="right")] if rows else docs)
             if self.documents:
-                eff = sizes.copy()
-                if len(eff):
-                    eff[0] -= a
-                    eff[-1] -= int(eff.sum()) - (b - a)
-                spans.extend(_row_documents(docs, eff, rows, L, ctx))
-                spans.extend([] for _ in range(out_rows - rows))
-        dtypes = (np.int32, np.int32, np.int32, np.int64)
+                spans.extend(_segment_documents(docs, ends, window.segments, ctx))
+                spans.extend([] for _ in range(rows - window.rows))
         cat = [np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dt) for i, dt in enumerate(dtypes)]
         arrays_out = [pa.FixedSizeListArray.from_arrays(pa.array(x), L) for x in cat]
         if self.documents:
             arrays_out.append(pa.array(spans, pa.list_(DOCUMENT)))
-        out = pa.RecordBatch.from_arrays(arrays_out, schema=self.output_schema)
-        idx = np.concatenate(index) if index else np.empty(0, np.int64)
-        return Result(out, idx, [])
+        out_batch = pa.RecordBatch.from_arrays(arrays_out, schema=self.output_schema)
+        idx = np.concatenate(index).astype(np.int64) if index else np.empty(0, np.int64)
+        return Result(out_batch, idx, [])
 
     def _pack_step(
         self,

@@ -127,8 +127,9 @@ class ReadQuery:
     max_message_bytes: int = 0  # 0: the server's default
     split_steps: bool = False
     # balanced steps (balance.py): None or "tokens"; pad_rows pads a rank's rows to the step's largest
-    balance: str | None = None
+    balance: str | None = None  # None, "tokens", "attention" or "cost"
     pad_rows: bool = False
+    balance_column: str = ""  # "cost": the cost column
 
     @property
     def dataset(self) -> str:
@@ -161,7 +162,9 @@ def encode(query: ReadQuery) -> pb.ReadRequest:
         split_steps=query.split_steps,
     )
     if query.balance is not None or query.pad_rows:
-        req.balance.CopyFrom(pb.Balance(mode=_BALANCE_MODES[query.balance], pad_rows=query.pad_rows))
+        req.balance.CopyFrom(
+            pb.Balance(mode=_BALANCE_MODES[query.balance], pad_rows=query.pad_rows, cost_column=query.balance_column)
+        )
     if query.mixture:
         for s in query.sources:
             req.mixture.add(dataset=s.dataset, fingerprint=s.fingerprint, weight=s.weight)
@@ -217,10 +220,16 @@ def decode(req: pb.ReadRequest) -> ReadQuery:
         split_steps=req.split_steps,
         balance=_BALANCE_NAMES[req.balance.mode],
         pad_rows=req.balance.pad_rows,
+        balance_column=req.balance.cost_column,
     )
 
 
-_BALANCE_MODES = {None: pb.Balance.BALANCE_NONE, "tokens": pb.Balance.BALANCE_TOKENS}
+_BALANCE_MODES = {
+    None: pb.Balance.BALANCE_NONE,
+    "tokens": pb.Balance.BALANCE_TOKENS,
+    "attention": pb.Balance.BALANCE_ATTENTION,
+    "cost": pb.Balance.BALANCE_COST,
+}
 _BALANCE_NAMES = {v: k for k, v in _BALANCE_MODES.items()}
 
 
@@ -305,9 +314,13 @@ def _check_mixture(req: pb.ReadRequest) -> None:
             f"({req.epoch} + 1) * {req.mixture_epoch_samples}"
         )
     if req.balance.mode not in _BALANCE_NAMES:
-        raise InvalidArgumentError(f"balance.mode {req.balance.mode} is not one this server knows (0: none, 1: tokens)")
-    if req.balance.pad_rows and req.balance.mode != pb.Balance.BALANCE_TOKENS:
-        raise InvalidArgumentError("balance.pad_rows pads balanced packed rows: it needs balance.mode tokens")
+        raise InvalidArgumentError(f"balance.mode {req.balance.mode} is not one this server knows (0 to 3)")
+    packed = (pb.Balance.BALANCE_TOKENS, pb.Balance.BALANCE_ATTENTION)
+    if req.balance.pad_rows and req.balance.mode not in packed:
+        raise InvalidArgumentError("balance.pad_rows pads balanced packed rows: it needs balance.mode tokens or attention")
+    _too_long("balance.cost_column", req.balance.cost_column, MAX_STRING_CHARS)
+    if (req.balance.mode == pb.Balance.BALANCE_COST) != bool(req.balance.cost_column):
+        raise InvalidArgumentError("balance.cost_column names the cost column of balance.mode cost (and only of it)")
 
 
 def check_params_json(what: str, text: str) -> None:

@@ -136,18 +136,24 @@ class ReadRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ...) -> None: ...
 
 class Balance(_message.Message):
-    __slots__ = ("mode", "pad_rows")
+    __slots__ = ("mode", "pad_rows", "cost_column")
     class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         BALANCE_NONE: _ClassVar[Balance.Mode]
         BALANCE_TOKENS: _ClassVar[Balance.Mode]
+        BALANCE_ATTENTION: _ClassVar[Balance.Mode]
+        BALANCE_COST: _ClassVar[Balance.Mode]
     BALANCE_NONE: Balance.Mode
     BALANCE_TOKENS: Balance.Mode
+    BALANCE_ATTENTION: Balance.Mode
+    BALANCE_COST: Balance.Mode
     MODE_FIELD_NUMBER: _ClassVar[int]
     PAD_ROWS_FIELD_NUMBER: _ClassVar[int]
+    COST_COLUMN_FIELD_NUMBER: _ClassVar[int]
     mode: Balance.Mode
     pad_rows: bool
-    def __init__(self, mode: _Optional[_Union[Balance.Mode, str]] = ..., pad_rows: _Optional[bool] = ...) -> None: ...
+    cost_column: str
+    def __init__(self, mode: _Optional[_Union[Balance.Mode, str]] = ..., pad_rows: _Optional[bool] = ..., cost_column: _Optional[str] = ...) -> None: ...
 
 class BatchPhase(_message.Message):
     __slots__ = ("start", "batch_size")
@@ -182,7 +188,7 @@ class Transform(_message.Message):
     def __init__(self, op: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class StepInfo(_message.Message):
-    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped", "part", "more_parts", "tokens", "step_tokens")
+    __slots__ = ("step", "position_start", "position_end", "global_start", "global_end", "rows", "skipped", "part", "more_parts", "tokens", "step_tokens", "cost", "step_cost", "balanced")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POSITION_START_FIELD_NUMBER: _ClassVar[int]
     POSITION_END_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +200,9 @@ class StepInfo(_message.Message):
     MORE_PARTS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    STEP_COST_FIELD_NUMBER: _ClassVar[int]
+    BALANCED_FIELD_NUMBER: _ClassVar[int]
     step: int
     position_start: int
     position_end: int
@@ -205,7 +214,10 @@ class StepInfo(_message.Message):
     more_parts: bool
     tokens: int
     step_tokens: int
-    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., part: _Optional[int] = ..., more_parts: _Optional[bool] = ..., tokens: _Optional[int] = ..., step_tokens: _Optional[int] = ...) -> None: ...
+    cost: float
+    step_cost: float
+    balanced: bool
+    def __init__(self, step: _Optional[int] = ..., position_start: _Optional[int] = ..., position_end: _Optional[int] = ..., global_start: _Optional[int] = ..., global_end: _Optional[int] = ..., rows: _Optional[int] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., part: _Optional[int] = ..., more_parts: _Optional[bool] = ..., tokens: _Optional[int] = ..., step_tokens: _Optional[int] = ..., cost: _Optional[float] = ..., step_cost: _Optional[float] = ..., balanced: _Optional[bool] = ...) -> None: ...
 
 class SkippedSample(_message.Message):
     __slots__ = ("position", "shard", "row", "source", "reason")
