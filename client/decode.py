@@ -108,6 +108,8 @@ def decode_message(
                 f"the server sent step {step} of epoch {epoch} unbalanced although balance={spec.balance.mode!r} "
                 "was asked (is every server of the fleet up to date?)"
             )
+        if st.balanced and st.step_cost > 0:
+            spec.metrics.step_cost_ratio.observe(st.cost * spec.world_size / st.step_cost)
         n = st.rows
         end = row + n
         info = BatchInfo(

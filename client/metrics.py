@@ -48,6 +48,7 @@ __all__ = [
     "LABELS",
     "LAST_COMMIT",
     "RETRIES",
+    "STEP_COST_RATIO",
     "WAIT_SECONDS",
     "RankMetrics",
     "for_rank",
@@ -57,6 +58,15 @@ __all__ = [
 
 LABELS = ("job_name", "rank")
 
+# balance= (shardstream/order/balance.py): this rank's share of a step's work against the mean share,
+# cost x world_size / step cost — 1 is even; the step waits for its largest (the all-reduce)
+STEP_COST_RATIO = Histogram(
+    "shardstream_client_step_cost_ratio",
+    "This rank's cost of a balanced step (Σ chunk length² of its packed rows, or its samples' cost column) "
+    "over the step's mean cost per rank",
+    LABELS,
+    buckets=(0.5, 0.8, 0.9, 0.95, 1.0, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0),
+)
 WAIT_SECONDS = Histogram(
     "shardstream_client_wait_seconds",
     "Time the training loop waited for its next batch (the data stall)",
@@ -104,6 +114,7 @@ _ALL = (
     COMMIT_SECONDS,
     LAST_COMMIT,
     FIRST_BATCH_SECONDS,
+    STEP_COST_RATIO,
 )
 
 
@@ -122,6 +133,7 @@ class RankMetrics:
     commit_seconds: Any
     last_commit: Any
     first_batch_seconds: Any
+    step_cost_ratio: Any
 
 
 _ranks: dict[tuple[str, str], RankMetrics] = {}

@@ -315,6 +315,15 @@ def training() -> dict[str, Any]:
         panel("Batches/s: job total and slowest rank",
               (f"sum by (job_name) ({batches(JOBS)})", "total {{job_name}}"),
               (f"min by (job_name) ({batches(JOBS)})", "slowest rank {{job_name}}"), unit="ops"),
+        panel("Step imbalance: largest rank's share of a balanced step over the mean",
+              (f"histogram_quantile(0.99, sum by (job_name, le) (rate(shardstream_client_step_cost_ratio_bucket{{{JOBS}}}{rate})))",
+               "p99 {{job_name}}"),
+              (f"histogram_quantile(0.5, sum by (job_name, le) (rate(shardstream_client_step_cost_ratio_bucket{{{JOBS}}}{rate})))",
+               "p50 {{job_name}}"),
+              thresholds=[("green", None), ("red", 1.1)],
+              description="Jobs reading with balance= (README, Balanced steps): each rank's cost of a step (Σ chunk "
+                          "length² of its packed rows, or its samples' cost column) over the step's mean. A step lasts "
+                          "as long as its largest share; 1.0 is even. Empty for jobs without balance."),
         panel("Bytes/s received (job)",
               (f"sum by (job_name) (rate(shardstream_client_bytes_total{{{JOBS}}}{rate}))", "{{job_name}}"), unit="Bps"),
         panel("Ranks reporting", (f"count by (job_name) ({batches(JOBS)})", "{{job_name}}"), kind="stat",
