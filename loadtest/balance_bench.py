@@ -15,11 +15,18 @@ linear in its rows ("rows": MLP-bound) and once in its attention cost ("attn"). 
 (issue "balanced steps"): rows max/mean ≤ 1 + 1/mean rows (±1 row); attention max/mean ≤ 1.05 where a
 rank has ≥ 4 rows a step. A cost-column cell partitions lognormal sample costs (LPT) against
 slicing. Pure arithmetic: nothing here depends on the machine, and no test asserts on the figures.
+
+`--served` (on by default) measures what balancing costs a server, in process: rank 0's epoch of
+variable-length pre-tokenized documents (list<int32>, lognormal lengths, an `n_tokens` column),
+text.pack at seq_len 2048, 8 ranks x 8 documents, built by `MessageBuilder.stream` with row groups
+cached (a warm-up epoch first) for balance None, "tokens" and "attention", alternating over
+`--rounds`: server CPU seconds per GB of packed rows sent, and the ratio to None (target ≤ 1.1).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import sysconfig
@@ -113,6 +120,63 @@ def cost_cell(world: int, per_rank: int, steps: int, seed: int) -> dict[str, Any
     }
 
 
+def served(rounds: int, docs: int = 20_000) -> dict[str, Any]:
+    """Server CPU per GB of rank 0's epoch with and without balance (see the module docstring)."""
+    import tempfile
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardstream.server.backends.roots import open_registry
+    from shardstream.server.read.build import MessageBuilder
+    from shardstream.server.read.plan import ReadPlanner
+    from shardstream.server.read.reader import new_row_group_cache
+    from shardstream.server.writing.ingest import IngestOptions, ingest
+    from shardstream.v1 import shardstream_pb2 as pb
+
+    lengths = lognormal_sizes(docs, seed=1) - 1
+    rng = np.random.default_rng(2)
+    values = rng.integers(0, 50_000, int(lengths.sum()), dtype=np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    table = pa.table({"tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)), "n_tokens": pa.array(lengths, pa.int32())})
+    modes = {"none": pb.Balance.BALANCE_NONE, "tokens": pb.Balance.BALANCE_TOKENS, "attention": pb.Balance.BALANCE_ATTENTION}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="balance-served-") as tmp:
+        src = Path(tmp) / "docs.parquet"
+        pq.write_table(table, src)
+        ingest(src, "docs", Path(tmp) / "root", IngestOptions(row_group_rows=2048, progress=False))
+        with open_registry(str(Path(tmp) / "root")) as registry:
+            planner = ReadPlanner(registry, new_row_group_cache(2 << 30))
+            builder = MessageBuilder()
+            pack = json.dumps({"column": "tokens", "seq_len": 2048, "eos_id": 50_000, "lengths": "n_tokens"})
+
+            def epoch(mode: str) -> tuple[float, int]:
+                req = pb.ReadRequest(
+                    dataset="docs", seed=0, shuffle=pb.Shuffle(mode="block"), rank=0, world_size=8, batch_size=8,
+                    columns=["tokens"], split_steps=True, transforms=[pb.Transform(op="text.pack", params_json=pack)],
+                )  # fmt: skip
+                if modes[mode]:
+                    req.balance.mode = modes[mode]
+                c0 = time.process_time()
+                nbytes = sum(m.nbytes for m in builder.stream(planner.plan(req)))
+                return time.process_time() - c0, nbytes
+
+            for mode in modes:
+                epoch(mode)  # warm-up: row groups cached
+            for r in range(rounds):
+                for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
+                    seconds, nbytes = epoch(mode)
+                    cpu[mode].append(seconds / (nbytes / 1e9))
+    base = statistics.median(cpu["none"])
+    return {
+        "documents": docs,
+        "cpu_s_per_gb": {m: statistics.median(v) for m, v in cpu.items()},
+        "ratio_to_none": {m: statistics.median(v) / base for m, v in cpu.items()},
+        "rounds": rounds,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     corpora = {"cpython": cpython_sizes(), "lognormal": lognormal_sizes()}
     worlds = (8, 64) if args.quick else WORLDS
@@ -124,7 +188,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     steps = max(3, args.steps * 8 // world) if world > 8 else args.steps
                     cells.append({"corpus": name, **cell(sizes, world, per_rank, seq_len, steps, args.seed)})
     costs = [cost_cell(w, b, args.steps, args.seed) for w in worlds for b in DOCS_PER_RANK]
+    out_served = served(args.rounds) if getattr(args, "served", True) else None
     return {
+        "served": out_served,
         "corpora": {k: {"documents": len(v), "median_tokens": float(np.median(v)), "p99_tokens": float(np.percentile(v, 99))} for k, v in corpora.items()},
         "cells": cells,
         "cost_cells": costs,
@@ -145,6 +211,12 @@ def report(res: dict[str, Any]) -> None:
             f"{t['dp_time_rows']:.2f} {a['dp_time_rows']:.2f}, {t['dp_time_attn']:.2f} {a['dp_time_attn']:.2f}"
             f"{'' if a['mean_rows'] >= 4 else '  (< 4 rows a rank)'}"
         )
+    if res.get("served"):
+        s = res["served"]
+        print(
+            f"server CPU/GB, rank 0 of 8 ranks, {s['documents']} pre-tokenized documents: "
+            + ", ".join(f"{m} {s['cpu_s_per_gb'][m]:.2f} s/GB ({s['ratio_to_none'][m]:.2f}x)" for m in s["cpu_s_per_gb"])
+        )
     print("cost column (lognormal costs): W B | max/mean sliced, LPT | DP time vs sliced")
     for c in res["cost_cells"]:
         print(f"  {c['world']:>4} {c['samples_per_rank']:>3} | {c['none_max_mean']:.2f} {c['cost_max_mean']:.3f} | {c['dp_time']:.2f}")
@@ -155,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per cell at W=8 (fewer at larger W; default 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="W in (8, 64) only")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the served cost (default 5)")
+    parser.add_argument("--no-served", dest="served", action="store_false", help="the arithmetic only")
     return bench_main(parser, argv, run, json_default=results_path("balance_bench"), report=report)
 
 

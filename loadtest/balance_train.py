@@ -86,13 +86,15 @@ def _rank(config: dict[str, Any]) -> None:  # runs inside torchrun
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import sysconfig
 
+    import numpy as np
     import pyarrow as pa
 
     from shardstream.server.local_fleet import LocalServer
     from shardstream.server.writing.ingest import IngestOptions, ingest
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in sorted(stdlib.glob("*.py")) if p.stat().st_size > 0][: args.docs]
+    files = [p for p in sorted(stdlib.rglob("*.py")) if "site-packages" not in p.parts and p.stat().st_size > 0]
+    files = [files[i] for i in np.random.default_rng(0).permutation(len(files))[: args.docs]]
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="balance-train-") as tmp:

@@ -293,7 +293,9 @@ def checkpoints(sz: Sizes, workdir: Path) -> dict[str, Any]:
 
 # --- 8 ----------------------------------------------------------------------------------------
 def balance(sz: Sizes, workdir: Path) -> dict[str, Any]:
-    return balance_bench.run(argparse.Namespace(steps=10 if sz is QUICK else 40, seed=0, quick=sz is QUICK))
+    return balance_bench.run(
+        argparse.Namespace(steps=10 if sz is QUICK else 40, seed=0, quick=sz is QUICK, rounds=3 if sz is QUICK else 5, served=True)
+    )
 
 
 # --- 6 ----------------------------------------------------------------------------------------

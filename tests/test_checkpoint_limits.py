@@ -82,8 +82,15 @@ def _action(client: flight.FlightClient, kind: str, body: bytes, token: str | No
     return list(client.do_action(flight.Action(kind, body), _options(token)))
 
 
-def _put(client: flight.FlightClient, descriptor: dict[str, Any], batches: list[pa.RecordBatch], schema: pa.Schema = CHUNK_SCHEMA) -> None:
-    writer, reader = client.do_put(flight.FlightDescriptor.for_command(json.dumps(descriptor).encode()), schema, _options())
+def _put(
+    client: flight.FlightClient,
+    descriptor: dict[str, Any],
+    batches: list[pa.RecordBatch],
+    schema: pa.Schema = CHUNK_SCHEMA,
+    token: str | None = TOKEN,
+) -> None:
+    command = flight.FlightDescriptor.for_command(json.dumps(descriptor).encode())
+    writer, reader = client.do_put(command, schema, _options(token))
     for b in batches:
         writer.write_batch(b)
     writer.done_writing()
@@ -101,6 +108,27 @@ def test_bodies_are_not_parsed_before_the_caller_is_known(limited: Any, token: s
         for body in (deep, big):
             err = _error(lambda: _action(client, "checkpoint.steps", body, token))  # noqa: B023
             assert isinstance(err, UnauthenticatedError), err
+        err = _error(lambda: _put(client, {"op": "chunks", "job": "x", "hashes": []}, [], token=token))
+        assert isinstance(err, UnauthenticatedError), err
+
+
+def test_checkpoint_calls_count_in_the_data_planes_rpc_metrics(limited: Any) -> None:
+    server, _ = limited
+    flight_labels = 'grpc_service="arrow.flight.protocol.FlightService"'
+
+    def handled(method: str, kind: str, code: str) -> float:
+        return scrape(server)[f'grpc_server_handled_total{{grpc_code="{code}",grpc_method="{method}",{flight_labels},grpc_type="{kind}"}}']
+
+    before = (handled("DoAction", "server_stream", "Unauthenticated"), handled("DoPut", "bidi_stream", "Unauthenticated"),
+              handled("DoAction", "server_stream", "OK"), handled("ListFlights", "server_stream", "InvalidArgument"))  # fmt: skip
+    with _flight(server) as client:
+        _error(lambda: _action(client, "checkpoint.steps", b"{}", None))
+        _error(lambda: _put(client, {"op": "chunks", "job": "x", "hashes": []}, [], token=None))
+        _action(client, "checkpoint.steps", json.dumps({"job": "counted"}).encode())
+        _error(lambda: list(client.list_flights(b"bad name!", _options())))
+    after = (handled("DoAction", "server_stream", "Unauthenticated"), handled("DoPut", "bidi_stream", "Unauthenticated"),
+             handled("DoAction", "server_stream", "OK"), handled("ListFlights", "server_stream", "InvalidArgument"))  # fmt: skip
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1]
 
 
 def test_a_known_caller_gets_one_line_for_deep_or_big_bodies(limited: Any) -> None:

@@ -20,15 +20,14 @@ from ..read.cache import LRUCache
 from ..serving.auth import Authenticator
 from ..serving.grants import Grants
 from .limits import DEFAULT_LIMITS, CheckpointLimits
-from .plane import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
+from .plane import CHUNK_TICKET_PREFIX, Call, CheckpointPlane
 from .reclaim import GcReport, collect
 from .store import CheckpointStore
 
 __all__ = [
-    "CHECKPOINT_MIDDLEWARE",
     "CHUNK_TICKET_PREFIX",
     "DEFAULT_LIMITS",
-    "CheckpointCallFactory",
+    "Call",
     "CheckpointLimits",
     "CheckpointPlane",
     "CheckpointStore",

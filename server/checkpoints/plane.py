@@ -26,6 +26,9 @@ its body is read or parsed (a certificate caller's proof covers the body: it is 
 and only once its size is within bounds); JSON is parsed within a size and depth bound; chunk
 sizes, bytes in flight per job and principal, and an optional quota per job bound the writers.
 
+The data plane hands each call here with its `Call` (the one middleware of every Flight method: its
+headers, and its grpc_server_* metrics with the exact code of the error that ended it).
+
 Who may: a call is authenticated by its bearer token as DoGet's are (server/serving/auth.py); a principal writes
 (and reads) the jobs its `checkpoints:` patterns match and only reads those of `checkpoints_read:`;
 without --auth everyone may do everything. A job the caller may not read is PERMISSION_DENIED in
@@ -41,7 +44,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -76,18 +79,25 @@ from .limits import DEFAULT_LIMITS, CheckpointLimits, InFlight, Quota
 from .store import CheckpointStore, dumps
 
 __all__ = [
-    "CHECKPOINT_MIDDLEWARE",
     "CHUNK_SCHEMA",
     "CHUNK_TICKET_PREFIX",
-    "CheckpointCallFactory",
     "CheckpointPlane",
+    "Call",
     "may_read",
     "may_write",
 ]
 
 log = logging.getLogger("shardstream.server.checkpoints")
 
-CHECKPOINT_MIDDLEWARE = "shardstream-checkpoints"
+
+
+class Call(Protocol):
+    """What a handler knows of a call: its headers (the data plane's one middleware for every method)."""
+
+    headers: dict[str, list[Any]]
+
+    def metadata(self) -> list[tuple[str, str]]: ...
+
 MAX_HASHES_PER_CALL = 4096
 MANIFESTS_KEPT = 64  # parsed manifests a server keeps (N ranks loading one step parse it once)
 
@@ -104,25 +114,6 @@ COMMITS = Counter("shardstream_checkpoint_commits_total", "Checkpoints committed
 ABORTED = Counter(
     "shardstream_checkpoint_aborted_bytes_total", "Chunk bytes removed because the save that stored them failed"
 )
-
-
-class _Headers(flight.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, headers: dict[str, list[Any]]) -> None:
-        self.headers = headers
-
-    def metadata(self) -> list[tuple[str, str]]:
-        return [
-            (k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
-            for k, values in self.headers.items()
-            for v in values
-        ]
-
-
-class CheckpointCallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    """Keeps each call's headers (the bearer token) for the checkpoint calls."""
-
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Headers:
-        return _Headers(headers)
 
 
 def _matches(job: str, patterns: tuple[str, ...] | None) -> bool:
@@ -160,17 +151,16 @@ class CheckpointPlane:
         self._lock = threading.Lock()
 
     # --- who ---------------------------------------------------------------------------------------
-    def _caller(self, context: flight.ServerCallContext, body: Any, what: str, sign: Callable[[bytes], bytes]) -> Principal:
+    def _caller(self, call: Call, body: Any, what: str, sign: Callable[[bytes], bytes]) -> Principal:
         """The caller, from the call's headers: its token's principal; or, without a token, the
         certificate principal of the grant it sent (ListDatasets gave it), with the proof over
         `sign(body)` (what the call asks: signed_bytes) that it holds the certificate's key — as a
         DoGet of a Read stream. A caller without credentials is refused before its body is looked
         at; then the body's size is checked (max_record_bytes), before the proof hashes it or
         anything parses it. `body` is bytes or a pyarrow Buffer."""
-        call = context.get_middleware(CHECKPOINT_MIDDLEWARE)
-        metadata = call.metadata() if call is not None else []
+        metadata = call.metadata()
         grants = self.grants()
-        if call is not None and call.headers.get(GRANT_HEADER) and grants is not None and self.auth.enabled:
+        if call.headers.get(GRANT_HEADER) and grants is not None and self.auth.enabled:
             if not has_token(metadata):
                 self._record(body, what)
                 raw = body.to_pybytes() if isinstance(body, pa.Buffer) else body
@@ -212,7 +202,7 @@ class CheckpointPlane:
     # --- DoPut: chunks -----------------------------------------------------------------------------
     def do_put(
         self,
-        context: flight.ServerCallContext,
+        call: Call,
         descriptor: flight.FlightDescriptor,
         reader: flight.MetadataRecordBatchReader,
         writer: flight.FlightMetadataWriter,
@@ -221,7 +211,7 @@ class CheckpointPlane:
         job = ""
         try:
             raw = descriptor.command
-            principal = self._caller(context, raw, "DoPut descriptor", lambda b: signed_bytes("put", b))
+            principal = self._caller(call, raw, "DoPut descriptor", lambda b: signed_bytes("put", b))
             command = self._json(raw, "DoPut descriptor")
             if command.get("op") != "chunks":
                 raise InvalidArgumentError(f"unknown checkpoint DoPut {excerpt(command.get('op'))}")
@@ -284,9 +274,9 @@ class CheckpointPlane:
         return sum(info.size for _, info in self.store.storage.list_info(f"{check_job(job)}/"))
 
     # --- DoGet: chunks -----------------------------------------------------------------------------
-    def do_get(self, context: flight.ServerCallContext, ticket: bytes) -> flight.FlightDataStream:
+    def do_get(self, call: Call, ticket: bytes) -> flight.FlightDataStream:
         try:
-            principal = self._caller(context, ticket, "DoGet ticket", lambda b: b)
+            principal = self._caller(call, ticket, "DoGet ticket", lambda b: b)
             request = self._json(ticket[len(CHUNK_TICKET_PREFIX) :], "DoGet ticket")
             job = self._check_job(principal, request.get("job"), write=False)
             hashes = request.get("hashes")
@@ -318,11 +308,11 @@ class CheckpointPlane:
             raise self._fail("DoGet", exc) from None
 
     # --- DoAction ----------------------------------------------------------------------------------
-    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+    def do_action(self, call: Call, action: flight.Action) -> Iterator[bytes]:
         kind = action.type
         try:
             buffer = action.body if action.body is not None else pa.py_buffer(b"")
-            principal = self._caller(context, buffer, kind, lambda b: signed_bytes(kind, b))
+            principal = self._caller(call, buffer, kind, lambda b: signed_bytes(kind, b))
             result = self._action(principal, kind, self._json(buffer.to_pybytes(), kind))
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             raise self._fail(kind, exc) from None
@@ -430,9 +420,9 @@ class CheckpointPlane:
         raise NotFoundError(f"checkpoint job {job} has no committed checkpoint yet")
 
     # --- ListFlights -------------------------------------------------------------------------------
-    def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
+    def list_flights(self, call: Call, criteria: bytes) -> Iterator[flight.FlightInfo]:
         try:
-            principal = self._caller(context, criteria, "ListFlights criteria", lambda b: signed_bytes("list", b))
+            principal = self._caller(call, criteria, "ListFlights criteria", lambda b: signed_bytes("list", b))
             if criteria:
                 jobs = [self._check_job(principal, criteria.decode("utf-8", "replace"), write=False)]
             else:

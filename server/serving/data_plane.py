@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from shardstream.errors import (
+    FlightStatus,
     InternalError,
     InvalidArgumentError,
     ResourceExhaustedError,
@@ -61,7 +62,7 @@ from shardstream.errors import (
 )
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..checkpoints import CHECKPOINT_MIDDLEWARE, CHUNK_TICKET_PREFIX, CheckpointCallFactory, CheckpointPlane
+from ..checkpoints import CHUNK_TICKET_PREFIX, CheckpointPlane
 from ..read.build import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
@@ -79,22 +80,31 @@ __all__ = ["FLIGHT_SERVICE", "FlightDataPlane"]
 log = logging.getLogger(__name__)
 
 FLIGHT_SERVICE = "arrow.flight.protocol.FlightService"  # the grpc_service label of its RPC metrics
+# Every Flight method the plane serves (Read streams and the checkpoint calls), with its grpc_type
+_METHODS = {
+    flight.FlightMethod.DO_GET: ("DoGet", "server_stream"),
+    flight.FlightMethod.DO_PUT: ("DoPut", "bidi_stream"),
+    flight.FlightMethod.DO_ACTION: ("DoAction", "server_stream"),
+    flight.FlightMethod.LIST_FLIGHTS: ("ListFlights", "server_stream"),
+}
 # 0 for the known series; UNKNOWN too: a plain Flight error without a shardstream code
-preinitialize(FLIGHT_SERVICE, {"DoGet": "server_stream"}, (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
-_DO_GET = MethodMetrics("server_stream", FLIGHT_SERVICE, "DoGet")  # the recorder the gRPC port's interceptor uses
+preinitialize(FLIGHT_SERVICE, dict(_METHODS.values()), (*KNOWN_CODES, grpc.StatusCode.UNKNOWN))
+_RECORDERS = {m: MethodMetrics(kind, FLIGHT_SERVICE, name) for m, (name, kind) in _METHODS.items()}  # as the gRPC port's interceptor
 BUILD_THREADS = 64  # messages built at once, one per stream at a time (a stream waits for its own)
 BUILD_JOIN_S = 5.0  # how long a stopping data plane waits for its build threads to end
 _MIDDLEWARE = "shardstream"
 
 
 class _Call(flight.ServerMiddleware):  # type: ignore[misc]
-    """One DoGet: its headers, its stream id (sent back in the response headers), its RPC metrics."""
+    """One call of any method: its headers (the checkpoint handler reads its caller from them too),
+    its stream id (sent back in the response headers), its RPC metrics."""
 
-    def __init__(self, headers: dict[str, list[Any]]) -> None:
+    def __init__(self, headers: dict[str, list[Any]], metrics: MethodMetrics) -> None:
         self.headers = headers
         self.stream_id = new_stream_id()
         self.code: grpc.StatusCode | None = None  # set by do_get when it ends the stream with a status
-        self.t0 = _DO_GET.start()
+        self.metrics = metrics
+        self.t0 = metrics.start()
 
     def metadata(self) -> list[tuple[str, str]]:
         """The call's headers as gRPC metadata (auth.py reads `authorization` from it)."""
@@ -114,14 +124,19 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
             code = self.code
         elif isinstance(exception, flight.FlightCancelledError):
             code = grpc.StatusCode.CANCELLED
+        elif isinstance(exception, flight.FlightError):  # the exact code the error map put in extra_info
+            code = FlightStatus.of(exception).code()
         else:
             code = grpc.StatusCode.UNKNOWN
-        _DO_GET.done(self.t0, code_name(code))
+        self.metrics.done(self.t0, code_name(code))
 
 
 class _CallFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    """One middleware for every method the plane serves (its headers, its metrics)."""
+
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _Call | None:
-        return _Call(headers) if info.method == flight.FlightMethod.DO_GET else None
+        metrics = _RECORDERS.get(info.method)
+        return _Call(headers, metrics) if metrics is not None else None
 
 
 class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
@@ -140,7 +155,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             tls_certificates=tls_certificates,
             verify_client=client_ca is not None,
             root_certificates=client_ca,
-            middleware={_MIDDLEWARE: _CallFactory(), CHECKPOINT_MIDDLEWARE: CheckpointCallFactory()},
+            middleware={_MIDDLEWARE: _CallFactory()},
         )
         self.runtime = runtime
         # Checkpoints (server/checkpoints/, `serve --checkpoint-root`): None when not enabled
@@ -169,19 +184,19 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         return self.checkpoints
 
     def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        self._checkpoint_plane().do_put(context, descriptor, reader, writer)
+        self._checkpoint_plane().do_put(context.get_middleware(_MIDDLEWARE), descriptor, reader, writer)
 
     def do_action(self, context: Any, action: Any) -> Any:
-        return self._checkpoint_plane().do_action(context, action)
+        return self._checkpoint_plane().do_action(context.get_middleware(_MIDDLEWARE), action)
 
     def list_flights(self, context: Any, criteria: bytes) -> Any:
-        return self._checkpoint_plane().list_flights(context, criteria)
+        return self._checkpoint_plane().list_flights(context.get_middleware(_MIDDLEWARE), criteria)
 
     # --- DoGet ---------------------------------------------------------------------------------
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
-        if ticket.ticket.startswith(CHUNK_TICKET_PREFIX):
-            return self._checkpoint_plane().do_get(context, ticket.ticket)
         call: _Call = context.get_middleware(_MIDDLEWARE)
+        if ticket.ticket.startswith(CHUNK_TICKET_PREFIX):
+            return self._checkpoint_plane().do_get(call, ticket.ticket)
         svc = self.runtime
         peer = context.peer()
         try:
