@@ -18,7 +18,8 @@ slicing. Pure arithmetic: nothing here depends on the machine, and no test asser
 
 `--served` (on by default) measures what balancing costs a server, in process: rank 0's epoch of
 variable-length pre-tokenized documents (list<int32>, lognormal lengths, an `n_tokens` column),
-text.pack at seq_len 2048, 8 ranks x 8 documents, built by `MessageBuilder.stream` with row groups
+text.pack at seq_len 2048, 8 ranks x 8 and x 64 documents (~50 KB and ~400 KB of tokens a rank a
+step: the planning is per step, so it weighs more on small steps), built by `MessageBuilder.stream` with row groups
 cached (a warm-up epoch first) for balance None, "tokens" and "attention", alternating over
 `--rounds`: server CPU seconds per GB of packed rows sent, and the ratio to None (target ≤ 1.1).
 """
@@ -120,7 +121,7 @@ def cost_cell(world: int, per_rank: int, steps: int, seed: int) -> dict[str, Any
     }
 
 
-def served(rounds: int, docs: int = 20_000) -> dict[str, Any]:
+def served(rounds: int, docs: int = 20_000, batches: tuple[int, ...] = (8, 64)) -> dict[str, Any]:
     """Server CPU per GB of rank 0's epoch with and without balance (see the module docstring)."""
     import tempfile
     import time
@@ -141,7 +142,7 @@ def served(rounds: int, docs: int = 20_000) -> dict[str, Any]:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     table = pa.table({"tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)), "n_tokens": pa.array(lengths, pa.int32())})
     modes = {"none": pb.Balance.BALANCE_NONE, "tokens": pb.Balance.BALANCE_TOKENS, "attention": pb.Balance.BALANCE_ATTENTION}
-    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {f"{m}/{b}": [] for b in batches for m in modes}
     with tempfile.TemporaryDirectory(prefix="balance-served-") as tmp:
         src = Path(tmp) / "docs.parquet"
         pq.write_table(table, src)
@@ -151,9 +152,10 @@ def served(rounds: int, docs: int = 20_000) -> dict[str, Any]:
             builder = MessageBuilder()
             pack = json.dumps({"column": "tokens", "seq_len": 2048, "eos_id": 50_000, "lengths": "n_tokens"})
 
-            def epoch(mode: str) -> tuple[float, int]:
+            def epoch(key: str) -> tuple[float, int]:
+                mode, batch = key.split("/")
                 req = pb.ReadRequest(
-                    dataset="docs", seed=0, shuffle=pb.Shuffle(mode="block"), rank=0, world_size=8, batch_size=8,
+                    dataset="docs", seed=0, shuffle=pb.Shuffle(mode="block"), rank=0, world_size=8, batch_size=int(batch),
                     columns=["tokens"], split_steps=True, transforms=[pb.Transform(op="text.pack", params_json=pack)],
                 )  # fmt: skip
                 if modes[mode]:
@@ -162,17 +164,18 @@ def served(rounds: int, docs: int = 20_000) -> dict[str, Any]:
                 nbytes = sum(m.nbytes for m in builder.stream(planner.plan(req)))
                 return time.process_time() - c0, nbytes
 
-            for mode in modes:
-                epoch(mode)  # warm-up: row groups cached
+            for key in cpu:
+                epoch(key)  # warm-up: row groups cached
             for r in range(rounds):
-                for mode in list(modes) if r % 2 == 0 else list(modes)[::-1]:
-                    seconds, nbytes = epoch(mode)
-                    cpu[mode].append(seconds / (nbytes / 1e9))
-    base = statistics.median(cpu["none"])
+                for key in list(cpu) if r % 2 == 0 else list(cpu)[::-1]:
+                    seconds, nbytes = epoch(key)
+                    cpu[key].append(seconds / (nbytes / 1e9))
     return {
         "documents": docs,
-        "cpu_s_per_gb": {m: statistics.median(v) for m, v in cpu.items()},
-        "ratio_to_none": {m: statistics.median(v) / base for m, v in cpu.items()},
+        "cpu_s_per_gb": {k: statistics.median(v) for k, v in cpu.items()},
+        "ratio_to_none": {
+            k: statistics.median(v) / statistics.median(cpu[f"none/{k.split('/')[1]}"]) for k, v in cpu.items()
+        },
         "rounds": rounds,
     }
 
@@ -214,8 +217,8 @@ def report(res: dict[str, Any]) -> None:
     if res.get("served"):
         s = res["served"]
         print(
-            f"server CPU/GB, rank 0 of 8 ranks, {s['documents']} pre-tokenized documents: "
-            + ", ".join(f"{m} {s['cpu_s_per_gb'][m]:.2f} s/GB ({s['ratio_to_none'][m]:.2f}x)" for m in s["cpu_s_per_gb"])
+            f"server CPU/GB, rank 0 of 8 ranks, {s['documents']} pre-tokenized documents (mode/documents a rank): "
+            + ", ".join(f"{k} {s['cpu_s_per_gb'][k]:.2f} s/GB ({s['ratio_to_none'][k]:.2f}x)" for k in s["cpu_s_per_gb"])
         )
     print("cost column (lognormal costs): W B | max/mean sliced, LPT | DP time vs sliced")
     for c in res["cost_cells"]:

@@ -159,6 +159,29 @@ DOCUMENT = pa.struct(
 )
 
 
+def _contiguous(segments: tuple[tuple[int, int], ...], L: int) -> bool:
+    return all(b == L + a for a, b in segments[:-1]) and all(
+        segments[i + 1][0] == segments[i][1] for i in range(len(segments) - 1)
+    )
+
+
+def _copy_rows(
+    segments: tuple[tuple[int, int], ...], stream: tuple[np.ndarray, ...], out: list[np.ndarray], L: int
+) -> None:
+    """Row k of `out` (each array: rows of L) <- tokens segments[k] of `stream` (one gather per array;
+    the rest of a short row is left for padding)."""
+    if not segments:
+        return
+    seg = np.asarray(segments, dtype=np.int64)
+    lens = seg[:, 1] - seg[:, 0]
+    n = int(lens.sum())
+    within = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    src_idx = np.repeat(seg[:, 0], lens) + within
+    dst_idx = np.repeat(np.arange(len(seg), dtype=np.int64) * L, lens) + within
+    for dst, src in zip(out, stream, strict=True):
+        dst[dst_idx] = src[src_idx]
+
+
 def _segment_documents(
     docs: np.ndarray, ends: np.ndarray, segments: tuple[tuple[int, int], ...], ctx: BatchContext
 ) -> list[list[dict[str, int]]]:
@@ -333,16 +356,21 @@ class Pack(Transform):
                     f"text.pack: the dataset's token counts (column {self.lengths!r}) disagree with column "
                     f"{self.column!r} in step {step}: recompute the counts for this tokenizer"
                 )
-            stream = tuple(np.empty(-(-int(sizes.sum()) // L) * L, dt) for dt in dtypes)
-            if len(docs):
-                self._pack_step(col, docs, lengths[docs], ctx.positions, stream)
             rows = max(window.rows, window.pad_to) if len(docs) else 0
-            out = [np.empty(rows * L, dt) for dt in dtypes]
+            first = window.segments[0][0] if window.segments else 0
+            # room for the rows as one slice of the stream from its first token (contiguous rows)
+            room = max(-(-int(sizes.sum()) // L) * L, first + rows * L)
+            stream = tuple(np.empty(room, dt) for dt in dtypes)
+            if len(docs):
+                self._pack_step(col, docs, lengths[docs], ctx.positions, tuple(a[: -(-int(sizes.sum()) // L) * L] for a in stream))
+            taken = sum(b - a for a, b in window.segments)
+            if _contiguous(window.segments, L):  # balance "tokens": the rows are a slice of the stream
+                out = [a[first : first + rows * L] for a in stream]
+            else:
+                out = [np.empty(rows * L, dt) for dt in dtypes]
+                _copy_rows(window.segments, stream, out, L)
             for dst, pad in zip(out, pads, strict=True):
-                dst.fill(pad)
-            for k, (a, b) in enumerate(window.segments):
-                for dst, src in zip(out, stream, strict=True):
-                    dst[k * L : k * L + b - a] = src[a:b]
+                dst[taken:] = pad
             parts.append(out)
             ends = np.cumsum(sizes)
             heads = [a for a, _ in window.segments] + [int(ends[-1]) - 1 if len(ends) else 0] * (rows - window.rows)

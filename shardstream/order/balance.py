@@ -16,9 +16,8 @@ Modes (`parse_balance`):
                   contiguous run of the step's documents whose first and last may be cut
                   (`deal_tokens`, `token_range`)
     "attention"   as "tokens", and the rows are dealt so that the largest per-rank attention cost
-                  Σ(document-chunk length²) — document-masked attention's cost — is as small as
-                  greedy dealing makes it, rows still within one of each other (`deal_attention`:
-                  the rows by cost, largest first, each to the cheapest rank with room)
+                  Σ(document-chunk length²) — document-masked attention's cost — is small, rows
+                  still within one of each other (`deal_attention`: LPT in rounds of W rows)
     {"cost": C}   unpacked variable-length samples: the step's samples are partitioned by the
                   numeric column C (seconds, frames, pixels, token counts) so that the largest
                   rank's cost is as small as LPT makes it (`partition_costs`; ranks get different
@@ -151,29 +150,24 @@ def token_range(step: PackedStep, world_size: int, rank: int) -> tuple[int, int]
 
 
 def deal_attention(row_cost: np.ndarray, world_size: int) -> np.ndarray:
-    """The rank of each row, dealt to minimise the largest rank's attention cost with every rank
-    holding floor(R/W) or ceil(R/W) rows: rows by cost (largest first, ties by index), each to the
-    cheapest rank (ties by rank) that still has room. (LPT with a cardinality bound.)"""
+    """The rank of each row, dealt to even out the ranks' attention costs with every rank holding
+    floor(R/W) or ceil(R/W) rows: the rows by cost (largest first, ties by index), dealt in rounds
+    of W — each round's rows, largest first, to the ranks least loaded so far (ties by rank), one
+    each. (LPT in rounds: the cardinality bound holds by construction, and each round is a few
+    numpy calls, not a Python loop a row: every rank's server deals every step.)"""
     if world_size < 1:
         raise InvalidArgumentError(f"world_size must be >= 1, got {world_size}")
-    rows = len(row_cost)
-    low, extra = divmod(rows, world_size)  # `extra` ranks hold low + 1 rows
-    order = np.lexsort((np.arange(rows), -np.asarray(row_cost, dtype=np.float64)))
+    cost = np.asarray(row_cost, dtype=np.float64)
+    rows = len(cost)
+    order = np.lexsort((np.arange(rows), -cost))
     out = np.empty(rows, dtype=np.int64)
-    count = [0] * world_size
-    heap = [(0.0, r) for r in range(world_size)]
-    big = 0  # ranks holding low + 1 rows: once `extra` do, the others stop at low
-    for i in order.tolist():
-        while True:  # a rank popped without room never has room again: it is dropped
-            cost, r = heapq.heappop(heap)
-            if count[r] < low or (count[r] == low and big < extra):
-                break
-        out[i] = r
-        count[r] += 1
-        if count[r] == low + 1:
-            big += 1  # full
-        else:
-            heapq.heappush(heap, (cost + float(row_cost[i]), r))
+    load = np.zeros(world_size)
+    ranks = np.arange(world_size)
+    for start in range(0, rows, world_size):
+        taken = order[start : start + world_size]
+        least = np.lexsort((ranks, load))[: len(taken)]
+        out[taken] = least
+        load[least] += cost[taken]
     return out
 
 
