@@ -15,6 +15,8 @@ from loadtest.common import RESULTS, bench_main, bench_parser, results_path
 
 BENCHMARKS = [
     "loadtest.ab_commits",
+    "loadtest.balance_bench",
+    "loadtest.balance_train",
     "loadtest.bench",
     "loadtest.build_bench",
     "loadtest.bulk_bench",

@@ -79,7 +79,10 @@ class BalanceSpec:
 
 
 def parse_balance(value: object, *, pad_rows: bool = False) -> BalanceSpec:
-    """The balance= option as a user writes it: None, "tokens", "attention" or {"cost": "COLUMN"}."""
+    """The balance= option as a user writes it: None, "tokens", "attention" or {"cost": "COLUMN"}
+    (or a BalanceSpec: the normal form, given again)."""
+    if isinstance(value, BalanceSpec):
+        return BalanceSpec(value.mode, value.column, pad_rows or value.pad_rows)
     if value is None or isinstance(value, str):
         return BalanceSpec(value, None, pad_rows)
     if isinstance(value, Mapping):
