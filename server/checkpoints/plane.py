@@ -89,15 +89,6 @@ __all__ = [
 
 log = logging.getLogger("shardstream.server.checkpoints")
 
-
-
-class Call(Protocol):
-    """What a handler knows of a call: its headers (the data plane's one middleware for every method)."""
-
-    headers: dict[str, list[Any]]
-
-    def metadata(self) -> list[tuple[str, str]]: ...
-
 MAX_HASHES_PER_CALL = 4096
 MANIFESTS_KEPT = 64  # parsed manifests a server keeps (N ranks loading one step parse it once)
 
@@ -114,6 +105,14 @@ COMMITS = Counter("shardstream_checkpoint_commits_total", "Checkpoints committed
 ABORTED = Counter(
     "shardstream_checkpoint_aborted_bytes_total", "Chunk bytes removed because the save that stored them failed"
 )
+
+
+class Call(Protocol):
+    """What a handler knows of a call: its headers (the data plane's one middleware for every method)."""
+
+    headers: dict[str, list[Any]]
+
+    def metadata(self) -> list[tuple[str, str]]: ...
 
 
 def _matches(job: str, patterns: tuple[str, ...] | None) -> bool:
