@@ -71,10 +71,6 @@ class InFlight:
         self._held: dict[tuple[str, str], int] = {}
         self._cond = threading.Condition()
 
-    def held(self, kind: str, name: str) -> int:
-        with self._cond:
-            return self._held.get((kind, name), 0)
-
     @contextmanager
     def hold(self, job: str, principal: str, nbytes: int) -> Iterator[None]:
         keys = ((("job", job), self.limits.inflight_job_bytes), (("principal", principal), self.limits.inflight_principal_bytes))

@@ -389,34 +389,34 @@ class CheckpointPlane:
                 self._manifests.popitem(last=False)
         return manifest
 
-    def _steps(self, job: str) -> list[int]:
-        """Committed steps, oldest first, without those whose manifest is damaged: the newest is
-        read (one HEAD once it is cached) and so is each damaged one before it, so `latest` is the
-        newest step that loads; older damaged ones drop out once this process has read them."""
+    def _newest(self, job: str) -> tuple[list[int], dict[str, Any] | None]:
+        """(committed steps oldest first without the damaged ones, the newest manifest that reads).
+        The newest is read (one HEAD once it is cached) and so is each damaged one after an intact
+        one, so `latest` is the newest step that loads; older damaged ones drop out once this
+        process has read them (the store logs and counts each once)."""
         steps = self.store.steps(job)
-        damaged = set()
+        skipped = self.store.known_damaged(job)
+        newest = None
         for step in reversed(steps):
-            try:
-                self._manifest(job, step)
-            except DataLossError:
-                damaged.add(step)
+            if step in skipped:
                 continue
-            except NotFoundError:
-                damaged.add(step)
+            try:
+                newest = self._manifest(job, step)
+            except (DataLossError, NotFoundError):
+                skipped.add(step)
                 continue
             break
-        known = self.store.known_damaged(job)
-        return [s for s in steps if s not in damaged and s not in known]
+        return [s for s in steps if s not in skipped], newest
+
+    def _steps(self, job: str) -> list[int]:
+        return self._newest(job)[0]
 
     def _latest(self, job: str) -> dict[str, Any]:
-        """The newest committed manifest that reads: a damaged one is skipped (the store logs and
-        counts it once), so a restarting job loads the step before it."""
-        for step in reversed(self.store.steps(job)):
-            try:
-                return self._manifest(job, step)
-            except (DataLossError, NotFoundError):
-                continue
-        raise NotFoundError(f"checkpoint job {job} has no committed checkpoint yet")
+        """The newest committed manifest that reads: a restarting job loads the step before a damaged one."""
+        newest = self._newest(job)[1]
+        if newest is None:
+            raise NotFoundError(f"checkpoint job {job} has no committed checkpoint yet")
+        return newest
 
     # --- ListFlights -------------------------------------------------------------------------------
     def list_flights(self, call: Call, criteria: bytes) -> Iterator[flight.FlightInfo]:

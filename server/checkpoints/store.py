@@ -21,8 +21,8 @@ The layout and records are shardstream/checkpoint_format.py's. Every write goes 
   A corrupt one is removed and reported absent, so the save uploads it again — which repairs every
   older step that names it. The cost: one read of each reused chunk per server process, the first
   time a save reuses it.
-- A damaged manifest is contained: `intact_steps`/`latest` skip it (logged once, counted in
-  shardstream_checkpoint_damaged_manifests_total), `damaged_steps` names them for `list` and `gc`.
+- A damaged manifest is contained: `latest` skips it (logged once, counted in
+  shardstream_checkpoint_damaged_manifests_total), `sort_steps` names them for `list` and `gc`.
 - A full root is ResourceExhaustedError (Storage's), and nothing half-written stays: `forget`
   removes what an aborted save stored and no committed step names.
 
@@ -175,8 +175,11 @@ class CheckpointStore:
         wanted = {check_hash(h) for h in hashes}
         if not wanted:
             return 0
-        for step in self.intact_steps(job):
-            wanted -= chunks_of(self.manifest(job, step))
+        for step in self.steps(job):
+            try:
+                wanted -= chunks_of(self.manifest(job, step))
+            except (DataLossError, NotFoundError):  # damaged (it names nothing that loads) or gone
+                continue
         freed = 0
         for h in sorted(wanted):
             key = chunk_key(job, h)
@@ -287,7 +290,7 @@ class CheckpointStore:
         return sorted(s for s in found if s is not None)
 
     def latest(self, job: str) -> int | None:
-        """The newest committed step whose manifest reads (a damaged one is skipped: see damaged_steps)."""
+        """The newest committed step whose manifest reads (a damaged one is skipped: see sort_steps)."""
         for step in reversed(self.steps(job)):
             try:
                 self.manifest(job, step)
@@ -298,16 +301,9 @@ class CheckpointStore:
             return step
         return None
 
-    def intact_steps(self, job: str) -> list[int]:
-        """Committed steps whose manifests read, oldest first."""
-        return self.sort_steps(job)[0]
-
-    def damaged_steps(self, job: str) -> list[int]:
-        """Committed steps whose manifests do not read (each logged and counted once per process)."""
-        return self.sort_steps(job)[1]
-
     def sort_steps(self, job: str) -> tuple[list[int], list[int]]:
-        """(intact, damaged) committed steps, oldest first: every manifest read once."""
+        """(intact, damaged) committed steps, oldest first: every manifest read once (a damaged one is
+        logged and counted once per process)."""
         intact, damaged = [], []
         for step in self.steps(job):
             try:

@@ -35,7 +35,7 @@ import numpy as np
 from shardstream.order.balance import deal_attention, deal_tokens, pack_step, partition_costs
 from shardstream.order.scheduled_steps import Layout
 
-__all__ = ["BalancedLayout", "TokenWindow", "rank_positions", "rank_samples"]
+__all__ = ["BalancedLayout", "Positions", "TokenWindow", "hull", "positions_array", "rank_positions"]
 
 STEPS_KEPT = 256  # steps (and one rank's shares of them) kept split: ahead of a stream's builds and read-ahead
 READ_STEPS = 16  # steps whose costs are read at once
@@ -67,8 +67,7 @@ class _Step:
     gs: int  # its first position
     values: np.ndarray  # per sample: token count (+ EOS, packed modes) or cost
     owner: np.ndarray  # per row (packed) or per sample ("cost"): the rank that gets it
-    row_cost: np.ndarray  # per row: Σ chunk length² (packed modes; empty for "cost")
-    rank_cost: np.ndarray  # per rank
+    rank_cost: np.ndarray  # per rank: Σ chunk length² of its rows (packed modes) or of its costs
     num_rows: int
 
 
@@ -147,11 +146,11 @@ class BalancedLayout:
             packed = pack_step(sizes, self.seq_len)
             owner = deal_tokens(packed.num_rows, world) if self.mode == "tokens" else deal_attention(packed.row_cost, world)
             cost = np.bincount(owner, weights=packed.row_cost, minlength=world)
-            planned = _Step(gs, sizes, owner, packed.row_cost, cost, packed.num_rows)
+            planned = _Step(gs, sizes, owner, cost, packed.num_rows)
         else:
             owner = partition_costs(values, world)
             cost = np.bincount(owner, weights=values, minlength=world)
-            planned = _Step(gs, np.asarray(values, dtype=np.float64), owner, np.empty(0), cost, 0)
+            planned = _Step(gs, np.asarray(values, dtype=np.float64), owner, cost, 0)
         with self._lock:
             self._steps[step] = planned
             while len(self._steps) > STEPS_KEPT:
@@ -210,11 +209,7 @@ class BalancedLayout:
 
     def rank_range(self, step: int, rank: int) -> tuple[int, int]:
         """The hull of the rank's positions (a message header's position_start/end)."""
-        p = self.rank_positions(step, rank)
-        if not len(p):
-            start = self.base.global_range(step)[0]
-            return start, start
-        return int(p[0]), int(p[-1]) + 1
+        return hull(self.rank_positions(step, rank), self.base.global_range(step)[0])
 
     def window(self, step: int, rank: int) -> TokenWindow | None:
         return self._share(step, rank).window
@@ -225,18 +220,29 @@ class BalancedLayout:
         return float(cost[rank]), float(cost.sum())
 
 
-def rank_positions(layout: Any, step: int, rank: int) -> np.ndarray:
-    """The positions of `step` that `rank` gets, in order: its range of the layout, or a balanced
-    layout's own (not always a range)."""
+Positions = range | np.ndarray  # a rank's positions of a step: a range but under balance
+
+
+def rank_positions(layout: Any, step: int, rank: int) -> Positions:
+    """The positions of `step` that `rank` gets, in order: its range of the layout (no array made),
+    or a balanced layout's own (not always a range)."""
     if isinstance(layout, BalancedLayout):
         return layout.rank_positions(step, rank)
-    ps, pe = layout.rank_range(step, rank)
-    return np.arange(ps, pe, dtype=np.int64)
+    return range(*layout.rank_range(step, rank))
 
 
-def rank_samples(layout: Any, step: int, rank: int) -> int:
-    """How many positions of `step` `rank` gets."""
-    if isinstance(layout, BalancedLayout):
-        return len(layout.rank_positions(step, rank))
-    ps, pe = layout.rank_range(step, rank)
-    return pe - ps
+def hull(positions: Positions, start: int) -> tuple[int, int]:
+    """[first, last + 1) of `positions`; (start, start) when there are none."""
+    if isinstance(positions, range):
+        return positions.start, positions.stop
+    if not len(positions):
+        return start, start
+    return int(positions[0]), int(positions[-1]) + 1
+
+
+def positions_array(parts: list[Positions]) -> np.ndarray:
+    """Several steps' positions, in order, as one int64 array."""
+    arrays = [np.arange(p.start, p.stop, dtype=np.int64) if isinstance(p, range) else p for p in parts]
+    if not arrays:
+        return np.empty(0, np.int64)
+    return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]

@@ -52,7 +52,7 @@ from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
 from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .balanced_layout import BalancedLayout, rank_positions, rank_samples
+from .balanced_layout import BalancedLayout, Positions, hull, positions_array, rank_positions
 from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
@@ -145,7 +145,7 @@ def build_estimate(plan: ReadPlan, last: Message | None) -> int:
         if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
             expected = 0.0  # the end-of-epoch message only
         else:
-            expected = rank_samples(plan.layout, plan.first_step, plan.rank) * plan.sample_bytes
+            expected = len(rank_positions(plan.layout, plan.first_step, plan.rank)) * plan.sample_bytes
     else:
         expected = max(last.holds, plan.max_message_bytes)
     return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
@@ -166,7 +166,7 @@ class MessageSteps:
         return self.step < self._plan.end_step
 
     def _samples(self, step: int) -> int:
-        return rank_samples(self._plan.layout, step, self._plan.rank)
+        return len(rank_positions(self._plan.layout, step, self._plan.rank))
 
     def next(self) -> Chunk:
         """The next chunk (call only while `remaining`)."""
@@ -258,7 +258,7 @@ class OrderAhead:
 
     def _fill(self, chunk: Chunk) -> None:
         p = self._plan
-        ranges: list[np.ndarray] = []
+        ranges: list[Positions] = []
         total = 0
         step = chunk.steps[0]
         # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
@@ -268,7 +268,7 @@ class OrderAhead:
             ranges.append(rank_positions(p.layout, step, p.rank))
             total += len(ranges[-1])
             step += p.stride
-        src, self._rows = p.selector.select(p.epoch, _positions(ranges))
+        src, self._rows = p.selector.select(p.epoch, positions_array(ranges))
         # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
         self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
         self._first, self._count = chunk.steps[0], len(ranges)
@@ -459,7 +459,7 @@ class MessageBuilder:
         samples through `order` (the stream's) or the plan's selector."""
         header, ranges = self._header(plan, chunk)
         # the positions themselves only where a transform or the plan's selector needs them
-        positions = _positions(ranges) if order is None or plan.pipeline else None
+        positions = positions_array(ranges) if order is None or plan.pipeline else None
         if order is not None:
             src, rows = order.select(chunk)
         else:
@@ -476,12 +476,12 @@ class MessageBuilder:
         """The header of `chunk` of `plan` (one StepInfo per step, whole or part; the end of the
         epoch on its last) and the rank's positions it covers, step by step."""
         header = pb.ReadHeader(epoch=plan.epoch)
-        ranges: list[np.ndarray] = []
+        ranges: list[Positions] = []
         layout = plan.layout
         for step in chunk.steps:
             gs, ge = layout.global_range(step)
-            ps, pe = layout.rank_range(step, plan.rank)
             positions = rank_positions(layout, step, plan.rank)
+            ps, pe = hull(positions, gs)
             a, b = chunk.samples if chunk.samples is not None else (0, len(positions))
             info = header.steps.add(
                 step=step, position_start=ps, position_end=pe, global_start=gs, global_end=ge, rows=b - a
@@ -611,12 +611,6 @@ class MessageBuilder:
             st.skipped.extend(res.skipped)
         return out
 
-
-def _positions(ranges: list[np.ndarray]) -> np.ndarray:
-    """The positions of each step, in order, as one array."""
-    if not ranges:
-        return np.empty(0, np.int64)
-    return np.concatenate(ranges) if len(ranges) > 1 else ranges[0]
 
 
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 from prometheus_client import Counter
 
-from .balanced_layout import rank_positions
+from .balanced_layout import positions_array, rank_positions
 from .reader import DatasetReader, RowGroupCache
 
 __all__ = ["DEFAULT_READ_AHEAD_MESSAGES", "ReadAhead"]
@@ -99,8 +99,7 @@ class ReadAhead:
 
     def _job(self, plan: _Plan, steps: Sequence[int]) -> None:
         try:
-            ranges = [rank_positions(plan.layout, s, plan.rank) for s in steps]
-            positions = np.concatenate(ranges)
+            positions = positions_array([rank_positions(plan.layout, s, plan.rank) for s in steps])
             if len(positions) > SAMPLE_POSITIONS:
                 positions = positions[np.linspace(0, len(positions) - 1, SAMPLE_POSITIONS).astype(np.int64)]
             src, rows = plan.selector.select(plan.epoch, positions)

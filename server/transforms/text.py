@@ -185,11 +185,12 @@ def _copy_rows(
 def _segment_documents(
     docs: np.ndarray, ends: np.ndarray, segments: tuple[tuple[int, int], ...], ctx: BatchContext
 ) -> list[list[dict[str, int]]]:
-    """_row_documents for balanced rows: row k is tokens segments[k] of the stream `docs` make
-    (`ends`: where each document ends in it, its EOS included)."""
+    """Per row: every document in it, in token order, with the tokens [start, end) of the row it
+    fills. Row k is tokens segments[k] of the stream `docs` make (`ends`: where each document ends
+    in it, its EOS included)."""
     if ctx.shards is None or ctx.rows is None:
         raise InvalidArgumentError("text.pack: 'documents' needs the rows' provenance")
-    starts = ends - np.diff(np.concatenate([[0], ends]))
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     out: list[list[dict[str, int]]] = []
     for lo, hi in segments:
         first = int(np.searchsorted(ends, lo, side="right"))
@@ -214,29 +215,7 @@ def _row_documents(
 ) -> list[list[dict[str, int]]]:
     """Per packed row of one step: every document in it, in token order, with the tokens [start,
     end) of the row it fills (`sizes`: each document's tokens + EOS)."""
-    if ctx.shards is None or ctx.rows is None:
-        raise InvalidArgumentError("text.pack: 'documents' needs the rows' provenance")
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    out: list[list[dict[str, int]]] = []
-    for k in range(rows):
-        lo, hi = k * L, (k + 1) * L
-        first = int(np.searchsorted(ends, lo, side="right"))
-        last = int(np.searchsorted(starts, hi, side="left"))
-        row = []
-        for d in range(first, last):
-            i = int(docs[d])
-            row.append(
-                {
-                    "shard": int(ctx.shards[i]),
-                    "row": int(ctx.rows[i]),
-                    "source": int(ctx.sources[i]) if ctx.sources is not None else 0,
-                    "start": int(max(starts[d], lo) - lo),
-                    "end": int(min(ends[d], hi) - lo),
-                }
-            )
-        out.append(row)
-    return out
+    return _segment_documents(docs, np.cumsum(sizes), tuple((k * L, (k + 1) * L) for k in range(rows)), ctx)
 
 
 class Pack(Transform):
@@ -358,11 +337,11 @@ class Pack(Transform):
                 )
             rows = max(window.rows, window.pad_to) if len(docs) else 0
             first = window.segments[0][0] if window.segments else 0
+            packed = -(-int(sizes.sum()) // L) * L  # the documents' stream in whole rows
             # room for the rows as one slice of the stream from its first token (contiguous rows)
-            room = max(-(-int(sizes.sum()) // L) * L, first + rows * L)
-            stream = tuple(np.empty(room, dt) for dt in dtypes)
+            stream = tuple(np.empty(max(packed, first + rows * L), dt) for dt in dtypes)
             if len(docs):
-                self._pack_step(col, docs, lengths[docs], ctx.positions, tuple(a[: -(-int(sizes.sum()) // L) * L] for a in stream))
+                self._pack_step(col, docs, lengths[docs], ctx.positions, tuple(a[:packed] for a in stream))
             taken = sum(b - a for a, b in window.segments)
             if _contiguous(window.segments, L):  # balance "tokens": the rows are a slice of the stream
                 out = [a[first : first + rows * L] for a in stream]

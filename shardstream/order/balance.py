@@ -103,7 +103,6 @@ class PackedStep:
     seq_len: int
     num_rows: int
     row_cost: np.ndarray  # Σ over the row's document chunks of chunk length² (padding not counted)
-    row_tokens: np.ndarray  # tokens in the row (seq_len but in the last one)
 
 
 def _pieces(sizes: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,10 +126,7 @@ def pack_step(sizes: np.ndarray | list[int], seq_len: int) -> PackedStep:
     rows = -(-total // seq_len)
     row, length = _pieces(sizes, seq_len)
     cost = np.bincount(row, weights=length.astype(np.float64) ** 2, minlength=rows) if rows else np.zeros(0)
-    tokens = np.full(rows, seq_len, dtype=np.int64)
-    if rows:
-        tokens[-1] = total - (rows - 1) * seq_len
-    return PackedStep(sizes, seq_len, rows, cost, tokens)
+    return PackedStep(sizes, seq_len, rows, cost)
 
 
 def deal_tokens(num_rows: int, world_size: int) -> np.ndarray:
