@@ -34,7 +34,7 @@ from loadtest.certs import Pki
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.serving.auth import token_sha256
+from shardstream.server.policy.auth import token_sha256
 
 __all__ = ["main"]
 

@@ -33,14 +33,14 @@ from shardstream.registry import Registry
 
 from .backends.roots import open_registry
 from .checkpoints import open_checkpoint_plane
-from .config import ServerConfig
+from .policy.auth import Authenticator
 from .read.message_buffers import DEFAULT_MAX_BYTES as MESSAGE_BUFFERS_MAX_BYTES
 from .read.message_buffers import message_buffers
 from .read.reader import new_row_group_cache
 from .read.spill import SpillTier
 from .serving import security
 from .serving.admission import Admission
-from .serving.auth import Authenticator
+from .serving.config import ServerConfig
 from .serving.control_plane import SERVICE_NAME, ShardStreamService
 from .serving.data_plane_server import DataPlane
 from .serving.log_format import configure_logging

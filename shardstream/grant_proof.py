@@ -1,6 +1,6 @@
 """The proof that binds a data-plane grant to the client certificate it was issued to (DESIGN §10).
 
-A grant (server/serving/grants.py) is the control plane's word, to its Flight data plane, for a caller it
+A grant (server/policy/grants.py) is the control plane's word, to its Flight data plane, for a caller it
 knew by its client certificate; it names the SHA-256 fingerprint of that certificate. pyarrow's
 Flight server cannot see the certificate of a call's TLS handshake, so it cannot compare the two
 itself: instead, a DoGet that carries a grant (`x-shardstream-grant`) also carries

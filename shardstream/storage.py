@@ -15,7 +15,7 @@ shardstream errors: a missing object is NotFoundError, an object changed since i
 DataLossError, refused credentials (or a local file the process may not read) are
 UnauthenticatedError/PermissionDeniedError, an unreachable store is UnavailableError. Messages name
 objects by their full location (useful on the command line); a server strips its root from them
-before a client sees one (`locations`, shardstream.server.serving.redact).
+before a client sees one (`locations`, shardstream.server.policy.redact).
 
 Durability: LocalStorage's writes return once the data and the directory entries leading to it are
 on disk (the file is fsynced, then each directory from its own up to the root); `sync(keys)` does the

@@ -17,8 +17,7 @@ from shardstream.cli.common import apply_global_options, client_security
 from shardstream.client.credentials import ChannelSecurity
 from shardstream.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError, excerpt
 from shardstream.manifest import DatasetRef
-from shardstream.server.config import ServerConfig
-from shardstream.server.serving.auth import (
+from shardstream.server.policy.auth import (
     OPEN,
     Authenticator,
     AuthFile,
@@ -27,6 +26,7 @@ from shardstream.server.serving.auth import (
     normalize_subject,
     token_sha256,
 )
+from shardstream.server.serving.config import ServerConfig
 from shardstream.server.serving.security import check, is_loopback
 from shardstream.server.serving.tls import CertificateFiles, TlsFiles
 
@@ -155,7 +155,7 @@ def test_the_auth_file_is_reread_on_change_and_a_bad_edit_keeps_the_last_good_on
     assert [p.name for p in f.principals()] == ["a"]
     write_atomic(path, doc({"name": "b", "token_sha256": token_sha256("two"), "datasets": ["*"]}).encode())
     assert [p.name for p in f.principals()] == ["b"]
-    with caplog.at_level(logging.ERROR, "shardstream.server.serving.auth"):
+    with caplog.at_level(logging.ERROR, "shardstream.server.policy.auth"):
         write_atomic(path, b"principals: [")
         assert [p.name for p in f.principals()] == ["b"]
         assert [p.name for p in f.principals()] == ["b"]

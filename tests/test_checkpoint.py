@@ -169,7 +169,7 @@ TOKENS = {"trainer": "trainer-token-1", "rollout": "rollout-token-2", "other": "
 
 @pytest.fixture(scope="module")
 def auth_server(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from shardstream.server.serving.auth import token_sha256
+    from shardstream.server.policy.auth import token_sha256
 
     tmp = tmp_path_factory.mktemp("ckauth")
     grants = {

@@ -37,7 +37,7 @@ SUPPORT = Path(__file__).parent / "support"
 
 
 def _auth_file(tmp: Path) -> Path:
-    from shardstream.server.serving.auth import token_sha256
+    from shardstream.server.policy.auth import token_sha256
 
     path = tmp / "auth.yaml"
     path.write_text(

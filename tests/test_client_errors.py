@@ -16,7 +16,7 @@ from shardstream.errors import DataLossError, FlightStatus, NotFoundError
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry, open_storage
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.serving.redact import client_message
+from shardstream.server.policy.redact import client_message
 from shardstream.storage import LocalStorage
 from shardstream.v1 import shardstream_pb2 as pb
 

@@ -23,7 +23,7 @@ from shardstream.client import Loader
 from shardstream.client.channel import Connection
 from shardstream.errors import FlightStatus, UnauthenticatedError, UnavailableError, to_flight_error
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.serving.auth import token_sha256
+from shardstream.server.policy.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki, write_atomic

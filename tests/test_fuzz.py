@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import EXCERPT_CHARS, FlightStatus
-from shardstream.server.serving.auth import token_sha256
+from shardstream.server.policy.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import write_dataset

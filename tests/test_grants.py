@@ -1,4 +1,4 @@
-"""Data-plane grants (server/serving/grants.py, shardstream/grant_proof.py): bound to the certificate they
+"""Data-plane grants (server/policy/grants.py, shardstream/grant_proof.py): bound to the certificate they
 were issued to by a proof of possession of its key, never wider than a token on the same call, and
 a supervisor's grant key kept off every command line and environment of its processes.
 
@@ -30,8 +30,8 @@ from shardstream.client.credentials import ChannelSecurity
 from shardstream.errors import FlightStatus, InvalidArgumentError, UnauthenticatedError
 from shardstream.grant_proof import GRANT_HEADER, Prover, fingerprint
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.serving.auth import Authenticator, Principal, normalize_subject, token_sha256
-from shardstream.server.serving.grants import GRANT_TTL_S, Grants, new_key
+from shardstream.server.policy.auth import Authenticator, Principal, normalize_subject, token_sha256
+from shardstream.server.policy.grants import GRANT_TTL_S, Grants, new_key
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki

@@ -14,6 +14,15 @@ The rule (imports inside functions and under TYPE_CHECKING count: they are edges
 and no cycle between modules. Any module outside the entry-point folders that imports a side is
 reported. An edge goes to the module an import names: `from a.b import c` is an edge to `a.b.c` when
 that is a module, else to `a.b`; importing a submodule does not count as an edge to its parent package.
+
+Inside each side, wings in an order (SERVER_WINGS, CLIENT_WINGS, lowest first): a module imports its
+own wing and lower ones, never a higher wing nor a peer (two wings on one line):
+
+    server  backends, policy -> transforms -> read -> checkpoints, writing -> serving -> the top
+            (a sub-package is a wing; the modules at server/'s root are the top: lifecycle,
+            worker_process, local_fleet)
+    client  base -> transport -> cursors, checkpoint -> reads -> the top (the package's public names)
+            (the two sub-packages are wings; each flat module is placed in CLIENT_MODULES)
 """
 
 from __future__ import annotations
@@ -207,7 +216,7 @@ def with_extra(module: str, line: str) -> dict[str, str]:
         ("shardstream.order.curriculum", "from shardstream.client import loader", "shardstream.client.loader"),
         ("shardstream.order.explain", "from shardstream.engines import spark_io", "shardstream.engines.spark_io"),
         # a side importing an entry point
-        ("shardstream.server.serving.auth", "from shardstream.cli import common", "shardstream.cli.common"),
+        ("shardstream.server.policy.auth", "from shardstream.cli import common", "shardstream.cli.common"),
         # a facade of a client API reaching into the server
         ("shardstream.checkpoint", "from shardstream.server import checkpoints", "shardstream.server.checkpoints"),
         # the client importing the server, relatively
@@ -264,6 +273,152 @@ def test_the_distribution_lists_every_package() -> None:
     assert found == listed, (
         f"missing from pyproject: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
     )
+
+
+# --- wings inside a side: each imports its own wing and lower ones ---------------------------------
+TOP = "top"  # the package itself and, on the server, the modules at its root
+# Lowest first; wings on one line are peers and import neither of each other.
+SERVER_WINGS: tuple[tuple[str, ...], ...] = (
+    ("backends", "policy"),  # storage roots by URL; principals, grants, redaction, the dataset label
+    ("transforms",),  # named server-side transforms (the read planner builds their pipeline)
+    ("read",),  # the read path: request -> plan -> messages; shards, checksums, caches
+    ("checkpoints", "writing"),  # the checkpoint store and its Flight calls; ingest, register, materialize
+    ("serving",),  # both planes, admission, security, metrics, the supervisor, ServerConfig
+    (TOP,),  # lifecycle.py (one process's serve), worker_process.py, local_fleet.py
+)
+CLIENT_WINGS: tuple[tuple[str, ...], ...] = (
+    ("base",),  # small values and pure helpers: what a Loader reads, its state, credentials, metrics
+    ("transport",),  # the one transport session to the fleet: channels, Flight calls, retries, failover
+    ("cursors", "checkpoint"),  # job cursors and their stores; checkpoints of model state (sub-packages)
+    ("reads",),  # the Loader, the step reader and what feeds them: options, prefetch, decode
+    (TOP,),  # shardstream.client: the public names
+)
+# The client's flat modules by wing (its sub-packages are wings of their own): a new module is placed here.
+CLIENT_MODULES = {
+    "base": ("batch", "convert", "credentials", "launcher", "loader_state", "metrics", "parts", "spec", "target"),
+    "transport": ("channel", "flight_call", "port_probe", "session"),
+    "reads": (
+        "decode",
+        "loader",
+        "loader_options",
+        "prefetch",
+        "schedule_state",
+        "step_reader",
+        "striped",
+        "torch_dataset",
+    ),
+}
+SIDE_WINGS = {"shardstream.server": SERVER_WINGS, "shardstream.client": CLIENT_WINGS}
+
+
+def wing(mod: str, sources: Mapping[str, str]) -> tuple[str, str] | None:
+    """(side, wing) of a module of a side, None for any other module. A wing of the server is its
+    sub-package; a module at its root is the top. The client's flat modules are placed in CLIENT_MODULES
+    ("?" when one is not)."""
+    for side in SIDE_WINGS:
+        if mod == side:
+            return side, TOP
+        if not mod.startswith(side + "."):
+            continue
+        first = mod[len(side) + 1 :].split(".")[0]
+        if is_package(f"{side}.{first}", sources):
+            return side, first
+        if side == "shardstream.server":
+            return side, TOP
+        return side, next((w for w, mods in CLIENT_MODULES.items() if first in mods), "?")
+    return None
+
+
+def upward_imports(graph: Mapping[str, set[str]], sources: Mapping[str, str]) -> list[str]:
+    """Each import of a module of a side into a higher wing or a peer wing of that side."""
+    bad = []
+    for a, targets in graph.items():
+        here = wing(a, sources)
+        if here is None:
+            continue
+        side, wa = here
+        rank = {w: i for i, peers in enumerate(SIDE_WINGS[side]) for w in peers}
+        for b in sorted(targets):
+            there = wing(b, sources)
+            if there is None or there[0] != side or there[1] == wa:
+                continue
+            wb = there[1]
+            if wa not in rank or wb not in rank:
+                bad.append(f"{a} ({wa}) imports {b} ({wb}): a wing test_layers.py does not name")
+            elif rank[wb] > rank[wa]:
+                bad.append(f"{a} ({wa}) imports {b} ({wb}): a higher wing")
+            elif rank[wb] == rank[wa]:
+                bad.append(f"{a} ({wa}) imports {b} ({wb}): a peer wing")
+    return sorted(bad)
+
+
+def test_the_wings_of_each_side_import_downward_only() -> None:
+    sources = product_sources()
+    bad = upward_imports(edges(sources), sources)
+    assert not bad, "imports against the wing order:\n" + "\n".join(bad)
+
+
+def test_every_wing_is_named_in_the_order() -> None:
+    """A new sub-package of a side, or a new flat module of the client, is placed in an order here."""
+    sources = product_sources()
+    named = {side: {w for peers in wings for w in peers} for side, wings in SIDE_WINGS.items()}
+    for mod in sources:
+        found = wing(mod, sources)
+        if found is not None:
+            assert found[1] in named[found[0]], f"{mod}: wing {found[1]!r} is not in the order of {found[0]}"
+    flat = {m.rpartition(".")[2] for m in sources if m.count(".") == 2 and m.startswith("shardstream.client.")}
+    placed = {m for mods in CLIENT_MODULES.values() for m in mods}
+    assert placed == flat - {"checkpoint", "cursors"}, (sorted(flat - placed), sorted(placed - flat))
+
+
+def test_the_layer_check_names_each_upward_import() -> None:
+    """What a break looks like: two upward imports and a peer's, in a tree of a few modules."""
+    sources = {
+        "shardstream.server": "",
+        "shardstream.server.lifecycle": "from .serving import control_plane",
+        "shardstream.server.read": "",
+        "shardstream.server.read.plan": "from ..policy.auth import Principal\nfrom ..serving.auth import OPEN",
+        "shardstream.server.policy": "",
+        "shardstream.server.policy.auth": "",
+        "shardstream.server.checkpoints": "",
+        "shardstream.server.checkpoints.plane": "def f():\n    from shardstream.server.writing import ingest",
+        "shardstream.server.writing": "",
+        "shardstream.server.writing.ingest": "from ..read import plan",
+        "shardstream.server.serving": "",
+        "shardstream.server.serving.auth": "",
+        "shardstream.server.serving.control_plane": "from .. import lifecycle",
+    }
+    assert upward_imports(edges(sources), sources) == [
+        "shardstream.server.checkpoints.plane (checkpoints) imports shardstream.server.writing.ingest (writing): "
+        "a peer wing",
+        "shardstream.server.read.plan (read) imports shardstream.server.serving.auth (serving): a higher wing",
+        "shardstream.server.serving.control_plane (serving) imports shardstream.server.lifecycle (top): "
+        "a higher wing",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "edge"),
+    [
+        # the read path reaching up into serving, or a transform into the read path
+        ("shardstream.server.read.plan", "from ..serving import admission", "shardstream.server.serving.admission"),
+        ("shardstream.server.transforms.pipeline", "from ..read import cache", "shardstream.server.read.cache"),
+        # checkpoints and writing are peers; serving below the process's top
+        ("shardstream.server.checkpoints.store", "from ..writing import ingest", "shardstream.server.writing.ingest"),
+        ("shardstream.server.serving.supervisor", "from .. import lifecycle", "shardstream.server.lifecycle"),
+        # policy is the floor
+        ("shardstream.server.policy.redact", "from ..backends import roots", "shardstream.server.backends.roots"),
+        # the client: the transport under the reads, cursors and checkpoints peers, nothing under the top
+        ("shardstream.client.session", "from .loader import Loader", "shardstream.client.loader"),
+        ("shardstream.client.cursors.job", "from ..checkpoint import Checkpointer", "shardstream.client.checkpoint"),
+        ("shardstream.client.target", "from . import channel", "shardstream.client.channel"),
+        ("shardstream.client.checkpoint.transport", "from .. import Loader", "shardstream.client"),
+    ],
+)
+def test_an_import_against_the_wing_order_is_reported(module: str, line: str, edge: str) -> None:
+    sources = with_extra(module, line)
+    bad = upward_imports(edges(sources), sources)
+    assert len(bad) == 1 and bad[0].startswith(f"{module} (") and f" imports {edge} (" in bad[0], bad
 
 
 # --- the visualizers read through the client's public names only ---------------------------------

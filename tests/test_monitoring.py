@@ -194,7 +194,7 @@ def test_ci_installs_prometheus_and_promtool() -> None:
 
 
 def test_the_dataset_label_is_a_name_from_a_bounded_set() -> None:
-    from shardstream.server.serving import dataset_label as dl
+    from shardstream.server.policy import dataset_label as dl
 
     assert dl.dataset_name("web@3") == "web" and dl.dataset_name("web") == "web"
     assert dl.dataset_name("", ["web@3", "code@1"]) == "code+web"  # a mixture: its sources' names

@@ -173,7 +173,7 @@ def test_a_job_name_with_a_newline_is_refused(job: str) -> None:
 def test_an_auth_pattern_with_a_newline_or_a_non_ascii_digit_is_refused(pattern: str) -> None:
     import yaml
 
-    from shardstream.server.serving.auth import load_principals
+    from shardstream.server.policy.auth import load_principals
 
     entry = {"name": "p", "token_sha256": "0" * 64, "datasets": [pattern]}
     with pytest.raises(InvalidArgumentError, match="bad dataset pattern"):

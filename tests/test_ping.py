@@ -16,7 +16,7 @@ from shardstream import __version__
 from shardstream.client import Loader
 from shardstream.errors import InvalidArgumentError
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.serving.auth import token_sha256
+from shardstream.server.policy.auth import token_sha256
 
 from .support.certs import Issued, Pki, write_atomic
 from .support.data import write_dataset

@@ -25,7 +25,7 @@ from shardstream.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from shardstream.server.serving.auth import token_sha256
+from shardstream.server.policy.auth import token_sha256
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.certs import Issued, Pki, write_atomic

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from ..backends.roots import open_storage
+from ..policy.auth import Authenticator
+from ..policy.grants import Grants
 from ..read.cache import LRUCache
-from ..serving.auth import Authenticator
-from ..serving.grants import Grants
 from .limits import DEFAULT_LIMITS, CheckpointLimits
 from .plane import CHUNK_TICKET_PREFIX, Call, CheckpointPlane
 from .reclaim import GcReport, collect

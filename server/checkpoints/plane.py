@@ -29,11 +29,11 @@ sizes, bytes in flight per job and principal, and an optional quota per job boun
 The data plane hands each call here with its `Call` (the one middleware of every Flight method: its
 headers, and its grpc_server_* metrics with the exact code of the error that ended it).
 
-Who may: a call is authenticated by its bearer token as DoGet's are (server/serving/auth.py); a principal writes
+Who may: a call is authenticated by its bearer token as DoGet's are (server/policy/auth.py); a principal writes
 (and reads) the jobs its `checkpoints:` patterns match and only reads those of `checkpoints_read:`;
 without --auth everyone may do everything. A job the caller may not read is PERMISSION_DENIED in
 the same words whether it exists or not. Errors leave as the data plane's do (errors.py
-`to_flight_error`), their texts redacted (server/serving/redact.py): no server path reaches a client.
+`to_flight_error`), their texts redacted (server/policy/redact.py): no server path reaches a client.
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ from shardstream.errors import (
     to_flight_error,
 )
 
+from ..policy.auth import Authenticator, Principal, has_token
+from ..policy.grants import GRANT_HEADER, Grants
+from ..policy.redact import client_message
 from ..read.cache import LRUCache
-from ..serving.auth import Authenticator, Principal, has_token
-from ..serving.grants import GRANT_HEADER, Grants
-from ..serving.redact import client_message
 from .limits import DEFAULT_LIMITS, CheckpointLimits, InFlight, Quota
 from .store import CheckpointStore, dumps
 

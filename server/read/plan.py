@@ -7,7 +7,7 @@ per mixture source), the sample order (DESIGN §4), the step layout of this slic
 steps to send and the transform pipeline. A bad request fails here, as the ShardstreamError that
 says what is wrong (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION), before a byte is read; a field
 over this server's limits (request_limits.py) is INVALID_ARGUMENT naming the field and the limit.
-The caller's principal (server/serving/auth.py) is checked on every dataset the request names — each
+The caller's principal (server/policy/auth.py) is checked on every dataset the request names — each
 mixture source in turn — before the registry is asked about it: PERMISSION_DENIED says no more than
 NOT_FOUND would.
 
@@ -35,7 +35,7 @@ from shardstream.order.scheduled_steps import Layout, make_layout
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..serving.auth import OPEN, Principal
+from ..policy.auth import OPEN, Principal
 from ..transforms import Pipeline, build_pipeline
 from ..transforms.base import fixed_bytes
 from ..transforms.text import Pack

@@ -10,9 +10,9 @@ fail with INTERNAL instead of saying what is wrong (`mixture_epoch_samples` 2^64
 
 `check_params_json(op, text)` bounds a transform's JSON parameters by size and nesting depth before
 `json.loads` sees them. What a transform may *produce* per sample is bounded where transforms are built
-(transforms/pipeline.py, `max_sample_bytes`); bytes per message where messages are built (build.py).
+(transforms/pipeline.py, `max_sample_bytes`, its default there); bytes per message where messages are built (build.py).
 
-Pure: no I/O, no gRPC. The limits a server uses come from `ServerConfig` (config.py); the defaults
+Pure: no I/O, no gRPC. The limits a server uses come from `ServerConfig` (serving/config.py); the defaults
 here are those of `shardstream serve` and are documented in the proto's field comments.
 """
 
@@ -40,9 +40,10 @@ from shardstream.order.read_query import (
     check_params_json,
 )
 
+from ..transforms.pipeline import DEFAULT_MAX_SAMPLE_BYTES
+
 __all__ = [  # the fixed limits are the codec's (read_query.py), re-exported
     "DEFAULT_MAX_BATCH_SIZE",
-    "DEFAULT_MAX_SAMPLE_BYTES",
     "DEFAULT_MESSAGE_CAP_BYTES",
     "MAX_COLUMNS",
     "MAX_COUNT",
@@ -64,7 +65,6 @@ __all__ = [  # the fixed limits are the codec's (read_query.py), re-exported
 
 DEFAULT_MAX_BATCH_SIZE = 65_536  # rows per rank per step
 DEFAULT_MESSAGE_CAP_BYTES = 64 << 20  # the hard cap on one Read message (a larger step is split)
-DEFAULT_MAX_SAMPLE_BYTES = 64 << 20  # transform output per sample (fixed-size columns)
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@
     data_plane_server.py  the Flight server's lifecycle in one process: start, certificates, stop
     admission.py          streams per process and per peer, and the stream buffer budget
     reaper.py             streams whose client stopped reading (the Reaper: a plane's writes, cut on timeout)
-    auth.py, grants.py    principals (tokens, certificate subjects) and data-plane grants
     security.py, tls.py   the security flags checked at start; TLS and certificate rotation
-    redact.py             what a client may see of an error
     audit.py, stream_log.py, log_format.py   the audit log, a stream's start/end lines, log formats
     rpc_metrics.py        grpc-ecosystem RPC metrics for both planes
-    process_metrics.py, status_http.py, dataset_label.py   process metrics, /metrics and probes, labels
+    process_metrics.py, status_http.py   process metrics, /metrics and probes
     ready.py              the ready file
-    supervisor.py, worker_process.py   `serve --workers N`: the supervisor and one worker process
+    supervisor.py         `serve --workers N`: the supervisor (each worker is server/worker_process.py)
+    config.py             ServerConfig: what a server is asked to be, read by the planes, the supervisor
+                          and each worker
 """

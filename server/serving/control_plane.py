@@ -5,13 +5,13 @@ GetDataset and ListDatasets are proto in -> registry -> proto out, over the proc
 `status_of` maps errors to statuses). GetDataset's answer names the
 port of this process's data plane (data_plane.py: Read streams as Arrow Flight DoGet), and to a
 caller it authenticated by its client certificate it gives a grant bound to that certificate
-(grants.py). Every ShardstreamError leaves as its own gRPC status code (a request that does not even
+(policy/grants.py). Every ShardstreamError leaves as its own gRPC status code (a request that does not even
 parse is INVALID_ARGUMENT); anything else is logged and leaves as INTERNAL, its text redacted.
 
 ListDatasets lists every dataset it can read and skips the bad entries (server/transforms/ops.py): each is logged
 once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
 
-Every call is authenticated first (auth.py: a bearer token or a client certificate's subject, when
+Every call is authenticated first (policy/auth.py: a bearer token or a client certificate's subject, when
 the server has `--auth`) and every dataset it names is checked against the caller's patterns;
 ListDatasets lists only the latest versions the caller may read. Each call refused as
 UNAUTHENTICATED or PERMISSION_DENIED leaves one line in the audit log (audit.py), as each Read
@@ -36,9 +36,9 @@ from shardstream.manifest import Manifest
 from shardstream.registry import BadEntry
 from shardstream.v1 import shardstream_pb2 as pb
 
+from ..policy.auth import OPEN, Principal, has_token
+from ..policy.grants import GRANT_TTL_S, peer_fingerprint
 from .audit import audit_call
-from .auth import OPEN, Principal, has_token
-from .grants import GRANT_TTL_S, peer_fingerprint
 from .rpc_metrics import preinitialize
 from .stream_runtime import StreamRuntime
 
@@ -112,7 +112,7 @@ class ShardStreamService:
         await context.abort(code, details, trailing_metadata=metadata)
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
-        """The caller (auth.py); UnauthenticatedError when the server has --auth and it is nobody known."""
+        """The caller (policy/auth.py); UnauthenticatedError when the server has --auth and it is nobody known."""
         return self.runtime.auth.authenticate(context.invocation_metadata(), context.auth_context())
 
     def _unary(
@@ -152,7 +152,7 @@ class ShardStreamService:
 
     def _grant(self, principal: Principal, context: grpc.aio.ServicerContext | None) -> bytes | None:
         """A grant for a caller this call authenticated by its client certificate (not by a token),
-        bound to that certificate's fingerprint (grants.py); None for any other caller."""
+        bound to that certificate's fingerprint (policy/grants.py); None for any other caller."""
         grants = self.runtime.grants
         if grants is None or not self.runtime.auth.enabled or principal.subject is None or context is None:
             return None

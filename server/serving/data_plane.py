@@ -30,7 +30,7 @@ last one is written, so a stream not asked for --write-timeout is reaped — its
 down, which ends the blocked write — and leaves its slot and memory.
 
 A caller the --auth file knows by its certificate's subject is known here by the grant the gRPC
-port gave it, bound to that certificate by a proof of possession of its key (grants.py: pyarrow's
+port gave it, bound to that certificate by a proof of possession of its key (policy/grants.py: pyarrow's
 Flight server does not expose the client's certificate); a call with a token is its token's. What
 this plane cannot do from Python (its server takes no gRPC server options): server keepalive pings
 (the write timeout does their work for a client that holds a stream). Certificates are followed
@@ -63,11 +63,11 @@ from shardstream.errors import (
 from shardstream.v1 import shardstream_pb2 as pb
 
 from ..checkpoints import CHUNK_TICKET_PREFIX, CheckpointPlane
+from ..policy.auth import Principal
 from ..read.build import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
 from .audit import StreamAudit
-from .auth import Principal
 from .build_pool import BuildPool, Pending
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
@@ -107,7 +107,7 @@ class _Call(flight.ServerMiddleware):  # type: ignore[misc]
         self.t0 = metrics.start()
 
     def metadata(self) -> list[tuple[str, str]]:
-        """The call's headers as gRPC metadata (auth.py reads `authorization` from it)."""
+        """The call's headers as gRPC metadata (policy/auth.py reads `authorization` from it)."""
         return [
             (k, v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
             for k, values in self.headers.items()
@@ -172,7 +172,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self.builds.shutdown(wait_s=BUILD_JOIN_S)  # builds started ahead for streams that ended
 
     def _principal(self, call: _Call, ticket: bytes) -> Principal:
-        """The caller: by its token, or by the grant the gRPC port gave its certificate (grants.py)."""
+        """The caller: by its token, or by the grant the gRPC port gave its certificate (policy/grants.py)."""
         return self.runtime.data_principal(call.headers, call.metadata(), ticket)
 
     # --- checkpoints: DoPut, DoAction, ListFlights and chunk DoGets (server/checkpoints/plane.py) ----

@@ -23,10 +23,10 @@ import pyarrow.flight as flight
 from shardstream.errors import InvalidArgumentError
 from shardstream.threads import join_all
 
-from ..config import ServerConfig
+from ..policy.grants import Grants, new_key
 from . import security
+from .config import ServerConfig
 from .data_plane import FlightDataPlane
-from .grants import Grants, new_key
 from .stream_runtime import StreamRuntime
 from .tls import TlsFiles, file_signature, load_pem
 

@@ -21,8 +21,8 @@ import grpc
 
 from shardstream.errors import InvalidArgumentError
 
-from ..config import ServerConfig
-from .auth import Authenticator
+from ..policy.auth import Authenticator
+from .config import ServerConfig
 from .tls import TlsFiles, server_credentials
 
 __all__ = ["check", "credentials", "describe", "is_loopback", "tls_files"]

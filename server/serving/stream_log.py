@@ -28,7 +28,7 @@ from typing import Any
 from shardstream.ipc import STREAM_ID_METADATA
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .dataset_label import OTHER
+from ..policy.dataset_label import OTHER
 from .log_format import log_event
 
 __all__ = ["STREAM_ID_KEY", "StreamLog", "new_stream_id"]
@@ -52,7 +52,7 @@ class StreamLog:
     started_s: float = field(default_factory=time.monotonic)
     request: dict[str, Any] = field(default_factory=dict)
     dataset: str = ""  # the pinned version(s) once planned ("web@3", "web@3, code@1"), else as asked
-    label: str = OTHER  # its metrics' `dataset` label (dataset_label.py)
+    label: str = OTHER  # its metrics' `dataset` label (policy/dataset_label.py)
     steps: int = 0
     rows: int = 0
     bytes: int = 0

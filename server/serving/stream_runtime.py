@@ -3,12 +3,12 @@ carries it.
 
 `StreamRuntime` holds the planner (server/read/plan.py), the message builder (server/read/build.py),
 admission (admission.py: streams per server and per peer, bytes held), read-ahead, authentication and
-the grants that vouch for certificate callers (auth.py, grants.py), the stream metrics, the stream log
+the grants that vouch for certificate callers (policy/auth.py, policy/grants.py), the stream metrics, the stream log
 and the one mapping of errors to statuses (`status_of`): every ShardstreamError leaves as its own gRPC
 status code (errors.py; a request that does not even parse is INVALID_ARGUMENT); anything else is
 logged and leaves as INTERNAL. What a client reads of an error names dataset versions and shards, never
-a server path or an exception's text (redact.py); the server's log keeps the rest. Stream metrics carry
-the dataset's name as a bounded `dataset` label (dataset_label.py).
+a server path or an exception's text (policy/redact.py); the server's log keeps the rest. Stream metrics carry
+the dataset's name as a bounded `dataset` label (policy/dataset_label.py).
 
 The planes only adapt it to their transport: the Flight data plane (data_plane.py) serves Read streams
 from it, the control plane (control_plane.py) resolves datasets with its planner and issues its grants.
@@ -27,17 +27,17 @@ from shardstream.errors import InternalError, ResourceExhaustedError, Shardstrea
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..config import DEFAULT_WRITE_TIMEOUT_S
+from ..policy.auth import Authenticator, Principal, has_token
+from ..policy.dataset_label import dataset_label, dataset_name
+from ..policy.grants import GRANT_HEADER, Grants
+from ..policy.redact import client_message
 from ..read.build import MessageBuilder
 from ..read.plan import ReadPlan, ReadPlanner
 from ..read.readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
 from ..read.reader import RowGroupCache
 from ..read.request_limits import RequestLimits
 from .admission import Admission
-from .auth import Authenticator, Principal, has_token
-from .dataset_label import dataset_label, dataset_name
-from .grants import GRANT_HEADER, Grants
-from .redact import client_message
+from .config import DEFAULT_WRITE_TIMEOUT_S
 from .rpc_metrics import code_name
 from .stream_log import StreamLog, new_stream_id
 
@@ -126,7 +126,7 @@ class StreamRuntime:
     def data_principal(self, headers: Mapping[str, list[Any]], metadata: list[tuple[str, str]], ticket: bytes) -> Principal:
         """A data-plane caller: its token's principal when it sent a token (a grant beside it is not
         looked at: a grant never widens what a token may read), else the principal of the grant the
-        gRPC port gave its certificate, with the proof that it holds that certificate's key (grants.py)."""
+        gRPC port gave its certificate, with the proof that it holds that certificate's key (policy/grants.py)."""
         if headers.get(GRANT_HEADER) and self.grants is not None and self.auth.enabled and not has_token(metadata):
             return self.grants.principal(headers, ticket, self.auth)
         return self.auth.authenticate(metadata, None)
@@ -138,7 +138,7 @@ class StreamRuntime:
         """A new stream's log lines (stream_log.py), labelled by the dataset it asks for."""
         stream = StreamLog(stream_id or new_stream_id(), peer)
         stream.asked(request)
-        if request is not None:  # labelled by name only once admitted (dataset_label.py)
+        if request is not None:  # labelled by name only once admitted (policy/dataset_label.py)
             name = dataset_name(request.dataset, [s.dataset for s in request.mixture])
             stream.label = dataset_label(name, admit=False)
         return stream

@@ -21,8 +21,8 @@ Lifecycle (the supervisor's main loop):
   them elsewhere). A worker that dies before it ever served, or more than MAX_RESTARTS times within
   RESTART_WINDOW_S, stops the supervisor with exit code 1 (a crash loop is for Kubernetes to see).
 Workers stay in the supervisor's process group (killpg reaches them all) and get SIGTERM if the
-supervisor dies (PR_SET_PDEATHSIG, worker_process.py). Each worker's config, with the grant key the workers
-share (grants.py), reaches it through its stdin, a pipe the supervisor writes and closes: nothing
+supervisor dies (PR_SET_PDEATHSIG, server/worker_process.py). Each worker's config, with the grant key the workers
+share (policy/grants.py), reaches it through its stdin, a pipe the supervisor writes and closes: nothing
 secret is on a worker's command line or in its environment (any local user reads /proc/PID/cmdline).
 
 Metrics: workers write prometheus-client's multiprocess files into a private directory; the
@@ -60,9 +60,9 @@ from shardstream import kernels
 from shardstream.errors import InvalidArgumentError, UnavailableError
 
 from ..backends.roots import open_registry
-from ..config import ServerConfig
+from ..policy.grants import new_key
 from ..read.spill import SpillTier
-from .grants import new_key
+from .config import ServerConfig
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .status_http import Health, start_status_server
@@ -273,7 +273,7 @@ class Supervisor:
         )
         # The config (the grant key with it) goes through the worker's stdin, never its command line
         # or environment: any local user reads /proc/PID/cmdline.
-        cmd = [sys.executable, "-m", "shardstream.server.serving.worker_process", str(os.getpid())]
+        cmd = [sys.executable, "-m", "shardstream.server.worker_process", str(os.getpid())]
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE)  # same process group, stdout, stderr
         assert proc.stdin is not None

@@ -10,7 +10,7 @@ good one stays, with one error line in the log per bad version, and it is tried 
 connection.
 
 With `--tls-client-ca`, every client must present a certificate signed by that CA (mTLS); its
-subject is what an `--auth` file's `mtls_subject` matches (auth.py). Health checks (grpc.health.v1)
+subject is what an `--auth` file's `mtls_subject` matches (policy/auth.py). Health checks (grpc.health.v1)
 share the port and its TLS; the Helm chart's probes use the metrics port's HTTP health instead, since
 the kubelet's gRPC probe speaks no TLS.
 """

@@ -25,16 +25,20 @@ import pyarrow as pa
 from prometheus_client import Counter, Histogram
 
 from shardstream.errors import DataLossError, InvalidArgumentError
+from shardstream.order.read_query import MAX_TRANSFORMS, check_params_json
 from shardstream.transform_spec import ON_ERROR
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..read.request_limits import DEFAULT_MAX_SAMPLE_BYTES, MAX_TRANSFORMS, check_params_json
-from ..serving.dataset_label import OTHER
+from ..policy.dataset_label import OTHER
 from .base import BatchContext, Params, Transform, fixed_bytes
 from .ops import OPS
 from .prefix import PrefixSource, deterministic_head
 
-__all__ = ["ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
+__all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "ON_ERROR", "PROVENANCE", "Pipeline", "StepRows", "build_pipeline"]
+
+# What a transform may produce per sample (fixed-size columns), unless the server says otherwise
+# (`serve --max-sample-mib`, ServerConfig.max_sample_bytes, read/request_limits.py RequestLimits).
+DEFAULT_MAX_SAMPLE_BYTES = 64 << 20
 
 PROVENANCE = ("_shard", "_row", "_source", "_documents")  # _documents: text.pack's "documents"
 
@@ -69,7 +73,7 @@ class Pipeline:
     ):
         self.transforms = list(transforms)
         self.on_error = on_error
-        self.dataset = OTHER  # its metrics' `dataset` label (server/serving/dataset_label.py; the servicer sets it)
+        self.dataset = OTHER  # its metrics' `dataset` label (server/policy/dataset_label.py; the servicer sets it)
         self._describe = describe  # (source, shard, row) -> "toy@2 shard 3 (part-3.parquet) row 17"
         # (op, parameters as canonical JSON) per transform: what a shared head's results are keyed by
         self.specs = list(specs)

@@ -23,7 +23,7 @@ def _seconds(text: str) -> float:
 def config_from_args(args: argparse.Namespace) -> Any:
     """The ServerConfig the parsed `serve` arguments ask for."""
     from shardstream.server.checkpoints.limits import CheckpointLimits
-    from shardstream.server.config import ServerConfig
+    from shardstream.server.serving.config import ServerConfig
     from shardstream.server.serving.supervisor import usable_cpus
 
     return ServerConfig(

@@ -76,7 +76,7 @@ __all__ = [
     "token_sha256",
 ]
 
-log = logging.getLogger("shardstream.server.serving.auth")
+log = logging.getLogger("shardstream.server.policy.auth")
 
 AUTHORIZATION_KEY = "authorization"  # call metadata: "Bearer <token>"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")

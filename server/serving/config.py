@@ -1,8 +1,8 @@
 """What a server is asked to be: `ServerConfig` and its defaults.
 
-Its own module because both ends of a server read it: the process that serves (lifecycle.py) and the
+Its own module because both ends of a server read it: the process that serves (server/lifecycle.py) and the
 supervisor of several such processes (server/serving/supervisor.py), which hands each worker a copy as JSON
-(server/serving/worker_process.py) with its share of the server's memory and stream limits (`worker_shares`); neither of
+(server/worker_process.py) with its share of the server's memory and stream limits (`worker_shares`); neither of
 them imports the other for it.
 """
 
@@ -11,16 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoints.limits import DEFAULT_LIMITS, CheckpointLimits
-from .read.readahead import DEFAULT_READ_AHEAD_MESSAGES
-from .read.request_limits import (
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MAX_SAMPLE_BYTES,
-    DEFAULT_MESSAGE_CAP_BYTES,
-    RequestLimits,
-)
-from .read.spill import DEFAULT_SPILL_BYTES
-from .serving.admission import (
+from ..checkpoints.limits import DEFAULT_LIMITS, CheckpointLimits
+from ..read.readahead import DEFAULT_READ_AHEAD_MESSAGES
+from ..read.request_limits import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MESSAGE_CAP_BYTES, RequestLimits
+from ..read.spill import DEFAULT_SPILL_BYTES
+from ..transforms.pipeline import DEFAULT_MAX_SAMPLE_BYTES
+from .admission import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_MAX_STREAMS_PER_PEER,
     DEFAULT_STREAM_BUFFER_BYTES,
@@ -78,7 +74,7 @@ class ServerConfig:
     keepalive_timeout_s: float = DEFAULT_KEEPALIVE_TIMEOUT_S
     max_connection_idle_s: float = DEFAULT_MAX_CONNECTION_IDLE_S
     log_format: str = "text"  # "text" or "json" (server/serving/log_format.py), the supervisor's and its workers'
-    # Security (server/serving/tls.py, server/serving/auth.py; DESIGN §10): every worker reads the same files and follows their changes.
+    # Security (server/serving/tls.py, server/policy/auth.py; DESIGN §10): every worker reads the same files and follows their changes.
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # mTLS: clients need a certificate signed by this CA
@@ -88,7 +84,7 @@ class ServerConfig:
     # one), which GetDataset tells clients; a supervisor's worker i serves data_port + i.
     data_port: int = 0
     advertised_data_port: int = 0  # the data port GetDataset names, when clients reach it by another
-    grant_key: str = ""  # hex; signs data-plane grants (server/serving/grants.py): made at start, a supervisor's shared
+    grant_key: str = ""  # hex; signs data-plane grants (server/policy/grants.py): made at start, a supervisor's shared
     # Checkpoints (server/checkpoints/): kept under this root (a directory or s3://) and moved over the
     # data plane (Flight DoPut/DoGet/DoAction); None: not kept
     checkpoint_root: str | None = None

@@ -1,9 +1,9 @@
 """One worker process of a supervised server (started by supervisor.py; not a user command).
 
-`python -m shardstream.server.serving.worker_process SUPERVISOR_PID`, its config as JSON on stdin: runs `app.run`
+`python -m shardstream.server.worker_process SUPERVISOR_PID`, its config as JSON on stdin: runs `app.run`
 with the config the supervisor made for it (its port, SO_REUSEPORT, a ready file, the grant key its
 workers share), and drains if the supervisor dies. The config comes through a pipe, never the
-command line or the environment, because it holds a secret (the grant key, grants.py) and every
+command line or the environment, because it holds a secret (the grant key, policy/grants.py) and every
 local user can read a process's command line. Errors leave as one logged line (no traceback), as
 the CLI's do.
 """
@@ -20,8 +20,8 @@ from typing import BinaryIO
 
 from shardstream.errors import ShardstreamError
 
-from ..config import ServerConfig
-from ..lifecycle import run
+from .lifecycle import run
+from .serving.config import ServerConfig
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
