@@ -44,7 +44,6 @@ from .spill import SpillTier
 
 __all__ = [
     "DEFAULT_HASH_CHECK_MAX_BYTES",
-    "PROVENANCE_COLUMNS",
     "DatasetReader",
     "GroupRun",
     "RowGroupCache",
@@ -53,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROVENANCE_COLUMNS = ("_shard", "_row")
 DEFAULT_HASH_CHECK_MAX_BYTES = 64 << 20  # shards without checksums: hashed whole on first open up to this size
 FETCH_THREADS = 16  # row groups fetched at once for one batch
 

@@ -41,10 +41,11 @@ from shardstream import errors
 from shardstream.errors import DataLossError, InvalidArgumentError, ShardstreamError
 from shardstream.lineage import CLAIMS
 from shardstream.manifest import Derivation, Manifest, Shard, schema_from_b64, schema_to_b64, validate_name
+from shardstream.provenance import PROVENANCE_COLUMNS
 from shardstream.registry import Registry
 
 from ..backends.roots import open_registry
-from ..read.reader import DEFAULT_HASH_CHECK_MAX_BYTES, PROVENANCE_COLUMNS
+from ..read.reader import DEFAULT_HASH_CHECK_MAX_BYTES
 from ..read.shards import open_shard
 from .ingest import DEFAULT_ROW_GROUP_BYTES
 from .registry_ops import _expand, _footer, _scan, _source_key  # register's own per-file steps

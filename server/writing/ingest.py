@@ -38,10 +38,10 @@ from tqdm import tqdm
 from shardstream.errors import InvalidArgumentError, NotFoundError, ShardstreamError
 from shardstream.lineage import CLAIMS
 from shardstream.manifest import Manifest, Shard, validate_name
+from shardstream.provenance import PROVENANCE_COLUMNS
 from shardstream.registry import Registry
 
 from ..backends.roots import open_registry
-from ..read.reader import PROVENANCE_COLUMNS
 from .ingest_sources import FORMATS, JSONL_SUFFIXES, PARQUET_SUFFIXES, Source, detect_format, open_source
 from .shard_writer import ShardWriter
 

@@ -30,8 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardstream.errors import InvalidArgumentError
-
-from ..read.reader import PROVENANCE_COLUMNS
+from shardstream.provenance import PROVENANCE_COLUMNS
 
 __all__ = [
     "FORMATS",

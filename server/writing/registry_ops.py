@@ -35,11 +35,11 @@ from tqdm import tqdm
 from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundError
 from shardstream.lineage import CLAIMS
 from shardstream.manifest import Manifest, Shard, ShardChecksums, validate_name
+from shardstream.provenance import PROVENANCE_COLUMNS
 from shardstream.registry import Registry
 from shardstream.storage import LocalStorage, check_key
 
 from ..read.checksums import check_footer, chunk_spans, footer_bytes_of, scan_shard
-from ..read.reader import PROVENANCE_COLUMNS
 from ..read.shards import read_footer
 
 __all__ = ["ShardProblem", "register", "verify"]
