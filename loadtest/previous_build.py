@@ -49,8 +49,11 @@ def _row_group(self: reader_module.DatasetReader, shard: int, group: int, cols: 
     return self._cache.get(self._key(shard, group, cols), self._fetcher(shard, group, cols))
 
 
-def previous_take(self: reader_module.DatasetReader, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
-    """`DatasetReader.take` as it was before issue #26 (patched in as the method)."""
+def previous_take(
+    self: reader_module.DatasetReader, rows: np.ndarray, columns: Sequence[str], spans: object = None
+) -> pa.RecordBatch:
+    """`DatasetReader.take` as it was before issue #26 (patched in as the method; whole rows only)."""
+    assert spans is None, "the reference takes whole rows"
     cols = tuple(columns)
     shard, row_in_shard, group, row_in_group = self.locator.locate(rows)
     n = len(rows)

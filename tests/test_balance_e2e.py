@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from shardstream.client import Loader
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import DataLossError, InvalidArgumentError
 
 from .support import media
 from .support.servers import Servers
@@ -30,8 +30,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]
     rng = np.random.default_rng(11)
     texts = [t[: int(rng.lognormal(4.5, 1.2)) + 1] for _, t in media.python_sources(DOCS)]  # a heavy tail
     data = [t.encode("utf-8") for t in texts]
-    table = pa.table({"text": texts, "n_tokens": pa.array([len(b) for b in data], pa.int32())})
+    tokens = pa.array([list(b) for b in data], pa.list_(pa.int32()))  # pre-tokenized: the bytes
+    table = pa.table({"text": texts, "n_tokens": pa.array([len(b) for b in data], pa.int32()), "tokens": tokens})
     media.write_table(root, "docs", table, row_group_rows=7, shard_rows=21)
+    # a count off by one each way, in documents long enough to be cut between rows
+    long = [i for i, b in enumerate(data) if len(b) > 100][:2]
+    wrong = [len(b) + (1 if i == long[0] else -1 if i == long[1] else 0) for i, b in enumerate(data)]
+    media.write_table(root, "miscounted", table.set_column(1, "n_tokens", pa.array(wrong, pa.int32())), row_group_rows=7, shard_rows=21)
     return root, data
 
 
@@ -41,20 +46,26 @@ def endpoint(corpus: tuple[Path, list[bytes]]) -> Iterator[str]:
         yield servers.start().target
 
 
-def _transforms(seq_len: int, lengths: str | None = "n_tokens") -> list[dict[str, Any]]:
+def _transforms(seq_len: int, lengths: str | None = "n_tokens", column: str = "text") -> list[dict[str, Any]]:
+    """Tokenized by the request from "text", or packed from the dataset's token lists ("tokens":
+    the reader takes only the tokens a rank's rows hold)."""
     pack: dict[str, Any] = {"op": "text.pack", "seq_len": seq_len}
     if lengths:
         pack["lengths"] = lengths
+    if column == "tokens":
+        return [{**pack, "column": "tokens", "eos_id": EOS}]
     return [{"op": "text.tokenize", "tokenizer": "bytes"}, pack]
 
 
-def _read(endpoint: str, world: int, batch: int, seq_len: int, mode: str = "tokens", **extra: Any) -> dict[int, dict[int, Any]]:
+def _read(
+    endpoint: str, world: int, batch: int, seq_len: int, mode: str = "tokens", column: str = "text", dataset: str = "docs", **extra: Any
+) -> dict[int, dict[int, Any]]:
     """step -> rank -> (batch, BatchInfo) of one epoch, every rank read in turn."""
     out: dict[int, dict[int, Any]] = defaultdict(dict)
     for rank in range(world):
         with Loader(
-            [endpoint], "docs", batch_size=batch, rank=rank, world_size=world, seed=5, columns=["text"],
-            transforms=_transforms(seq_len), balance=mode, **extra,
+            [endpoint], dataset, batch_size=batch, rank=rank, world_size=world, seed=5, columns=[column],
+            transforms=_transforms(seq_len, column=column), balance=mode, **extra,
         ) as loader:  # fmt: skip
             for b in loader:
                 info = loader.last_batch
@@ -110,11 +121,14 @@ def _order(endpoint: str, world: int, batch: int) -> dict[int, int]:
     return out
 
 
+@pytest.mark.parametrize("column", ["text", "tokens"])
 @pytest.mark.parametrize("mode", ["tokens", "attention"])
 @pytest.mark.parametrize(("world", "batch", "seq_len"), [(2, 4, 64), (3, 5, 37), (4, 3, 128)])
-def test_rows_within_one_and_every_token_once(endpoint: str, corpus: Any, mode: str, world: int, batch: int, seq_len: int) -> None:
+def test_rows_within_one_and_every_token_once(
+    endpoint: str, corpus: Any, mode: str, world: int, batch: int, seq_len: int, column: str
+) -> None:
     _, data = corpus
-    steps = _read(endpoint, world, batch, seq_len, mode)
+    steps = _read(endpoint, world, batch, seq_len, mode, column)
     order_of = _order(endpoint, world, batch)
     step_labels = 0
     for step, ranks in steps.items():
@@ -162,6 +176,14 @@ def test_a_resume_at_another_world_size_delivers_every_token_once(endpoint: str,
     assert min(i.global_start for _, i in rest) == 24
     order_of = _order(endpoint, 1, 4)
     _tokens_once(data, first + rest, order_of)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "attention"])
+def test_a_wrong_token_count_is_data_loss_not_shifted_rows(endpoint: str, mode: str) -> None:
+    """A document longer or shorter than its count fails the read on a rank whose rows hold its end
+    (pre-tokenized: each rank takes only its tokens, one past a document's end to see a longer one)."""
+    with pytest.raises(DataLossError, match="recompute the counts"):
+        _read(endpoint, 3, 5, 37, mode, "tokens", dataset="miscounted")
 
 
 def test_what_cannot_be_balanced_is_one_line(endpoint: str) -> None:

@@ -47,13 +47,18 @@ class TokenWindow:
     with EOS, in order) make a stream of tokens; row k of the rank is tokens `segments[k]` of that
     stream (a whole row but for the step's last, which is padded), and `pad_to` rows are sent (0:
     no padding rows). `labels`: its tokens with a label (all but each document's EOS: its loss's
-    terms); `step_labels`: those of every rank."""
+    terms); `step_labels`: those of every rank. `starts`/`stops`: where the layout slices (`slices`),
+    the values [start, stop) of each document its rows need (its tokens and the next one, the last
+    one's label; a document's end asked one value past it, so a document longer than its count
+    shows), which is all the reader takes of it; None: whole documents."""
 
     segments: tuple[tuple[int, int], ...]
     sizes: np.ndarray
     pad_to: int
     labels: int
     step_labels: int
+    starts: np.ndarray | None = None
+    stops: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -86,15 +91,19 @@ class BalancedLayout:
         costs: Callable[[int, int], np.ndarray],
         seq_len: int = 0,
         pad_rows: bool = False,
+        slices: str | None = None,
     ) -> None:
         """`costs(start, end)`: the values of the positions [start, end) of the epoch: token counts
-        (EOS not counted) in the packed modes, the cost column's for "cost"."""
+        (EOS not counted) in the packed modes, the cost column's for "cost". `slices`: the dataset's
+        list column text.pack packs, where the reader may take only the values a rank's rows need
+        (TokenWindow.starts/stops); None: whole documents (e.g. tokenized by the request)."""
         if mode not in ("tokens", "attention", "cost"):
             raise ValueError(f"unknown balance mode {mode!r}")
         self.base = base
         self.mode = mode
         self.seq_len = seq_len
         self.pad_rows = pad_rows
+        self.slices = slices
         self._costs = costs
         self._steps: OrderedDict[int, _Step] = OrderedDict()
         self._shares: OrderedDict[tuple[int, int], _Share] = OrderedDict()
@@ -188,17 +197,32 @@ class BalancedLayout:
         # the documents its rows touch: the runs first..last of each row, merged (sorted, once each)
         counts = last - first + 1
         steps = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        docs = np.unique(np.repeat(first, counts) + steps) if len(rows) else np.empty(0, np.int64)
+        pair = np.repeat(first, counts) + steps  # (row, document) pairs: the document of each
+        docs, inverse = np.unique(pair, return_inverse=True) if len(rows) else (np.empty(0, np.int64), pair)
         local = np.cumsum(sizes[docs]) - sizes[docs]  # where each of its documents starts in its stream
         at = local[np.searchsorted(docs, first)] + (lo - (ends[first] - sizes[first])) if len(rows) else lo
         eos = ends - 1  # each document's EOS has no label
         labels = int((hi - lo).sum()) - int((np.searchsorted(eos, hi) - np.searchsorted(eos, lo)).sum())
+        starts = stops = None
+        if self.slices is not None:
+            # each document's tokens its rows hold, [a, b) of the document (its EOS is token n)
+            begin = ends[pair] - sizes[pair]
+            a = np.full(len(docs), np.iinfo(np.int64).max, np.int64)
+            b = np.zeros(len(docs), np.int64)
+            np.minimum.at(a, inverse, np.maximum(np.repeat(lo, counts), begin) - begin)
+            np.maximum.at(b, inverse, np.minimum(np.repeat(hi, counts), ends[pair]) - begin)
+            n = sizes[docs] - 1
+            starts = np.minimum(a, n)
+            stops = np.minimum(b + 1, n)  # the value after its last token: that token's label
+            stops[stops == n] += 1  # one past the end: a document longer than its count shows
         window = TokenWindow(
             tuple(zip(at.tolist(), (at + hi - lo).tolist(), strict=True)),
             sizes[docs],
             -(-planned.num_rows // self.base.world_size) if self.pad_rows else 0,
             labels,
             total - len(sizes),
+            starts,
+            stops,
         )
         return _Share(planned.gs + docs.astype(np.int64), window)
 

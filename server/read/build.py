@@ -53,6 +53,7 @@ from shardstream.order.read_order import DatasetOrder, StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .balanced_layout import BalancedLayout, Positions, hull, positions_array, rank_positions
+from .gather import ListSpans
 from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
@@ -465,7 +466,8 @@ class MessageBuilder:
         else:
             assert positions is not None
             src, rows = plan.selector.select(plan.epoch, positions)
-        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture)
+        spans = _spans(plan, chunk, header)
+        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture, spans=spans)
         if plan.pipeline:
             assert positions is not None
             batch = self._transform(plan, header, batch, positions)
@@ -610,6 +612,24 @@ class MessageBuilder:
             st.rows = res.rows
             st.skipped.extend(res.skipped)
         return out
+
+
+def _spans(plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader) -> ListSpans | None:
+    """The values of each document a balanced packed chunk takes (TokenWindow.starts/stops), or None:
+    whole rows."""
+    layout = plan.layout
+    if not isinstance(layout, BalancedLayout) or layout.slices is None:
+        return None
+    assert chunk.samples is None  # text.pack packs whole steps
+    windows = [layout.window(st.step, plan.rank) for st in header.steps]
+    starts = [w.starts for w in windows if w is not None and w.starts is not None]
+    stops = [w.stops for w in windows if w is not None and w.stops is not None]
+    if len(starts) != len(windows):
+        return None
+    empty = np.empty(0, np.int64)
+    return ListSpans(
+        layout.slices, np.concatenate(starts) if starts else empty, np.concatenate(stops) if stops else empty
+    )
 
 
 

@@ -22,6 +22,7 @@ buffers, 1.2 ms now (loadtest/README.md, "One message's build"). All give the sa
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +32,7 @@ from shardstream.numpy_view import numpy_view
 
 from .message_buffers import message_buffers
 
-__all__ = ["empty_batch", "gather", "gather_arrow"]
+__all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans"]
 
 
 def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
@@ -274,3 +275,76 @@ def _take_across_numpy(
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
     """A batch of no rows with `schema` (a table of no rows has no batch to hand out)."""
     return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+
+
+# --- slices of list columns -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ListSpans:
+    """The values [start[i], stop[i]) of row i's list `column` — all a reader takes of it."""
+
+    column: str
+    start: np.ndarray
+    stop: np.ndarray
+
+    def subset(self, idx: np.ndarray) -> ListSpans:
+        return ListSpans(self.column, self.start[idx], self.stop[idx])
+
+
+def gather_spans(
+    tables: list[pa.Table],
+    group: np.ndarray,
+    row: np.ndarray,
+    column: str,
+    start: np.ndarray,
+    stop: np.ndarray,
+) -> pa.Array | None:
+    """Values [start[i], stop[i]) (clipped to the list's length) of row `row[i]` of
+    `tables[group[i]]`'s list `column`, for every i, as one list array of the column's type: the
+    values taken and no others (a balanced packed step sends a few rows of a long document: its
+    rank copies those, not the document). None where the column is not a list of numbers without
+    nulls in one chunk (the caller gathers it whole)."""
+    t = tables[0].schema.field(column).type if tables else None
+    if (
+        t is None
+        or not (pa.types.is_list(t) or pa.types.is_large_list(t))
+        or _element_type(t.value_type) is None
+    ):
+        return None
+    views = []
+    for table in tables:
+        col = table.column(column)
+        if col.num_chunks != 1 or col.null_count:
+            return None
+        arr = col.chunk(0)
+        if arr.values.null_count:
+            return None
+        views.append((numpy_view(arr.offsets).astype(np.int64, copy=False), numpy_view(arr.values)))
+    n = len(row)
+    base = np.empty(n, np.int64)
+    size = np.empty(n, np.int64)
+    for g, (offsets, _) in enumerate(views):
+        mine = np.nonzero(group == g)[0]
+        base[mine] = offsets[row[mine]]
+        size[mine] = offsets[row[mine] + 1] - base[mine]
+    a = np.minimum(np.asarray(start, np.int64), size)
+    lens = np.maximum(np.minimum(np.asarray(stop, np.int64), size) - a, 0)
+    out_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=out_offsets[1:])
+    dtype = views[0][1].dtype if views else np.int32
+    values = np.empty(int(out_offsets[-1]), dtype)
+    for g, (_, vals) in enumerate(views):
+        mine = np.nonzero((group == g) & (lens > 0))[0]
+        if not len(mine):
+            continue
+        k = lens[mine]
+        within = np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
+        values[np.repeat(out_offsets[mine], k) + within] = vals[np.repeat(base[mine] + a[mine], k) + within]
+    offsets_type = pa.int64() if pa.types.is_large_list(t) else pa.int32()
+    offs = pa.Array.from_buffers(
+        offsets_type,
+        n + 1,
+        [None, pa.py_buffer(out_offsets.astype(np.int64 if pa.types.is_large_list(t) else np.int32))],
+    )
+    flat = pa.Array.from_buffers(t.value_type, len(values), [None, pa.py_buffer(values)])
+    cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
+    return cls.from_arrays(offs, flat, type=t)

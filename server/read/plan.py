@@ -270,7 +270,19 @@ def _balanced(
         return out
 
     seq_len = last.seq_len if isinstance(last, Pack) and mode != "cost" else 0
-    return BalancedLayout(layout, mode=mode, costs=costs, seq_len=seq_len, pad_rows=q.pad_rows)
+    # text.pack alone over a dataset's list column: a rank's reader takes only the tokens its rows hold
+    slices = None
+    if isinstance(last, Pack) and mode != "cost" and pipeline is not None and len(pipeline.transforms) == 1:
+        types = [
+            r.manifest.schema.field(last.column).type
+            for r in readers
+            if last.column in r.manifest.schema.names
+        ]
+        if len(types) == len(readers) and all(
+            pa.types.is_list(t) or pa.types.is_large_list(t) for t in types
+        ):
+            slices = last.column
+    return BalancedLayout(layout, mode=mode, costs=costs, seq_len=seq_len, pad_rows=q.pad_rows, slices=slices)
 
 
 def _sample_bytes(readers: list[DatasetReader], columns: list[str], pipeline: Pipeline | None) -> float:

@@ -38,7 +38,7 @@ from shardstream.order.read_order import RowLocator
 from shardstream.storage import ObjectRef
 
 from .cache import Lease, LRUCache
-from .gather import empty_batch, gather, int_array
+from .gather import ListSpans, empty_batch, gather, gather_spans, int_array
 from .shards import ShardFile, open_shard
 from .spill import SpillTier
 
@@ -241,8 +241,11 @@ class DatasetReader:
             tasks.append((estimate, lambda key=key, fetch=fetch: self._cache.prefetch(key, fetch)))
         return tasks
 
-    def take(self, rows: np.ndarray, columns: Sequence[str]) -> pa.RecordBatch:
-        """The dataset rows `rows` (in that order) with `columns` and provenance, as one batch."""
+    def take(
+        self, rows: np.ndarray, columns: Sequence[str], spans: ListSpans | None = None
+    ) -> pa.RecordBatch:
+        """The dataset rows `rows` (in that order) with `columns` and provenance, as one batch;
+        with `spans`, its list column holds only those values of each row (`gather_spans`)."""
         cols = tuple(columns)
         n = len(rows)
         run = self.locator.run(int(rows[0]), n) if n and _consecutive(rows) else None
@@ -252,6 +255,8 @@ class DatasetReader:
             s, g, start, first_row = run
             with self._leased([(s, g)], cols) as lease:
                 table = lease.values[0].slice(start, n)
+                if spans is not None:
+                    table = _spanned([table], np.zeros(n, np.int64), np.arange(n), spans)
             shards = np.full(n, s, dtype=np.int32)
             return _with_provenance(table, shards, np.arange(first_row, first_row + n, dtype=np.int64))
         g, shard, row_in_shard, row_in_group = self.locator.locate_groups(rows)
@@ -261,6 +266,8 @@ class DatasetReader:
             s, group = self.locator.group_place(g[:1])
             with self._leased([(int(s[0]), int(group[0]))], cols) as lease:
                 table = lease.values[0].slice(int(row_in_group[0]), n)
+                if spans is not None:
+                    table = _spanned([table], np.zeros(n, np.int64), np.arange(n), spans)
             return _with_provenance(table, shard, row_in_shard)
         unique, inverse = _unique(g, self.locator.num_groups)
         s, group = self.locator.group_place(unique)
@@ -274,7 +281,7 @@ class DatasetReader:
         by_group = self._group_keys(cols)
         keys = [by_group[i] or self._group_key(by_group, i, cols) for i in unique.tolist()]
         with self._leased(list(zip(s.tolist(), group.tolist(), strict=True)), cols, keys) as lease:
-            table = gather(lease.values, inverse, row_in_group)
+            table = _spanned(lease.values, inverse, row_in_group, spans)
         return _with_provenance(table, shard, row_in_shard)
 
     def _group_keys(self, cols: tuple[str, ...]) -> list[str | None]:
@@ -453,6 +460,20 @@ def _fixed_width(t: pa.DataType) -> bool:
     if pa.types.is_fixed_size_list(t):
         return _fixed_width(t.value_type)
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_fixed_size_binary(t)
+
+
+def _spanned(tables: list[pa.Table], group: np.ndarray, row: np.ndarray, spans: ListSpans | None) -> pa.Table:
+    """Row `row[i]` of `tables[group[i]]` for every i (`gather`); with `spans`, its list column holds
+    only the spans' values (`gather_spans`)."""
+    if spans is not None:
+        part = gather_spans(tables, group, row, spans.column, spans.start, spans.stop)
+        if part is not None:
+            names = tables[0].column_names
+            others = [c for c in names if c != spans.column]
+            rest = _spanned([t.select(others) for t in tables], group, row, None) if others else None
+            columns = [part if c == spans.column else rest.column(c) for c in names]  # type: ignore[union-attr]
+            return pa.Table.from_arrays(columns, schema=tables[0].schema)
+    return gather(tables, group, row)
 
 
 def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarray) -> pa.RecordBatch:

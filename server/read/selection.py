@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from shardstream.errors import InvalidArgumentError
 
-from .gather import int_array
+from .gather import ListSpans, int_array
 from .reader import DatasetReader
 
 __all__ = ["check_mixture_columns", "take_selection"]
@@ -37,15 +37,18 @@ def take_selection(
     columns: Sequence[str],
     *,
     mixture: bool,
+    spans: ListSpans | None = None,
 ) -> pa.RecordBatch:
     if not mixture:
-        return readers[0].take(rows, columns)
+        return readers[0].take(rows, columns, spans)
     parts = []
     order = []
     for s in np.unique(src):
         idx = np.nonzero(src == s)[0]
         order.append(idx)
-        parts.append(pa.Table.from_batches([readers[int(s)].take(rows[idx], columns)]))
+        parts.append(
+            pa.Table.from_batches([readers[int(s)].take(rows[idx], columns, spans and spans.subset(idx))])
+        )
     if parts:
         perm = np.concatenate(order)
         inverse = np.empty_like(perm)

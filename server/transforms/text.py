@@ -159,29 +159,6 @@ DOCUMENT = pa.struct(
 )
 
 
-def _contiguous(segments: tuple[tuple[int, int], ...], L: int) -> bool:
-    return all(b == L + a for a, b in segments[:-1]) and all(
-        segments[i + 1][0] == segments[i][1] for i in range(len(segments) - 1)
-    )
-
-
-def _copy_rows(
-    segments: tuple[tuple[int, int], ...], stream: tuple[np.ndarray, ...], out: list[np.ndarray], L: int
-) -> None:
-    """Row k of `out` (each array: rows of L) <- tokens segments[k] of `stream` (one gather per array;
-    the rest of a short row is left for padding)."""
-    if not segments:
-        return
-    seg = np.asarray(segments, dtype=np.int64)
-    lens = seg[:, 1] - seg[:, 0]
-    n = int(lens.sum())
-    within = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    src_idx = np.repeat(seg[:, 0], lens) + within
-    dst_idx = np.repeat(np.arange(len(seg), dtype=np.int64) * L, lens) + within
-    for dst, src in zip(out, stream, strict=True):
-        dst[dst_idx] = src[src_idx]
-
-
 def _segment_documents(
     docs: np.ndarray, ends: np.ndarray, segments: tuple[tuple[int, int], ...], ctx: BatchContext
 ) -> list[list[dict[str, int]]]:
@@ -216,6 +193,18 @@ def _row_documents(
     """Per packed row of one step: every document in it, in token order, with the tokens [start,
     end) of the row it fills (`sizes`: each document's tokens + EOS)."""
     return _segment_documents(docs, np.cumsum(sizes), tuple((k * L, (k + 1) * L) for k in range(rows)), ctx)
+
+
+def _list_values(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(where each row's values start in the flat values, with one more entry: the end; the flat
+    values) of a list or fixed-size-list column without nulls."""
+    t = col.type
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        offsets = (col.offset + np.arange(len(col) + 1, dtype=np.int64)) * size
+    else:
+        offsets = col.offsets.to_numpy().astype(np.int64, copy=False)
+    return offsets, col.values.to_numpy(zero_copy_only=False)
 
 
 class Pack(Transform):
@@ -314,13 +303,13 @@ class Pack(Transform):
         stream they make are each of its rows — rows of the whole step's packing, so the labels and
         positions of a document cut between ranks are those of the whole document (the label of a
         row's last token is the next token of its document, which another rank's row starts with:
-        each prediction is counted once)."""
+        each prediction is counted once). Only the tokens of its rows are made (`_window_tokens`),
+        from whole documents or from the values the reader took of each (the window's starts/stops)."""
         if errors:  # a null document would move every rank's rows: on_error is "fail" under balance
             raise InvalidArgumentError(f"text.pack: {errors[0][1]} (balance packs every document)")
         assert ctx.windows is not None
         L = self.seq_len
-        dtypes = (np.int32, np.int32, np.int32, np.int64)
-        pads = (self.pad_id, IGNORE_INDEX, 0, -1)
+        offsets, values = _list_values(col)
         parts: list[list[np.ndarray]] = []
         index: list[np.ndarray] = []
         spans: list[list[dict[str, int]]] = []
@@ -329,41 +318,88 @@ class Pack(Transform):
             raise InvalidArgumentError("text.pack: documents of a step the balanced plan does not name")
         for step, window in ctx.windows.items():
             docs = by_step.get(step, np.empty(0, np.int64))
-            sizes = lengths[docs] + 1
-            if len(docs) != len(window.sizes) or not np.array_equal(sizes, window.sizes):
+            n = window.sizes - 1  # each document's declared tokens (EOS not counted)
+            if window.starts is None:  # whole documents
+                skip, expect = np.zeros(len(n), np.int64), n
+            else:  # [start, stop) of each: short of its count, or past it where asked to its end
+                skip, expect = window.starts, np.minimum(window.stops, n) - window.starts
+            if len(docs) != len(n) or not np.array_equal(lengths[docs], expect):
                 raise DataLossError(
                     f"text.pack: the dataset's token counts (column {self.lengths!r}) disagree with column "
                     f"{self.column!r} in step {step}: recompute the counts for this tokenizer"
                 )
             rows = max(window.rows, window.pad_to) if len(docs) else 0
-            first = window.segments[0][0] if window.segments else 0
-            packed = -(-int(sizes.sum()) // L) * L  # the documents' stream in whole rows
-            # room for the rows as one slice of the stream from its first token (contiguous rows)
-            stream = tuple(np.empty(max(packed, first + rows * L), dt) for dt in dtypes)
-            if len(docs):
-                self._pack_step(col, docs, lengths[docs], ctx.positions, tuple(a[:packed] for a in stream))
-            taken = sum(b - a for a, b in window.segments)
-            if _contiguous(window.segments, L):  # balance "tokens": the rows are a slice of the stream
-                out = [a[first : first + rows * L] for a in stream]
-            else:
-                out = [np.empty(rows * L, dt) for dt in dtypes]
-                _copy_rows(window.segments, stream, out, L)
-            for dst, pad in zip(out, pads, strict=True):
-                dst[taken:] = pad
+            out = self._window_tokens(window, offsets[docs] - skip, values, ctx.positions[docs], rows)
             parts.append(out)
-            ends = np.cumsum(sizes)
-            heads = [a for a, _ in window.segments] + [int(ends[-1]) - 1 if len(ends) else 0] * (rows - window.rows)
-            index.append(docs[np.searchsorted(ends, np.asarray(heads, dtype=np.int64), side="right")] if rows else docs)
+            ends = np.cumsum(window.sizes)
+            heads = [a for a, _ in window.segments] + [int(ends[-1]) - 1 if len(ends) else 0] * (
+                rows - window.rows
+            )
+            index.append(
+                docs[np.searchsorted(ends, np.asarray(heads, dtype=np.int64), side="right")] if rows else docs
+            )
             if self.documents:
                 spans.extend(_segment_documents(docs, ends, window.segments, ctx))
                 spans.extend([] for _ in range(rows - window.rows))
-        cat = [np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dt) for i, dt in enumerate(dtypes)]
+        dtypes = (np.int32, np.int32, np.int32, np.int64)
+        cat = [
+            np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dt) for i, dt in enumerate(dtypes)
+        ]
         arrays_out = [pa.FixedSizeListArray.from_arrays(pa.array(x), L) for x in cat]
         if self.documents:
             arrays_out.append(pa.array(spans, pa.list_(DOCUMENT)))
         out_batch = pa.RecordBatch.from_arrays(arrays_out, schema=self.output_schema)
         idx = np.concatenate(index).astype(np.int64) if index else np.empty(0, np.int64)
         return Result(out_batch, idx, [])
+
+    def _window_tokens(
+        self, window: Any, origin: np.ndarray, values: np.ndarray, doc_ids: np.ndarray, rows: int
+    ) -> list[np.ndarray]:
+        """(input_ids, labels, position_ids, document_ids) of a window's `rows` rows, flat: row k is
+        tokens segments[k] of its documents' stream (a whole row but for the step's last), then
+        padding. Token o of document d (its EOS is token n_d) is value `origin[d] + o` of `values`,
+        its label the next value (EOS for its last value, none for the EOS). Made piece by piece —
+        a row's run of one document is a run of `values` — with a few passes over the tokens made."""
+        L = self.seq_len
+        ids = np.empty(rows * L, np.int32)
+        labels = np.empty(rows * L, np.int32)
+        pos = np.empty(rows * L, np.int32)
+        doc = np.empty(rows * L, np.int64)
+        seg = np.asarray(window.segments, dtype=np.int64).reshape(-1, 2)
+        assert (seg[:-1, 1] - seg[:-1, 0] == L).all()  # whole rows: the rows, in order, are the segments'
+        sizes = window.sizes
+        ends = np.cumsum(sizes)
+        begins = ends - sizes
+        # the pieces: each segment's runs of one document
+        first = np.searchsorted(ends, seg[:, 0], side="right")
+        counts = np.searchsorted(begins, seg[:, 1], side="left") - first
+        d = np.repeat(first, counts) + np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        ps = np.maximum(np.repeat(seg[:, 0], counts), begins[d])
+        pe = np.minimum(np.repeat(seg[:, 1], counts), ends[d])
+        lens = pe - ps
+        taken = int(lens.sum())
+        at = np.cumsum(lens) - lens  # where each piece starts in the rows
+        o0 = ps - begins[d]  # its first token in its document
+        idx = np.arange(taken, dtype=np.int64)
+        src = idx + np.repeat(origin[d] + o0 - at, lens)
+        vals = values if len(values) else np.zeros(1, np.int32)
+        top = len(vals) - 1
+        ids[:taken] = vals[np.minimum(src, top)]
+        labels[:taken] = vals[np.minimum(src + 1, top)]
+        pos[:taken] = idx + np.repeat(o0 - at, lens)
+        doc[:taken] = np.repeat(doc_ids[d], lens)
+        n = sizes[d] - 1  # its document's values
+        eos = (at + lens - 1)[pe == ends[d]]  # the pieces that end with their document's EOS
+        ids[eos] = self.eos_id
+        labels[eos] = IGNORE_INDEX
+        last = begins[d] + n - 1  # its document's last value, in the stream
+        has = (n > 0) & (ps <= last) & (last < pe)
+        labels[(at + last - ps)[has]] = self.eos_id
+        ids[taken:] = self.pad_id
+        labels[taken:] = IGNORE_INDEX
+        pos[taken:] = 0
+        doc[taken:] = -1
+        return [ids, labels, pos, doc]
 
     def _pack_step(
         self,
