@@ -59,12 +59,13 @@ def test_pull_writes_a_directory_dcp_loads_without_shardstream(
     root, state = saved
     code, _ = _run(capsys, "pull", "--checkpoint-root", str(root), "--job", "cli-job", "--to", str(tmp_path / "out"))
     assert code == 0
-    into = {"state": {"model": {"w": torch.empty(300, 40), "b": torch.empty(40, dtype=torch.bfloat16)}}}
+    into = {"model": {"w": torch.empty(300, 40), "b": torch.empty(40, dtype=torch.bfloat16)}, "step": -1, "betas": ()}
     with warnings.catch_warnings():  # dcp says it assumes one process: it is one
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(into, storage_reader=dcp.FileSystemReader(str(tmp_path / "out")), no_dist=True)
-    assert torch.equal(into["state"]["model"]["w"], state["model"]["w"])
-    assert torch.equal(into["state"]["model"]["b"], state["model"]["b"])
+    assert torch.equal(into["model"]["w"], state["model"]["w"])
+    assert torch.equal(into["model"]["b"], state["model"]["b"])
+    assert into["step"] == 30 and into["betas"] == (0.9, 0.99)  # the saved tree at the top level
     code, _ = _run(capsys, "pull", "--checkpoint-root", str(root), "--job", "cli-job", "--to", str(tmp_path / "out"))
     assert code == 1  # not over an existing checkpoint
 

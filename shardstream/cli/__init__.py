@@ -10,6 +10,7 @@
     explain_command.py      explain
     cursor_command.py       cursor list|show|migrate
     checkpoint_command.py   checkpoint list|show|verify|pull|gc
+    checkpoint_pull.py      checkpoint pull: a commit as a plain torch.distributed.checkpoint directory
     ping_command.py         ping (what answers at HOST:PORT)
     demo_command.py         demo
     dev_command.py          dev (ingest a folder, serve it, the web viewer)

@@ -7,8 +7,9 @@ serves), so they run beside the fleet with the storage's credentials, not throug
                                        damaged manifest is listed as DAMAGED and the others still are)
     show    --job J [--step S]         one checkpoint: ranks, tensors, bytes, chunks, Loader state
     verify  --job J [--step S]         re-read every chunk and check it against its name (exit 1 on a problem)
-    pull    --job J [--step S] --to D  write a plain torch.distributed.checkpoint directory (dcp.load reads
-                                       it without shardstream): for evaluation and inference hosts
+    pull    --job J [--step S] --to D  write a plain torch.distributed.checkpoint directory: the saved tree
+                                       at its top level, the Loader states under "shardstream_loader";
+                                       dcp.load reads it without shardstream (checkpoint_pull.py)
     gc      --job J --keep N           keep the newest N intact, reclaim the rest and any damaged manifest
                                        (server/checkpoints/reclaim.py)
 """
@@ -18,8 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,22 @@ from shardstream.errors import DataLossError, InvalidArgumentError, NotFoundErro
 from . import common
 from .datasets_gc import duration
 
-__all__ = ["add_commands", "load_state"]
+__all__ = ["add_commands"]
 
 DEFAULT_ROOT_ENV = "SHARDSTREAM_CHECKPOINT_ROOT"
+PULL_DESCRIPTION = """\
+Write checkpoint JOB@STEP as the directory dcp.save writes for the saved state: its tree at the top
+level, so the dcp.load written for DCP reads it (no shardstream needed), plus the Loader states under
+the reserved key "shardstream_loader" (a JSON string: {"job", "step", "world_size", "ranks": [one
+Loader state per rank]}).
+
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(state, storage_reader=FileSystemReader("./run-42-1000"))
+    opt.load_state_dict(state["optim"])
+
+A checkpoint saved through DCP (Checkpointer.storage_writer) by any number of ranks keeps its shards:
+dcp.load reshards them to its own world size. One saved by Checkpointer.save on several ranks holds a
+whole tree per rank: --rank picks one (default 0; a note says where the ranks differ)."""
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -114,51 +128,31 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return common.EXIT_ERROR if problems else 0
 
 
-def load_state(store: Any, job: str, step: int, rank: int = 0) -> dict[str, Any]:
-    """The state tree one rank saved at `job@step`, its tensors read from the root and verified."""
-    from shardstream.checkpoint_format import decode_value
-    from shardstream.client.checkpoint.state_tree import new_array, restore
-
-    part = store.manifest(job, step)["parts"][rank]
-    tensors = {}
-    for name, t in part["tensors"].items():
-        tensor, view = new_array(t["kind"], t["dtype"], t["shape"])
-        offset = 0
-        for h, size in t["chunks"]:
-            view[offset : offset + size] = store.read_chunk(job, h)
-            offset += size
-        tensors[name] = tensor
-    state = restore(decode_value(part["objects"]), tensors.__getitem__)
-    return {"state": state, "loader": part.get("loader")}
-
-
 def _cmd_pull(args: argparse.Namespace) -> int:
-    try:
-        import torch.distributed.checkpoint as dcp
-    except ImportError as exc:
-        raise InvalidArgumentError(f"checkpoint pull writes a torch.distributed.checkpoint directory: pip install torch ({exc})") from exc
+    from .checkpoint_pull import LOADER_KEY, pull
+
     store = _store(args)
     step = _step(store, args.job, args.step)
-    m = store.manifest(args.job, step)
-    if m["world_size"] != 1:
-        raise InvalidArgumentError(
-            f"checkpoint {args.job}@{step} has {m['world_size']} parts: pull writes single-rank checkpoints "
-            "(load a sharded one with Checkpointer.storage_reader under torchrun)"
+    pulled = pull(store, args.job, step, Path(args.to), rank=args.rank)
+    if pulled.differing:  # said whatever --quiet: the directory is one rank's of several that differ
+        shown = ", ".join(pulled.differing[:5]) + (f" and {len(pulled.differing) - 5} more" if len(pulled.differing) > 5 else "")
+        print(
+            f"shardstream: note: checkpoint {args.job}@{step}: the other ranks saved other values at {shown}; "
+            f"this is rank {pulled.rank}'s (--rank R pulls another)",
+            file=sys.stderr,
         )
-    if "dcp_metadata" in m["parts"][0]:
-        raise InvalidArgumentError(
-            f"checkpoint {args.job}@{step} was saved through torch.distributed.checkpoint: load it with dcp.load and "
-            "Checkpointer.storage_reader (pull writes checkpoints saved by Checkpointer.save)"
+    if args.json:
+        print(json.dumps({**pulled.__dict__, "differing": list(pulled.differing), "loader_key": LOADER_KEY}))
+    elif not args.quiet:
+        what = (
+            "every rank's shards (dcp.load reshards them)"
+            if pulled.saved_by == "dcp"
+            else f"rank {pulled.rank}'s state" + (f" of {pulled.world_size}" if pulled.world_size > 1 else "")
         )
-    loaded = load_state(store, args.job, step)
-    target = Path(args.to)
-    if target.exists() and any(target.iterdir()):
-        raise InvalidArgumentError(f"--to {target}: not empty (pull writes a new directory)")
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.save(loaded, storage_writer=dcp.FileSystemWriter(str(target)), no_dist=True)
-    if not args.quiet:
-        print(f"checkpoint {args.job}@{step}: {common.human_bytes(m['bytes'])} written to {target} (torch.distributed.checkpoint)")
+        print(
+            f"checkpoint {args.job}@{step}: {common.human_bytes(pulled.bytes)} written to {args.to} "
+            f"(torch.distributed.checkpoint: {what}; Loader states under {LOADER_KEY!r})"
+        )
     return 0
 
 
@@ -220,7 +214,19 @@ def add_commands(sub: Any) -> None:
     pull = command(
         "pull", _cmd_pull, "write a plain torch.distributed.checkpoint directory", f"--job run-42 --to ./run-42 {root}", step=True
     )
+    pull.description = PULL_DESCRIPTION
+    pull.epilog = common.examples(
+        f"shardstream checkpoint pull --job run-42 --step 1000 --to ./run-42-1000 {root}",
+        f"shardstream checkpoint pull --job run-42 --rank 3 --to ./run-42-rank3 {root}",
+    )
     pull.add_argument("--to", required=True, metavar="DIR", help="the directory to write (new or empty)")
+    pull.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="the rank whose state to write, for a checkpoint Checkpointer.save wrote on several ranks (default 0); "
+        "a checkpoint saved through DCP holds every rank's shards and takes none",
+    )
     common.quiet_option(pull)
     gc = command("gc", _cmd_gc, "keep the newest N checkpoints, reclaim the rest", f"--job run-42 --keep 3 {root}")
     gc.add_argument("--keep", type=common.positive_int, required=True, help="committed checkpoints to keep")
