@@ -7,7 +7,7 @@
     transforms/  named, parameterised server-side transforms
     read/        the read path: request -> read plan -> messages; shards, checksums, caches, read-ahead
     checkpoints/ checkpoint storage: content-addressed chunks, parts, manifests committed last (DESIGN §13)
-    writing/     ingest, the shard writer, engine writes, materialize, drop_rows, register/verify
+    writing/     ingest, the shard writer, engine writes, materialize, drop_rows, register/verify, gc
     serving/     both planes over one process, security, admission, reaping, metrics, the supervisor,
                  ServerConfig
     (the top)    the modules here: `lifecycle.py` (one process's serve: start, drain, stop),

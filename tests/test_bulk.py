@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from shardstream.errors import DataLossError, InvalidArgumentError
-from shardstream.orphan_files import collect
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.writing import bulk
+from shardstream.server.writing.orphan_files import remove_orphans
 from shardstream.server.writing.registry_ops import register, verify
 from shardstream.storage import LocalStorage
 
@@ -56,7 +56,7 @@ def test_a_retried_attempt_never_replaces_the_file_another_described(tmp_path: P
     reg = Registry(tmp_path)
     m = bulk.register_parts(reg, "toy", [second])
     assert verify(reg, m) == []
-    report = collect(reg, "toy", min_age_s=0)  # the other attempt's file is garbage for gc
+    report = remove_orphans(reg, "toy", min_age_s=0)  # the other attempt's file is garbage for gc
     assert [f.key for f in report.removed] == [f"toy/{first['shard']['uri']}"]
     assert verify(reg, m) == []
 

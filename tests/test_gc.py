@@ -16,11 +16,11 @@ import pytest
 from shardstream.cli.datasets_gc import duration
 from shardstream.client import Loader
 from shardstream.manifest import Manifest
-from shardstream.orphan_files import collect
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry, open_storage
 from shardstream.server.local_fleet import LocalServer
 from shardstream.server.writing.ingest import IngestOptions, ingest
+from shardstream.server.writing.orphan_files import remove_orphans
 
 from .support.bad_registry import (
     age,
@@ -138,7 +138,7 @@ def test_gc_spares_what_a_manifest_created_meanwhile_references(tmp_path: Path) 
         return listed
 
     reg.storage.list_info = list_then_finish  # type: ignore[method-assign]
-    report = collect(reg, "ds")
+    report = remove_orphans(reg, "ds")
     assert report.removed == [] and reg.versions("ds") == [1, 2]
     assert all((root / "ds" / s.uri).is_file() for s in reg.resolve("ds@2").shards)
 

@@ -1,9 +1,9 @@
-"""`shardstream datasets gc NAME|--all [--dry-run] [--min-age AGE]`: the command line of shardstream/orphan_files.py.
+"""`shardstream datasets gc NAME|--all [--dry-run] [--min-age AGE]`: the command line of server/writing/orphan_files.py.
 
 A subcommand of the `datasets` group (datasets.py registers it) kept in a module of its own: the
 group's module is already past 400 lines, and what gc removes and why is decided in
-`shardstream.orphan_files`, not here. A local root runs on a client-only install; an s3:// root needs the
-server extra, as every command's.
+`shardstream.server.writing.orphan_files`, not here. A local root runs on a client-only install (that
+module imports the core only); an s3:// root needs the server extra, as every command's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from shardstream.errors import NotFoundError
 from shardstream.manifest import validate_name
-from shardstream.orphan_files import DEFAULT_MIN_AGE_S, GcReport, collect
+from shardstream.server.writing.orphan_files import DEFAULT_MIN_AGE_S, OrphanReport, remove_orphans
 
 from . import common
 
@@ -40,7 +40,7 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def _print_report(r: GcReport) -> None:
+def _print_report(r: OrphanReport) -> None:
     verb = "would remove" if r.dry_run else "removed"
     for f in r.removed:
         print(f"{verb}  {f.key}  {f.bytes} bytes  ({_age(f.age_s)} old)")
@@ -72,7 +72,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             if name not in reg.dataset_dirs():
                 raise NotFoundError(f"no dataset directory named {name!r} under {reg.root}")
             names = [name]
-        reports = [collect(reg, n, min_age_s=args.min_age, dry_run=args.dry_run) for n in names]
+        reports = [remove_orphans(reg, n, min_age_s=args.min_age, dry_run=args.dry_run) for n in names]
     if args.json:
         out: dict[str, Any] = {
             "dry_run": args.dry_run,

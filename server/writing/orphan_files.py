@@ -22,7 +22,11 @@ Never removed:
 - anything of a dataset one of whose manifests cannot be read (what it references is unknown) or
   whose directory is a symbolic link: the dataset is skipped and reported.
 
-Works on any Storage (a local directory or S3). Blocking; no server code.
+Works on any Storage (a local directory or S3). Blocking. Beside ingest.py and bulk.py, whose leftovers
+it removes (their ingest directories: `_INGEST_DIR`); the command is cli/datasets_gc.py. Named apart
+from the checkpoint store's gc (server/checkpoints/reclaim.py, `GcReport`/`collect`): `OrphanReport`,
+`remove_orphans`. Imports the core only (as does the writing package's `__init__`), so `datasets gc` on
+a local root runs on a client-only install.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from shardstream.manifest import validate_name
 from shardstream.registry import LINKED_DIRECTORY, BadEntry, Registry
 from shardstream.storage import ObjectInfo
 
-__all__ = ["DEFAULT_MIN_AGE_S", "GcFile", "GcReport", "collect"]
+__all__ = ["DEFAULT_MIN_AGE_S", "OrphanFile", "OrphanReport", "remove_orphans"]
 
 DEFAULT_MIN_AGE_S = 3600.0
 _INGEST_DIR = re.compile(r"^[0-9a-f]{32}\Z")  # ingest.py: uuid4().hex
@@ -44,21 +48,21 @@ _TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp\Z")  # storage.py: LocalStora
 
 
 @dataclass(frozen=True)
-class GcFile:
+class OrphanFile:
     key: str
     bytes: int
     age_s: float
 
 
 @dataclass
-class GcReport:
+class OrphanReport:
     """What gc did (or, with dry_run, would do) to one dataset."""
 
     name: str
     dry_run: bool
-    removed: list[GcFile] = field(default_factory=list)  # removed, or to be removed with dry_run
-    young: list[GcFile] = field(default_factory=list)  # unreferenced, younger than the grace: kept
-    foreign: list[GcFile] = field(default_factory=list)  # unreferenced, outside ingest dirs: kept
+    removed: list[OrphanFile] = field(default_factory=list)  # removed, or to be removed with dry_run
+    young: list[OrphanFile] = field(default_factory=list)  # unreferenced, younger than the grace: kept
+    foreign: list[OrphanFile] = field(default_factory=list)  # unreferenced, outside ingest dirs: kept
     dirs: list[str] = field(default_factory=list)  # empty ingest directories removed
     failed: list[tuple[str, str]] = field(default_factory=list)  # (key, why) not removed
     skipped: str = ""  # why the dataset was left alone, when it was
@@ -68,7 +72,7 @@ class GcReport:
         return sum(f.bytes for f in self.removed)
 
     def to_json(self) -> dict[str, object]:
-        def files(fs: list[GcFile]) -> list[dict[str, object]]:
+        def files(fs: list[OrphanFile]) -> list[dict[str, object]]:
             return [{"key": f.key, "bytes": f.bytes, "age_s": round(f.age_s, 1)} for f in fs]
 
         return {
@@ -97,22 +101,22 @@ def _references(registry: Registry, name: str, versions: list[int]) -> set[str] 
     return keys
 
 
-def _skip(report: GcReport, bad: BadEntry) -> GcReport:
+def _skip(report: OrphanReport, bad: BadEntry) -> OrphanReport:
     report.skipped = f"{bad.ref}: {bad.reason}; nothing removed"
     return report
 
 
-def collect(
+def remove_orphans(
     registry: Registry,
     name: str,
     *,
     min_age_s: float = DEFAULT_MIN_AGE_S,
     dry_run: bool = False,
     now: float | None = None,
-) -> GcReport:
+) -> OrphanReport:
     """Remove (or with `dry_run`, list) what no manifest of `name` references; see the module docstring."""
     validate_name(name)
-    report = GcReport(name, dry_run)
+    report = OrphanReport(name, dry_run)
     storage = registry.storage
     if storage.is_link(name):
         return _skip(report, BadEntry(name, None, LINKED_DIRECTORY, name))
@@ -133,7 +137,7 @@ def collect(
         if d:
             newest[d] = max(newest.get(d, 0.0), info.modified_s)
 
-    candidates: list[GcFile] = []
+    candidates: list[OrphanFile] = []
     for key, info in listed:
         if key in referenced:
             continue
@@ -142,10 +146,10 @@ def collect(
         if not ingest_dir and not _TEMP_FILE.match(parts[-1]):
             if len(parts) > 2 and parts[1] in ("manifests", "tags"):
                 continue  # the registry's own files
-            report.foreign.append(GcFile(key, info.size, now - info.modified_s))
+            report.foreign.append(OrphanFile(key, info.size, now - info.modified_s))
             continue
         touched = newest[ingest_dir] if ingest_dir else info.modified_s
-        f = GcFile(key, info.size, now - info.modified_s)
+        f = OrphanFile(key, info.size, now - info.modified_s)
         (candidates if now - touched >= min_age_s else report.young).append(f)
 
     # A manifest created since the first look (an ingest finishing now) keeps what it references.
