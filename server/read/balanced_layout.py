@@ -52,7 +52,7 @@ class TokenWindow:
     one's label; a document's end asked one value past it, so a document longer than its count
     shows), which is all the reader takes of it; None: whole documents."""
 
-    segments: tuple[tuple[int, int], ...]
+    segments: np.ndarray  # (rows, 2) int64: [start, end) of each row in the stream
     sizes: np.ndarray
     pad_to: int
     labels: int
@@ -216,7 +216,7 @@ class BalancedLayout:
             stops = np.minimum(b + 1, n)  # the value after its last token: that token's label
             stops[stops == n] += 1  # one past the end: a document longer than its count shows
         window = TokenWindow(
-            tuple(zip(at.tolist(), (at + hi - lo).tolist(), strict=True)),
+            np.stack([at, at + hi - lo], axis=1).astype(np.int64).reshape(-1, 2),
             sizes[docs],
             -(-planned.num_rows // self.base.world_size) if self.pad_rows else 0,
             labels,

@@ -320,25 +320,29 @@ def gather_spans(
             return None
         views.append((numpy_view(arr.offsets).astype(np.int64, copy=False), numpy_view(arr.values)))
     n = len(row)
+    order = np.argsort(group, kind="stable")  # rows by row group
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(tables)))])
+    mine = [order[bounds[g] : bounds[g + 1]] for g in range(len(tables))]
     base = np.empty(n, np.int64)
     size = np.empty(n, np.int64)
-    for g, (offsets, _) in enumerate(views):
-        mine = np.nonzero(group == g)[0]
-        base[mine] = offsets[row[mine]]
-        size[mine] = offsets[row[mine] + 1] - base[mine]
+    for (offsets, _), rows in zip(views, mine, strict=True):
+        base[rows] = offsets[row[rows]]
+        size[rows] = offsets[row[rows] + 1] - base[rows]
     a = np.minimum(np.asarray(start, np.int64), size)
     lens = np.maximum(np.minimum(np.asarray(stop, np.int64), size) - a, 0)
     out_offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=out_offsets[1:])
     dtype = views[0][1].dtype if views else np.int32
     values = np.empty(int(out_offsets[-1]), dtype)
-    for g, (_, vals) in enumerate(views):
-        mine = np.nonzero((group == g) & (lens > 0))[0]
-        if not len(mine):
+    for (_, vals), rows in zip(views, mine, strict=True):
+        k = lens[rows]
+        count = int(k.sum())
+        if not count:
             continue
-        k = lens[mine]
-        within = np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
-        values[np.repeat(out_offsets[mine], k) + within] = vals[np.repeat(base[mine] + a[mine], k) + within]
+        # each row's values are a run: value j of the group's runs is at its run's start + j - run's first
+        at = np.cumsum(k) - k
+        j = np.arange(count, dtype=np.int64)
+        values[j + np.repeat(out_offsets[rows] - at, k)] = vals[j + np.repeat(base[rows] + a[rows] - at, k)]
     offsets_type = pa.int64() if pa.types.is_large_list(t) else pa.int32()
     offs = pa.Array.from_buffers(
         offsets_type,

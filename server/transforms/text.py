@@ -160,7 +160,7 @@ DOCUMENT = pa.struct(
 
 
 def _segment_documents(
-    docs: np.ndarray, ends: np.ndarray, segments: tuple[tuple[int, int], ...], ctx: BatchContext
+    docs: np.ndarray, ends: np.ndarray, segments: np.ndarray, ctx: BatchContext
 ) -> list[list[dict[str, int]]]:
     """Per row: every document in it, in token order, with the tokens [start, end) of the row it
     fills. Row k is tokens segments[k] of the stream `docs` make (`ends`: where each document ends
@@ -169,7 +169,7 @@ def _segment_documents(
         raise InvalidArgumentError("text.pack: 'documents' needs the rows' provenance")
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     out: list[list[dict[str, int]]] = []
-    for lo, hi in segments:
+    for lo, hi in segments.tolist():
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(starts, hi, side="left"))
         out.append(
@@ -192,7 +192,8 @@ def _row_documents(
 ) -> list[list[dict[str, int]]]:
     """Per packed row of one step: every document in it, in token order, with the tokens [start,
     end) of the row it fills (`sizes`: each document's tokens + EOS)."""
-    return _segment_documents(docs, np.cumsum(sizes), tuple((k * L, (k + 1) * L) for k in range(rows)), ctx)
+    bounds = np.arange(rows, dtype=np.int64) * L
+    return _segment_documents(docs, np.cumsum(sizes), np.stack([bounds, bounds + L], axis=1), ctx)
 
 
 def _list_values(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -310,17 +311,17 @@ class Pack(Transform):
         assert ctx.windows is not None
         L = self.seq_len
         offsets, values = _list_values(col)
-        parts: list[list[np.ndarray]] = []
         index: list[np.ndarray] = []
         spans: list[list[dict[str, int]]] = []
         by_step = {int(ctx.steps[g[0]]): g for g in groups if len(g)}
         if set(by_step) - set(ctx.windows):
             raise InvalidArgumentError("text.pack: documents of a step the balanced plan does not name")
+        plans = []  # (window, docs, where its values start, rows), every step checked before one is made
         for step, window in ctx.windows.items():
             docs = by_step.get(step, np.empty(0, np.int64))
             n = window.sizes - 1  # each document's declared tokens (EOS not counted)
             if window.starts is None:  # whole documents
-                skip, expect = np.zeros(len(n), np.int64), n
+                skip, expect = 0, n
             else:  # [start, stop) of each: short of its count, or past it where asked to its end
                 skip, expect = window.starts, np.minimum(window.stops, n) - window.starts
             if len(docs) != len(n) or not np.array_equal(lengths[docs], expect):
@@ -328,24 +329,22 @@ class Pack(Transform):
                     f"text.pack: the dataset's token counts (column {self.lengths!r}) disagree with column "
                     f"{self.column!r} in step {step}: recompute the counts for this tokenizer"
                 )
-            rows = max(window.rows, window.pad_to) if len(docs) else 0
-            out = self._window_tokens(window, offsets[docs] - skip, values, ctx.positions[docs], rows)
-            parts.append(out)
+            plans.append((window, docs, offsets[docs] - skip, max(window.rows, window.pad_to) if len(docs) else 0))
+        total = sum(p[3] for p in plans) * L
+        out = [np.empty(total, dt) for dt in (np.int32, np.int32, np.int32, np.int64)]  # the message's rows
+        at = 0
+        for window, docs, origin, rows in plans:
+            self._window_tokens(window, origin, values, ctx.positions[docs], [a[at : at + rows * L] for a in out])
+            at += rows * L
             ends = np.cumsum(window.sizes)
-            heads = [a for a, _ in window.segments] + [int(ends[-1]) - 1 if len(ends) else 0] * (
-                rows - window.rows
-            )
-            index.append(
-                docs[np.searchsorted(ends, np.asarray(heads, dtype=np.int64), side="right")] if rows else docs
-            )
+            # each row's first document (a padding row's: the last)
+            heads = np.full(rows, int(ends[-1]) - 1 if len(ends) else 0, np.int64)
+            heads[: window.rows] = window.segments[:, 0]
+            index.append(docs[np.searchsorted(ends, heads, side="right")] if rows else docs)
             if self.documents:
                 spans.extend(_segment_documents(docs, ends, window.segments, ctx))
                 spans.extend([] for _ in range(rows - window.rows))
-        dtypes = (np.int32, np.int32, np.int32, np.int64)
-        cat = [
-            np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dt) for i, dt in enumerate(dtypes)
-        ]
-        arrays_out = [pa.FixedSizeListArray.from_arrays(pa.array(x), L) for x in cat]
+        arrays_out = [pa.FixedSizeListArray.from_arrays(pa.array(x), L) for x in out]
         if self.documents:
             arrays_out.append(pa.array(spans, pa.list_(DOCUMENT)))
         out_batch = pa.RecordBatch.from_arrays(arrays_out, schema=self.output_schema)
@@ -353,19 +352,16 @@ class Pack(Transform):
         return Result(out_batch, idx, [])
 
     def _window_tokens(
-        self, window: Any, origin: np.ndarray, values: np.ndarray, doc_ids: np.ndarray, rows: int
-    ) -> list[np.ndarray]:
-        """(input_ids, labels, position_ids, document_ids) of a window's `rows` rows, flat: row k is
+        self, window: Any, origin: np.ndarray, values: np.ndarray, doc_ids: np.ndarray, out: list[np.ndarray]
+    ) -> None:
+        """`out` <- (input_ids, labels, position_ids, document_ids) of a window's rows, flat: row k is
         tokens segments[k] of its documents' stream (a whole row but for the step's last), then
         padding. Token o of document d (its EOS is token n_d) is value `origin[d] + o` of `values`,
         its label the next value (EOS for its last value, none for the EOS). Made piece by piece —
         a row's run of one document is a run of `values` — with a few passes over the tokens made."""
         L = self.seq_len
-        ids = np.empty(rows * L, np.int32)
-        labels = np.empty(rows * L, np.int32)
-        pos = np.empty(rows * L, np.int32)
-        doc = np.empty(rows * L, np.int64)
-        seg = np.asarray(window.segments, dtype=np.int64).reshape(-1, 2)
+        ids, labels, pos, doc = out
+        seg = window.segments
         assert (seg[:-1, 1] - seg[:-1, 0] == L).all()  # whole rows: the rows, in order, are the segments'
         sizes = window.sizes
         ends = np.cumsum(sizes)
@@ -399,7 +395,6 @@ class Pack(Transform):
         labels[taken:] = IGNORE_INDEX
         pos[taken:] = 0
         doc[taken:] = -1
-        return [ids, labels, pos, doc]
 
     def _pack_step(
         self,
