@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from shardstream.client import ChannelSecurity
+from shardstream.client import DEFAULT_STORE_URL, ChannelSecurity, CursorRecord, open_store
 
 __all__ = ["CheckpointRow", "FleetMonitor", "JobStep", "ServerStatus", "job_checkpoints", "job_steps", "list_jobs"]
 
@@ -123,8 +123,6 @@ class JobStep:
 
 
 def _open(url: str | None) -> Any:
-    from shardstream.client.cursors.stores import DEFAULT_STORE_URL, open_store
-
     url = url or DEFAULT_STORE_URL
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         return None
@@ -147,8 +145,6 @@ def list_jobs(url: str | None) -> list[dict[str, Any]]:
 
 def job_steps(url: str | None, job: str, limit: int = 20) -> list[JobStep]:
     """The job's newest `limit` steps written, each with every rank's cursor."""
-    from shardstream.client.cursors.records import CursorRecord
-
     store = _open(url)
     if store is None:
         return []
@@ -197,7 +193,7 @@ def job_checkpoints(
 ) -> tuple[list[CheckpointRow], str]:
     """The job's newest `limit` committed checkpoints, newest first, and a note saying why there are
     none when the fleet cannot list them ("" when it can: no checkpoint yet is an empty list)."""
-    from shardstream.client.checkpoint import Checkpointer
+    from shardstream.checkpoint import Checkpointer  # its public path; imported when asked (its metrics)
     from shardstream.errors import FailedPreconditionError, InvalidArgumentError, ShardstreamError
 
     try:
