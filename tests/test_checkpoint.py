@@ -3,7 +3,9 @@ Loader; incremental bytes; integrity; permissions; follow()."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,23 @@ def test_a_flipped_byte_in_a_stored_chunk_is_data_loss_naming_it(ckpt_server: An
             ck.load(7)
         assert f"{job}@7" in str(err.value) and "'model/w'" in str(err.value) and h in str(err.value)
         assert str(root) not in str(err.value)  # no server path reaches a client
+
+
+def test_an_unclosed_checkpointer_warns_and_a_closed_one_does_not() -> None:
+    """As a Loader: left unclosed, a ResourceWarning naming it when it is collected (no server needed:
+    a Checkpointer connects on its first call)."""
+    ck = Checkpointer(["127.0.0.1:1"], job="left-open", rank=0, world_size=1)
+    with pytest.warns(ResourceWarning, match=r"unclosed Checkpointer\('left-open', rank=0/1\)"):
+        del ck
+        gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with Checkpointer(["127.0.0.1:1"], job="closed"):
+            pass
+        closed = Checkpointer(["127.0.0.1:1"], job="closed")
+        closed.close()
+        del closed
+        gc.collect()
 
 
 def test_load_refuses_a_tensor_of_another_shape_and_names_missing_steps(ckpt_server: Any) -> None:

@@ -45,6 +45,7 @@ import random
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -159,6 +160,18 @@ class Checkpointer:
         """Wait for a save in progress, let the connection go, then raise that save's error if it
         failed and nobody asked its handle (as a Loader's close() does for its last commit)."""
         self._close(raise_unseen=True)
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):  # as a Loader's: an unclosed one warns, then closes
+            warnings.warn(
+                f"unclosed {self!r}: call close() or use it as a context manager",
+                ResourceWarning,
+                stacklevel=1,
+            )
+            self._close(raise_unseen=False)
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({self.job!r}, rank={self.rank}/{self.world_size})"
 
     def _close(self, *, raise_unseen: bool) -> None:
         if self._closed:
