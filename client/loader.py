@@ -230,6 +230,7 @@ class Loader:
             mixture_epoch_samples=self.mixture_epoch_samples,
             columns=self.options.columns,
             epochs=self.epochs,
+            balance=self.options.balance_record,
         ).to_dict()
 
     def split_steps(self, worker: int, workers: int) -> None:

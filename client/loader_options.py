@@ -39,7 +39,7 @@ from shardstream.limits import (
     check_int,
     shown,
 )
-from shardstream.order.balance import parse_balance
+from shardstream.order.balance import BalanceSpec, parse_balance
 from shardstream.order.cursor_math import WorkerSplit
 from shardstream.order.read_order import ShuffleSpec
 from shardstream.order.schedule import Schedule, parse_batch_schedule, parse_ranges
@@ -218,6 +218,14 @@ class LoaderOptions:
     def transforms_as_given(self) -> tuple[dict[str, Any], ...]:
         """The transforms as {"op": ..., parameters...} (as a Loader's state records them)."""
         return tuple(_as_given(t) for t in self.transforms)  # type: ignore[arg-type]
+
+    @property
+    def balance_record(self) -> dict[str, Any] | None:
+        """balance= as a Loader's state records it (for `explain`), None without it."""
+        spec = self.balance
+        if not isinstance(spec, BalanceSpec) or spec.mode is None:
+            return None
+        return {"mode": spec.mode, "column": spec.column, "pad_rows": spec.pad_rows}
 
     @property
     def retry(self) -> RetryPolicy:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError
+from shardstream.order.balance import BALANCE_MODES
 
 __all__ = ["STATE_FORMAT", "LoaderState"]
 
@@ -49,6 +50,9 @@ class LoaderState:
     # What the job reads and for how long (informational: the web's job links, `explain`'s end of job)
     columns: tuple[str, ...] | None = None  # None: every column
     epochs: int | None = 0  # the epochs the job runs (None: endless; 0: not recorded)
+    # balance= (shardstream/order/balance.py) as {"mode", "column", "pad_rows"}: which rank got which of
+    # a step's samples, for `explain`; None: the key is left out (no balance, or an older client)
+    balance: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -56,6 +60,8 @@ class LoaderState:
         d["columns"] = None if self.columns is None else list(self.columns)
         if d["schedule"] is None:  # only a Loader with a schedule writes the key
             del d["schedule"]
+        if d["balance"] is None:  # ... and one with balance=
+            del d["balance"]
         return {"kind": _KIND, "format": STATE_FORMAT, **d}
 
     @classmethod
@@ -87,6 +93,7 @@ class LoaderState:
                 mixture_epoch_samples=int(d.get("mixture_epoch_samples", 0)),
                 columns=_columns(d.get("columns")),
                 epochs=_epochs(d.get("epochs", 0)),
+                balance=_balance(d.get("balance")),
             )
         except KeyError as exc:
             raise InvalidArgumentError(f"Loader state is missing {exc.args[0]!r}") from None
@@ -128,6 +135,14 @@ def _epochs(value: object) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise InvalidArgumentError(f"Loader state field 'epochs' must be an integer >= 0 or None, got {value!r}")
     return value
+
+
+def _balance(value: object) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("mode") not in BALANCE_MODES:
+        raise InvalidArgumentError(f"Loader state has a bad balance {value!r}")
+    return dict(value)
 
 
 def _schedule(value: object) -> Mapping[str, Any] | None:

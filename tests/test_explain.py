@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -48,6 +49,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # masked@2: masked@1 without some rows (drop_rows): one row, a whole row group, a shard's first rows
     write_dataset(root, "masked", 300, row_group_rows=20, shard_rows=70)
     drop_rows(Registry(root), "masked", rows=[*MASKED_ROWS])
+    texts = [t[:400] for _, t in media.python_sources(30)]
+    lengths = pa.array([len(t.encode("utf-8")) for t in texts], pa.int32())
+    media.write_table(root, "docs", pa.table({"text": texts, "n_tokens": lengths}), row_group_rows=7, shard_rows=21)
     return root
 
 
@@ -127,6 +131,36 @@ def test_a_jobs_steps_are_what_its_ranks_received(server: LocalServer, root: Pat
                 "--window", "4", "--world-size", "2", "--batch-size", "16", "--epoch", str(info.epoch),
             )  # fmt: skip
             assert (where["job_step"], where["rank"]) == (t, r)
+
+
+PACK = [*TOKENIZE, {"op": "text.pack", "seq_len": 96, "lengths": "n_tokens"}]
+
+
+@pytest.mark.parametrize(("balance", "transforms"), [("attention", PACK), ({"cost": "n_tokens"}, [])])
+def test_a_balanced_jobs_steps_say_which_rank_got_what(
+    server: LocalServer, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], balance: Any, transforms: Any
+) -> None:
+    """balance=: explain splits the step as the servers did — each rank's samples (not a range), rows,
+    tokens and cost — from the costs the dataset keeps."""
+    store = f"sqlite:///{tmp_path}/cursors.db"
+    job = dict(job="bal", cursor_store=store, seed=5, balance=balance, transforms=transforms)
+    got = {r: run(server, "docs@1", 4, (2,), batch_size=3, rank=r, world_size=2, **job) for r in range(2)}
+    for t in (2, 3):
+        out = explain(root, store, "--job", "bal", "--step", str(t))
+        mode = balance if isinstance(balance, str) else "cost"
+        assert out["balance"]["mode"] == mode and out["balance"]["why"], out["balance"]
+        costs = [got[r][t].cost for r in range(2)]
+        assert out["balance"]["cost_max_over_mean"] == pytest.approx(max(costs) / (sum(costs) / 2), rel=1e-3)
+        for r in out["ranks"]:
+            info = got[r["rank"]][t]
+            assert r["cost"] == pytest.approx(info.cost) and r["positions"] == [info.position_start, info.position_end]
+            if mode == "cost":  # the rank's samples themselves, in order
+                assert [(s["shard"], s["row"]) for s in r["samples"]] == rows_of(info)
+            else:
+                assert r["tokens"] == info.tokens and r["rows"] == len(info.rows)
+    assert main(["explain", "--job", "bal", "--step", "3", "--root", str(root), "--store", store]) == 0
+    text = capsys.readouterr().out
+    assert f"balance={out['balance']['mode']}" in text and "x the step's mean" in text
 
 
 def test_a_mixture_jobs_steps(server: LocalServer, root: Path, tmp_path: Path) -> None:

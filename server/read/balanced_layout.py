@@ -238,6 +238,10 @@ class BalancedLayout:
     def window(self, step: int, rank: int) -> TokenWindow | None:
         return self._share(step, rank).window
 
+    def step_rows(self, step: int) -> int:
+        """The packed rows of the whole step (0 under "cost")."""
+        return self._step(step).num_rows
+
     def cost(self, step: int, rank: int) -> tuple[float, float]:
         """(this rank's cost of the step, every rank's)."""
         cost = self._step(step).rank_cost

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from shardstream.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
+from shardstream.errors import FailedPreconditionError, InvalidArgumentError
 from shardstream.manifest import DatasetRef, Manifest
 from shardstream.order.mixture import MixtureOrder
 from shardstream.order.read_order import DatasetOrder, ShuffleSpec
@@ -44,7 +44,7 @@ from .feature_cache import share_head
 from .reader import DatasetReader, RowGroupCache
 from .request_limits import RequestLimits
 from .request_schedules import mixture_weights, request_mixture, request_schedule
-from .selection import check_mixture_columns, take_selection
+from .selection import check_mixture_columns, cost_values
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_CACHED_ORDERS", "ReadPlan", "ReadPlanner"]
 
@@ -263,11 +263,7 @@ def _balanced(
 
     def costs(start: int, end: int) -> np.ndarray:
         src, rows = selector.select(q.epoch, np.arange(start, end, dtype=np.int64))
-        values = take_selection(readers, src, rows, [column], mixture=q.mixture).column(column)
-        out = values.to_numpy(zero_copy_only=False).astype(np.float64 if mode == "cost" else np.int64) if not values.null_count else None
-        if out is None or (len(out) and not (np.all(np.isfinite(out)) and out.min() >= 0)):
-            raise DataLossError(f"{what}: column {column!r} holds a null, negative or infinite value")
-        return out
+        return cost_values(readers, src, rows, column, mixture=q.mixture, floats=mode == "cost", what=what)
 
     seq_len = last.seq_len if isinstance(last, Pack) and mode != "cost" else 0
     # text.pack alone over a dataset's list column: a rank's reader takes only the tokens its rows hold

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from shardstream.errors import InvalidArgumentError
+from shardstream.errors import DataLossError, InvalidArgumentError
 
 from .gather import ListSpans, int_array
 from .reader import DatasetReader
 
-__all__ = ["check_mixture_columns", "take_selection"]
+__all__ = ["check_mixture_columns", "cost_values", "take_selection"]
 
 
 def check_mixture_columns(readers: Sequence[DatasetReader], columns: Sequence[str]) -> list[str]:
@@ -62,3 +62,15 @@ def take_selection(
         if table.num_rows
         else pa.RecordBatch.from_pylist([], schema=table.schema)
     )
+
+
+def cost_values(
+    readers: Sequence[DatasetReader], src: np.ndarray, rows: np.ndarray, column: str, *, mixture: bool, floats: bool, what: str
+) -> np.ndarray:
+    """A balanced step's costs: `column` of the selected rows as float64 (`floats`) or int64, each
+    finite and not negative (else DATA_LOSS naming `what` and the column)."""
+    values = take_selection(readers, src, rows, [column], mixture=mixture).column(column)
+    out = None if values.null_count else values.to_numpy(zero_copy_only=False).astype(np.float64 if floats else np.int64)
+    if out is None or (len(out) and not (np.all(np.isfinite(out)) and out.min() >= 0)):
+        raise DataLossError(f"{what}: column {column!r} holds a null, negative or infinite value")
+    return out

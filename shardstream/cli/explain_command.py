@@ -2,7 +2,9 @@
 
     explain --job JOB --step T [--rank R]     per rank: dataset version, positions, and every sample's
                                               (mixture source,) shard, row and row group; the transforms
-                                              the job applied; the samples they skipped (with --server)
+                                              the job applied; the samples they skipped (with --server);
+                                              under balance=, each rank's rows, tokens and cost and why
+                                              (explain_balance.py)
     explain DATASET --sample SHARD:ROW ...     the sample's position in the epoch, its step and rank; in a
                                               mixture (--source NAME@V), each time the epoch takes it
 
@@ -43,6 +45,7 @@ from shardstream.order.schedule import Schedule
 from shardstream.registry import Registry
 
 from . import common
+from .explain_balance import balanced_step
 from .explain_sample import explain_sample
 
 __all__ = ["add_commands"]
@@ -174,6 +177,9 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
             if not before:
                 cursor = Cursor(0, 0, 0, st.world_size, st.batch_size, st.drop_last)
             place = place_scheduled_step(sel.num_rows, cursor, schedule, args.step)
+        balanced = None
+        if raw.get("balance"):  # which rank got which sample is the servers' split of the step's costs
+            balanced = balanced_step(reg, sel, raw["balance"], list(st.transforms), place.layout, place.epoch, place.index)
     if newest.epochs and place.epoch >= newest.epochs:
         raise NotFoundError(
             f"step {args.step} is past the job's end: job {args.job!r} runs {newest.epochs} epoch(s) "
@@ -216,8 +222,11 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
     }
     if note:
         out["note"] = note
+    if balanced is not None:
+        out["balance"] = balanced.summary()
     for r in ranks:
-        smp = step_samples(sel, place.layout, place.epoch, place.index, r)
+        mine = balanced.positions(r) if balanced is not None else None
+        smp = step_samples(sel, place.layout, place.epoch, place.index, r, mine)
         samples = []
         for i in range(len(smp.positions)):
             m = sel.manifests[int(smp.sources[i])]
@@ -238,7 +247,8 @@ def _explain_step(args: argparse.Namespace) -> dict[str, Any]:
         positions = (
             [int(smp.positions[0]), int(smp.positions[-1]) + 1] if len(smp.positions) else [start, start]
         )
-        out["ranks"].append({"rank": r, "positions": positions, "samples": samples, "skipped": rank_skipped})
+        share = balanced.rank(r) if balanced is not None else {}
+        out["ranks"].append({"rank": r, "positions": positions, "samples": samples, "skipped": rank_skipped, **share})
     return out
 
 
@@ -318,10 +328,18 @@ def _print(out: dict[str, Any]) -> None:
         print("  transforms: not recorded (a cursor of an older client)")
     else:
         print(f"  transforms: {json.dumps(tf)} (on_error={out['on_error']})" if tf else "  transforms: none")
+    b = out.get("balance")
+    if b:
+        print(f"  balance={b['mode']}: {b['why']}; largest rank cost / mean {b['cost_max_over_mean']}")
     mixture = len({s["source"] for r in out["ranks"] for s in r["samples"]}) > 1 or is_mixture(out["dataset"])
     for r in out["ranks"]:
         p = r["positions"]
-        print(f"  rank {r['rank']}: positions [{p[0]}, {p[1]}), {len(r['samples'])} sample(s)")
+        share = ""
+        if "cost" in r:
+            rows = f"{r['rows']} row(s), {r['tokens']} token(s) with a label, " if "rows" in r else ""
+            share = f"; {rows}cost {r['cost']:g} ({r['cost_over_mean']}x the step's mean)"
+        within = "within " if b else ""
+        print(f"  rank {r['rank']}: positions {within}[{p[0]}, {p[1]}), {len(r['samples'])} sample(s){share}")
         keys = ["position", *(["source"] if mixture else []), "shard", "shard_uri", "row", "row_group"]
         common.print_table([keys] + [[str(s[k]) for k in keys] for s in r["samples"]])
         if r["skipped"] is None:

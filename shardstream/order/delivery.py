@@ -98,9 +98,14 @@ class StepSamples:
     row_groups: np.ndarray  # row group within the shard
 
 
-def step_samples(selector: Selector, layout: Layout, epoch: int, step: int, rank: int) -> StepSamples:
-    start, end = layout.rank_range(step, rank)
-    positions = np.arange(start, end, dtype=np.int64)
+def step_samples(
+    selector: Selector, layout: Layout, epoch: int, step: int, rank: int, positions: np.ndarray | None = None
+) -> StepSamples:
+    """The samples rank `rank` gets at `step`: its range of the layout, or `positions` (a balanced
+    step's, which need not be a range)."""
+    if positions is None:
+        start, end = layout.rank_range(step, rank)
+        positions = np.arange(start, end, dtype=np.int64)
     src, rows = selector.order.select(epoch, positions)
     shards = np.empty_like(rows)
     shard_rows = np.empty_like(rows)
