@@ -465,6 +465,32 @@ def test_job_links_open_the_step_each_rank_received_across_a_world_size_change(
     assert proc.stderr.startswith("shardstream: error: step 500 is past the job's end: job 'resized' runs 1 epoch(s)")
 
 
+def test_a_balanced_jobs_step_shows_every_ranks_share(page: Page, store: str, endpoint: str) -> None:
+    """balance={"cost": ...}: the job page links each rank's share of the step, and the step page lists
+    every rank's rows and cost as each Loader received them (not a range of positions)."""
+    kw = dict(batch_size=3, world_size=2, seed=5, columns=["id", "name"], job="balanced", cursor_store=store, balance={"cost": "id"})
+    received = {}
+    for r in range(2):
+        with Loader([endpoint], "text@1", rank=r, **kw) as loader:  # type: ignore[arg-type]
+            it = iter(loader)
+            for _ in range(2):
+                batch = next(it)
+            loader.commit(2, wait=True)
+            batch = next(it)  # the job's step 2: what the checkpoint's links open
+            received[r] = (batch["id"].tolist(), loader.last_batch)
+    pg = page.open("/jobs/balanced")
+    links = pg.query_selector_all("#job a")
+    assert len(links) == 2 and all("its share of positions" in a.inner_text() for a in links)
+    pg = page.open(links[1].get_attribute("href"))
+    assert [s["id"] for s in summaries(pg)] == received[1][0]
+    rows = [[td.inner_text() for td in tr.query_selector_all("td")] for tr in pg.query_selector_all("#balance tr")[1:]]
+    assert [int(r[0]) for r in rows] == [0, 1]
+    for rank, cells in enumerate(rows):
+        ids, info = received[rank]
+        assert int(cells[1]) == len(ids) and float(cells[3]) == pytest.approx(info.cost) == pytest.approx(sum(ids))
+    assert "balance={cost" not in pg.inner_text("#balance-why") and "balance=cost:id" in pg.inner_text("#balance-why")
+
+
 # --- the dense step view --------------------------------------------------------------------------
 GRID = json.dumps([{"op": "image.decode", "column": "image", "size": [96, 96]}])
 

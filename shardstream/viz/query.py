@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from shardstream.errors import InvalidArgumentError
+from shardstream.order.balance import parse_balance
 from shardstream.order.read_order import ShuffleSpec
 from shardstream.transform_spec import to_wire
 
@@ -34,6 +35,7 @@ _URL_KEYS = {
     "on_error": "on_error",
     "drop_last": "drop_last",
     "cur": "cursor",
+    "bal": "balance",
 }
 _INTS = ("seed", "window", "world_size", "batch_size", "rank", "step", "epoch")
 
@@ -83,6 +85,8 @@ class StepQuery:
     # (the steps the job took before it) placed from that cursor with this world and batch size, as
     # `explain --job` places it; empty, `step` counts from the start of `epoch`.
     cursor: str = ""
+    # balance=: "" (none), "tokens", "attention" or "cost:COLUMN" (shardstream/order/balance.py)
+    balance: str = ""
 
     def __post_init__(self) -> None:
         for name in _INTS:
@@ -98,6 +102,7 @@ class StepQuery:
         self.shuffle_spec  # noqa: B018 - validates the mode and window
         self.job_cursor  # noqa: B018 - validates the cursor
         parse_transforms(self.transforms)
+        parse_balance(self.balance_option)
 
     # --- what the Loader is given -----------------------------------------------------------------
     @property
@@ -124,6 +129,22 @@ class StepQuery:
         return step, epoch, offset
 
     @property
+    def balance_option(self) -> str | dict[str, str] | None:
+        """`balance` as the Loader's balance= takes it."""
+        if not self.balance:
+            return None
+        if self.balance.startswith("cost:"):
+            return {"cost": self.balance.removeprefix("cost:")}
+        return self.balance
+
+    @staticmethod
+    def balance_of(record: Mapping[str, Any] | None) -> str:
+        """A Loader state's recorded balance= (LoaderState.balance) as the query's `balance`."""
+        if not record:
+            return ""
+        return f"cost:{record.get('column')}" if record.get("mode") == "cost" else str(record.get("mode"))
+
+    @property
     def global_batch(self) -> int:
         return self.world_size * self.batch_size
 
@@ -147,6 +168,7 @@ class StepQuery:
             "transforms": [dict(t) for t in self.transform_list] or None,
             "on_error": self.on_error,
             "drop_last": self.drop_last,
+            **({"balance": self.balance_option} if self.balance else {}),
         }
 
     # --- moving around ------------------------------------------------------------------------------
@@ -193,4 +215,5 @@ class StepQuery:
             f"{self.dataset} epoch {self.epoch} {step} rank {self.rank}/{self.world_size} "
             f"batch {self.batch_size} seed {self.seed} shuffle {self.shuffle_spec}"
             f"{' drop_last' if self.drop_last else ''}{f' transforms {tf}' if tf else ''}"
+            f"{f' balance={self.balance}' if self.balance else ''}"
         )

@@ -244,6 +244,7 @@ def _options(query: StepQuery) -> dict[str, Any]:
         "columns": list(query.column_list) or None,
         "transforms": _with_documents(query.transform_list),
         "on_error": query.on_error,
+        "balance": query.balance_option,
     }
 
 

@@ -109,6 +109,7 @@ def job(request: Request) -> Response:
             transforms=json.dumps(list(s.transforms)) if s.transforms else "",
             on_error=s.on_error,
             drop_last=s.drop_last,
+            balance=StepQuery.balance_of(s.balance),
         )
         num_rows = viz.source.target(base).num_rows
         run = _cursor(s)  # the world and batch size of the run that committed it, as explain walks it
@@ -122,8 +123,12 @@ def job(request: Request) -> Response:
                 step=s.steps,
                 cursor=f"{s.steps}:{s.epoch}:{s.offset}",
             )
-            lo, hi = StepLayout(num_rows, s.offset, run.world_size, run.batch_size, run.drop_last).rank_range(0, r)
-            ranks.append({"rank": r, "world_size": run.world_size, "positions": (lo, hi), "url": links.step_url(q)})
+            layout = StepLayout(num_rows, s.offset, run.world_size, run.batch_size, run.drop_last)
+            # under balance= a rank's samples are its share of the step's, not a range: the step's shown
+            lo, hi = layout.global_range(0) if base.balance else layout.rank_range(0, r)
+            ranks.append(
+                {"rank": r, "world_size": run.world_size, "positions": (lo, hi), "url": links.step_url(q), "balanced": bool(base.balance)}
+            )
         rows.append(
             {
                 "checkpoint": st.step,
@@ -135,6 +140,7 @@ def job(request: Request) -> Response:
                 "committed_by": (s.world_size, s.batch_size),
                 "run": (run.world_size, run.batch_size),
                 "schedule": bool(s.schedule),
+                "balance": base.balance,
                 "columns": s.columns,
                 "ranks": ranks,
             }

@@ -237,6 +237,7 @@ def step(request: Request) -> Response:
         nav=nav,
         looks=looks,
         skipped=info.skipped,
+        shares=_shares(viz, q, info),
         reproduce=reproduce.script(
             q,
             viz.source.endpoints,
@@ -247,6 +248,28 @@ def step(request: Request) -> Response:
         mixture=links.mixture_url(q) if sb.target.mixture is not None and anchor is None else None,
         stats=links.stats_url(q) if catalog.registry is not None else None,
     )
+
+
+def _shares(viz: Viz, q: Any, info: Any) -> list[dict[str, Any]] | None:
+    """Under balance=, each rank's share of the step (rows, tokens with a label, cost and cost over the
+    step's mean), read as each rank receives it (the first 16 ranks); None without balance."""
+    if not q.balance:
+        return None
+    out = []
+    for r in range(min(q.world_size, 16)):
+        i = info if r == q.rank else viz.source.read_step(q.moved(rank=r)).info
+        mean = i.step_cost / q.world_size if i.step_cost else 0.0
+        out.append(
+            {
+                "rank": r,
+                "url": links.step_url(q.moved(rank=r)),
+                "rows": len(i.rows),
+                "tokens": i.tokens,
+                "cost": i.cost,
+                "over_mean": i.cost / mean if mean else 1.0,
+            }
+        )
+    return out
 
 
 def mixture(request: Request) -> Response:
