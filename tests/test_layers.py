@@ -21,8 +21,8 @@ own wing and lower ones, never a higher wing nor a peer (two wings on one line):
     server  backends, policy -> transforms -> read -> checkpoints, writing -> serving -> the top
             (a sub-package is a wing; the modules at server/'s root are the top: lifecycle,
             worker_process, local_fleet)
-    client  base -> transport -> cursors, checkpoint -> reads -> the top (the package's public names)
-            (the two sub-packages are wings; each flat module is placed in CLIENT_MODULES)
+    client  base -> transport -> cursors, checkpoint -> reads -> integrations -> the top (the package's
+            public names) (the sub-packages are wings; each flat module is placed in CLIENT_MODULES)
 """
 
 from __future__ import annotations
@@ -291,6 +291,7 @@ CLIENT_WINGS: tuple[tuple[str, ...], ...] = (
     ("transport",),  # the one transport session to the fleet: channels, Flight calls, retries, failover
     ("cursors", "checkpoint"),  # job cursors and their stores; checkpoints of model state (sub-packages)
     ("reads",),  # the Loader, the step reader and what feeds them: options, prefetch, decode
+    ("integrations",),  # training frameworks over the Loader and the Checkpointer (a sub-package)
     (TOP,),  # shardstream.client: the public names
 )
 # The client's flat modules by wing (its sub-packages are wings of their own): a new module is placed here.
@@ -368,7 +369,7 @@ def test_every_wing_is_named_in_the_order() -> None:
             assert found[1] in named[found[0]], f"{mod}: wing {found[1]!r} is not in the order of {found[0]}"
     flat = {m.rpartition(".")[2] for m in sources if m.count(".") == 2 and m.startswith("shardstream.client.")}
     placed = {m for mods in CLIENT_MODULES.values() for m in mods}
-    assert placed == flat - {"checkpoint", "cursors"}, (sorted(flat - placed), sorted(placed - flat))
+    assert placed == flat - {"checkpoint", "cursors", "integrations"}, (sorted(flat - placed), sorted(placed - flat))
 
 
 def test_the_layer_check_names_each_upward_import() -> None:
