@@ -278,6 +278,7 @@ def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
 
 
 # --- slices of list columns -------------------------------------------------------------------------
+RUN_COPY_TOKENS = 32  # values a row at least, on average, for a slice copy a row (below: index arrays)
 @dataclass(frozen=True)
 class ListSpans:
     """The values [start[i], stop[i]) of row i's list `column` — all a reader takes of it."""
@@ -334,15 +335,28 @@ def gather_spans(
     np.cumsum(lens, out=out_offsets[1:])
     dtype = views[0][1].dtype if views else np.int32
     values = np.empty(int(out_offsets[-1]), dtype)
-    for (_, vals), rows in zip(views, mine, strict=True):
+    src = base + a
+    if n and int(out_offsets[-1]) >= RUN_COPY_TOKENS * n:  # long runs (documents): a slice copy each
+        starts, stops, lengths = out_offsets[:-1].tolist(), src.tolist(), lens.tolist()
+        for (_, vals), rows in zip(views, mine, strict=True):
+            for i in rows.tolist():
+                o, f, k = starts[i], stops[i], lengths[i]
+                values[o : o + k] = vals[f : f + k]
+        return _list_array(t, out_offsets, values)
+    for (_, vals), rows in zip(views, mine, strict=True):  # short runs: a few passes over the values
         k = lens[rows]
         count = int(k.sum())
         if not count:
             continue
-        # each row's values are a run: value j of the group's runs is at its run's start + j - run's first
+        # value j of the group's runs is at its run's start + j - the run's first j
         at = np.cumsum(k) - k
         j = np.arange(count, dtype=np.int64)
-        values[j + np.repeat(out_offsets[rows] - at, k)] = vals[j + np.repeat(base[rows] + a[rows] - at, k)]
+        values[j + np.repeat(out_offsets[rows] - at, k)] = vals[j + np.repeat(src[rows] - at, k)]
+    return _list_array(t, out_offsets, values)
+
+
+def _list_array(t: pa.DataType, out_offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    n = len(out_offsets) - 1
     offsets_type = pa.int64() if pa.types.is_large_list(t) else pa.int32()
     offs = pa.Array.from_buffers(
         offsets_type,

@@ -358,7 +358,8 @@ class Pack(Transform):
         tokens segments[k] of its documents' stream (a whole row but for the step's last), then
         padding. Token o of document d (its EOS is token n_d) is value `origin[d] + o` of `values`,
         its label the next value (EOS for its last value, none for the EOS). Made piece by piece —
-        a row's run of one document is a run of `values` — with a few passes over the tokens made."""
+        a row's run of one document is a run of `values`: a few slice copies a piece, whose count is
+        about the rows plus the documents (not a pass a token per array: a step's tokens are many)."""
         L = self.seq_len
         ids, labels, pos, doc = out
         seg = window.segments
@@ -371,28 +372,31 @@ class Pack(Transform):
         counts = np.searchsorted(begins, seg[:, 1], side="left") - first
         d = np.repeat(first, counts) + np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
         ps = np.maximum(np.repeat(seg[:, 0], counts), begins[d])
-        pe = np.minimum(np.repeat(seg[:, 1], counts), ends[d])
-        lens = pe - ps
+        lens = np.minimum(np.repeat(seg[:, 1], counts), ends[d]) - ps
+        o0 = ps - begins[d]  # each piece's first token in its document
         taken = int(lens.sum())
-        at = np.cumsum(lens) - lens  # where each piece starts in the rows
-        o0 = ps - begins[d]  # its first token in its document
-        idx = np.arange(taken, dtype=np.int64)
-        src = idx + np.repeat(origin[d] + o0 - at, lens)
-        vals = values if len(values) else np.zeros(1, np.int32)
-        top = len(vals) - 1
-        ids[:taken] = vals[np.minimum(src, top)]
-        labels[:taken] = vals[np.minimum(src + 1, top)]
-        pos[:taken] = idx + np.repeat(o0 - at, lens)
-        doc[:taken] = np.repeat(doc_ids[d], lens)
-        n = sizes[d] - 1  # its document's values
-        eos = (at + lens - 1)[pe == ends[d]]  # the pieces that end with their document's EOS
-        ids[eos] = self.eos_id
-        labels[eos] = IGNORE_INDEX
-        last = begins[d] + n - 1  # its document's last value, in the stream
-        has = (n > 0) & (ps <= last) & (last < pe)
-        labels[(at + last - ps)[has]] = self.eos_id
+        ramp = np.arange(int(sizes.max()) if len(sizes) else 0, dtype=np.int32)  # position_ids: o0, o0 + 1, ...
+        eos, ignore = self.eos_id, IGNORE_INDEX
+        at = 0
+        pieces = zip(d.tolist(), o0.tolist(), lens.tolist(), (sizes[d] - 1).tolist(), (origin[d] + o0).tolist(), strict=True)
+        for k, o, m, n, src in pieces:  # document k's tokens [o, o + m); it has n values
+            v = min(m, n - o)  # its values here (the rest: its EOS)
+            if v > 0:
+                ids[at : at + v] = values[src : src + v]
+                w = min(v, n - 1 - o)  # values whose label is the next value
+                if w > 0:
+                    labels[at : at + w] = values[src + 1 : src + 1 + w]
+                if w < v:  # its last value: labelled EOS
+                    labels[at + v - 1] = eos
+            if v < m:  # its EOS: no label
+                ids[at + m - 1] = eos
+                labels[at + m - 1] = ignore
+            pos[at : at + m] = ramp[o : o + m]
+            doc[at : at + m] = doc_ids[k]
+            at += m
+        assert at == taken
         ids[taken:] = self.pad_id
-        labels[taken:] = IGNORE_INDEX
+        labels[taken:] = ignore
         pos[taken:] = 0
         doc[taken:] = -1
 
