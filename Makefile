@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test soak bench loadtest chaos proto proto-check lint image image-smoke clean
+.PHONY: setup demo test soak bench loadtest scale chaos proto proto-check lint image image-smoke clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ bench: setup               ## the benchmarks as ratios (loadtest/README.md); BEN
 LOADTEST_ARGS ?= --servers 2 --ranks 4 --step-ms 10 --duration 20
 loadtest: setup            ## M servers, N simulated ranks: samples/s, batch wait, stall, read amplification, CPU/RSS
 	$(BIN)/python -m loadtest $(LOADTEST_ARGS) --json loadtest/results/loadtest.json --png loadtest/results/loadtest.png
+
+SCALE_ARGS ?=
+scale: setup               ## the rank simulator: 1,000 ranks, 4 servers, Redis; start/commit/restart/failover storms (~4 min, not in CI)
+	$(BIN)/python -m loadtest.scale $(SCALE_ARGS)
 
 CHAOS_ARGS ?=
 chaos: setup               ## every fault against real processes: what the fleet survives (loadtest/chaos.py, ~7 min); CHAOS_ARGS=--small for seconds a fault
