@@ -126,9 +126,11 @@ class TrainingStream(IterableDataset):  # type: ignore[type-arg]
         self._read = deque()
 
     def close(self) -> None:
-        """Close the cursor Loader (a pass in progress closes its reading Loader when it ends)."""
+        """Close the cursor Loader, keeping its position for a later pass or state_dict() (a pass in
+        progress closes its reading Loader when it ends)."""
         cursor, self._cursor = self._cursor, None
         if cursor is not None:
+            self._pending = cursor.state_dict()
             cursor.close()
 
     def __repr__(self) -> str:
