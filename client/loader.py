@@ -15,9 +15,10 @@ it has not received, with jittered exponential backoff, within a retry budget th
 This module is the SDK's public surface — the cursor, the state, the job cursors, the schedules; the
 rest is elsewhere: its options are a frozen `LoaderOptions` (loader_options.py: defaults, checks,
 and the immutable `ReadSpec` the prefetch thread is handed, spec.py), the thread is prefetch.py, its
-streams are `StreamSession`s (session.py), messages become batches in decode.py, a job's cursors
-(store, commits, fencing, resume) are client/cursors/job.py's and the schedules' state is
-schedule_state.py's.
+streams are `StreamSession`s (transport/session.py) over its `Fleet` (transport/fleet.py: the
+connections, discovery and retries; the thread is handed its `open_read`), messages become batches
+in decode.py, a job's cursors (store, commits, fencing, resume) are client/cursors/job.py's and the
+schedules' state is schedule_state.py's.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
 from .batch import BatchInfo
-from .channel import Connection, normalize_endpoints
 from .cursors.job import DEFAULT_COMMIT_TIMEOUT_S, JobCursors
 from .loader_options import LoaderOptions, OptionAttribute, with_option_attributes
 from .loader_state import LoaderState
 from .prefetch import Done, Producer
 from .schedule_state import LoaderSchedule
-from .target import Target, find_dataset, normalize_dataset, resolve_target
+from .target import Target, normalize_dataset, resolve_target
+from .transport.channel import normalize_endpoints
+from .transport.fleet import Fleet
 
 __all__ = ["BatchInfo", "Loader"]
 
@@ -71,7 +73,8 @@ class Loader:
         self._resume_pending = o.resume is not None
         self._split = NO_SPLIT  # data-loader workers of one rank take every workers-th step each
         self._job = JobCursors(o.job, o.rank, o.world_size, o.cursor_store) if o.job is not None else None
-        self._conns: dict[str, Connection] = {}
+        # the one session with the fleet: connections, discovery, grants, retries (transport/fleet.py)
+        self._fleet = Fleet(self.endpoints, o.security, o.retry, owner="Loader")
         self._target: Target | None = None
         self._epoch = 0
         self._offset = 0
@@ -108,14 +111,13 @@ class Loader:
 
     def _close(self, *, quiet: bool) -> None:
         self._closed = True
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._fleet.close()
         if self._job is not None:
             self._job.close(self.timeout_s, quiet=quiet)
 
     def __del__(self) -> None:
-        if getattr(self, "_conns", None):
+        fleet = getattr(self, "_fleet", None)
+        if fleet is not None and fleet.connected:
             warnings.warn(
                 f"unclosed {self!r}: call close() or use it as a context manager",
                 ResourceWarning,
@@ -126,21 +128,10 @@ class Loader:
     def __repr__(self) -> str:
         return f"Loader({self.dataset!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
 
-    def _open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
-        return self._conn(endpoint).read(request)
-
-    def _conn(self, target: str) -> Connection:
-        if self._closed:
-            raise RuntimeError("this Loader is closed")
-        conn = self._conns.get(target)
-        if conn is None:
-            conn = self._conns[target] = Connection(target, self.options.security)
-        return conn
-
     # --- dataset -------------------------------------------------------------------------------
     def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
         """Asked of the endpoints in turn, from this rank's, on its streams' RetryPolicy (target.find_dataset)."""
-        return find_dataset(dataset, self.endpoints, self.rank, self.options.retry, self._conn)
+        return self._fleet.find_dataset(dataset, self.rank)
 
     @property
     def target(self) -> Target:
@@ -371,7 +362,7 @@ class Loader:
         spec = self.options.read_spec(
             target=self.target, endpoints=self.endpoints, schedule=self.schedule, split=self._split, origin=origin
         )  # the immutable ReadSpec the prefetch thread reads (spec.py)
-        producer = Producer(spec, self._open_call, *origin)
+        producer = Producer(spec, self._fleet.open_read, *origin)
         rank_metrics = metrics.for_rank(self.job, self.rank)
         try:
             while True:

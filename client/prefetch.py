@@ -16,10 +16,10 @@ import weakref
 from shardstream.threads import join_all, name_native
 
 from .decode import Item, decode_message
-from .flight_call import ReadOpener, opening
-from .session import CallRegistry, StreamSession
 from .spec import ReadSpec
 from .striped import stream_epoch_striped
+from .transport.flight_call import ReadOpener, opening
+from .transport.session import CallRegistry, StreamSession
 
 __all__ = ["Done", "Producer"]
 

@@ -7,7 +7,7 @@ gets it — without reading the steps before it. The visualizers' data source (s
 
 The keyword options are a Loader's (`LoaderOptions`, loader_options.py): the read spec is theirs
 (`LoaderOptions.read_spec`), with Arrow output and the provenance columns; the read goes over one
-`StreamSession` (session.py: its retries and failover, on the options' RetryPolicy) that asks for one
+`StreamSession` (transport/session.py: its retries and failover, on the options' RetryPolicy) that asks for one
 step (`num_steps = 1`) starting where a Loader whose state says (epoch, offset) starts: `state()` is
 that Loader state. A dataset is resolved once per (dataset, columns, seed, mixture options) and then
 pinned (`target`).
@@ -29,14 +29,16 @@ from shardstream.order.read_order import StepLayout
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .batch import PROVENANCE, BatchInfo
-from .channel import Connection, normalize_endpoints
 from .convert import to_numpy
 from .credentials import ChannelSecurity, TlsOption
 from .decode import decode_message
 from .loader_options import LoaderOptions
 from .loader_state import LoaderState
-from .session import CallRegistry, StreamSession
+from .spec import RetryPolicy
 from .target import Target, normalize_dataset, resolve_target
+from .transport.channel import normalize_endpoints
+from .transport.fleet import Fleet
+from .transport.session import CallRegistry, StreamSession
 
 __all__ = ["DEFAULT_READ_DEADLINE_S", "DEFAULT_TIMEOUT_S", "StepReader", "as_numpy", "read_step"]
 
@@ -61,7 +63,8 @@ class StepReader:
         self.security = security or ChannelSecurity.from_options(tls, token)
         self.timeout_s = timeout_s
         self.read_deadline_s = read_deadline_s
-        self._conns = {e: Connection(e, self.security) for e in self.endpoints}
+        # the one session with the fleet (transport/fleet.py); a read retries on the options' RetryPolicy
+        self._fleet = Fleet(self.endpoints, self.security, RetryPolicy(budget_s=timeout_s), owner="StepReader")
         self._targets: dict[tuple[Any, ...], Target] = {}
         self._lock = threading.Lock()
 
@@ -72,16 +75,14 @@ class StepReader:
         self.close()
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._fleet.close()
 
     # --- what there is ---------------------------------------------------------------------------
     def _first(self, call: Any) -> Any:
         last: Exception | None = None
         for endpoint in self.endpoints:
             try:
-                return call(self._conns[endpoint])
+                return call(self._fleet.conn(endpoint))
             except UnavailableError as exc:
                 last = exc
         raise UnavailableError(f"no shardstream server reachable at {', '.join(self.endpoints)} ({last})")
@@ -181,10 +182,7 @@ class StepReader:
             return request
 
         def open_call(endpoint: str, request: pb.ReadRequest) -> Any:
-            conn = self._conns.get(endpoint)
-            if conn is None:
-                raise RuntimeError("this StepReader is closed")
-            return conn.read(request, self.read_deadline_s)
+            return self._fleet.open_read(endpoint, request, self.read_deadline_s)
 
         calls = CallRegistry(open_call)
         session = StreamSession(

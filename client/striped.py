@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from shardstream.order.scheduled_steps import Layout
 
 from .decode import Item, decode_message, empty_epoch
-from .session import CallRegistry, StreamSession
 from .spec import ReadSpec
+from .transport.session import CallRegistry, StreamSession
 
 __all__ = ["stream_epoch_striped"]
 

@@ -1,15 +1,14 @@
 """What a Loader reads: one pinned dataset version, a pinned weighted mixture of them, or mixture
-phases over pinned versions (a curriculum: shardstream/order/curriculum.py) — and where it asks."""
+phases over pinned versions (a curriculum: shardstream/order/curriculum.py). Where it asks is the
+fleet session's (transport/fleet.py: find_dataset)."""
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from shardstream.errors import InvalidArgumentError, ShardstreamError, UnavailableError
+from shardstream.errors import InvalidArgumentError
 from shardstream.manifest import DatasetRef
 from shardstream.order.curriculum import (
     MixtureSchedule,
@@ -21,7 +20,7 @@ from shardstream.order.mixture import MixturePlan, SourceInfo, is_mixture, parse
 from shardstream.order.read_query import MixturePhase, ReadQuery, Source
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["Target", "find_dataset", "normalize_dataset", "resolve_target"]
+__all__ = ["Target", "normalize_dataset", "resolve_target"]
 
 
 Phases = list[tuple[int, list[tuple[str, float]]]]
@@ -69,46 +68,6 @@ class Target:
             mixture_epoch_samples=self.mixture.epoch_samples,
             **fields,
         )
-
-
-class _Connection(Protocol):
-    def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo: ...
-
-
-class _RetryPolicy(Protocol):  # spec.RetryPolicy (spec.py imports this module)
-    max_retries: int
-    budget_s: float
-
-    def backoff_s(self, failures: int) -> float: ...
-
-
-def find_dataset(
-    dataset: str,
-    endpoints: Sequence[str],
-    first: int,
-    retry: _RetryPolicy,
-    conn: Callable[[str], _Connection],
-) -> pb.DatasetInfo:
-    """Ask the endpoints in turn (from the `first`-th: a rank's own) until one answers, on the stream
-    session's `RetryPolicy` (spec.py; session.py): after a failure that says no server answered
-    (UnavailableError) the next endpoint is asked after the policy's jittered backoff, and "no server"
-    is said once more than max_retries failures in a row span at least budget_s (the Loader's
-    timeout_s) — a server that is still starting is waited for. Any other error is the caller's."""
-    start = time.monotonic()
-    last: ShardstreamError | None = None
-    for failures in itertools.count(1):
-        target = endpoints[(first + failures - 1) % len(endpoints)]
-        try:
-            return conn(target).get_dataset(dataset, max(0.1, retry.budget_s - (time.monotonic() - start)))
-        except UnavailableError as exc:
-            last = exc
-        if failures > retry.max_retries and time.monotonic() - start >= retry.budget_s:
-            break
-        time.sleep(retry.backoff_s(failures))
-    raise UnavailableError(
-        f"no shardstream server reachable at {', '.join(endpoints)} within {retry.budget_s:g} s: "
-        f"is `shardstream serve` running there? (last error: {last})"
-    )
 
 
 def resolve_target(

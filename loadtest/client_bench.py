@@ -133,7 +133,7 @@ class Evict:
 
 
 class MemoryCall:
-    """A `ReadCall` (client/flight_call.py) over prepared messages: what `FlightCall.__next__` does
+    """A `ReadCall` (client/transport/flight_call.py) over prepared messages: what `FlightCall.__next__` does
     past `read_chunk` — the header parsed from its bytes, the batch through `plain_batch` — after
     `evict` (the receive's copy)."""
 

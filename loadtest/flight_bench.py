@@ -94,7 +94,7 @@ from loadtest.common import bench_main, bench_parser, log, results_path, spread,
 from loadtest.fleet import tree_cpu_s, tree_threads_cpu_s
 from loadtest.flight_server import GATHER_TICKET, GENERATOR_TICKET
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.order.shuffle import DEFAULT_WINDOW
 from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb

@@ -6,7 +6,7 @@ One dataset as in `loadtest.bench` (`id` + 256 float32, 1,032 B/row), two `shard
 processes over it, and these ways of reading one rank's whole epoch (shuffle none) in this process:
 
     loader          Loader(output="arrow") from server A: what `loadtest.bench` measures
-    raw             the bare Read stream from server A: `Connection.read` (client/channel.py), a
+    raw             the bare Read stream from server A: `Connection.read` (client/transport/channel.py), a
                     Flight DoGet of the ReadRequest on the server's data port, its record batches
                     counted: the Loader minus its thread, queue, checks and bookkeeping
     K streams, S servers
@@ -34,7 +34,7 @@ from typing import Any
 from loadtest.bench import DATASET, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb
 

@@ -19,7 +19,7 @@ from shardstream.extension_types import plain_batch
 __all__ = ["STREAM_ID_METADATA", "ipc_bytes", "ipc_size", "plain_batch", "read_ipc"]
 
 # A response header of every Read stream: the server's id of the stream, which its log lines name
-# (server/serving/stream_log.py) and the client's failover lines repeat (client/session.py).
+# (server/serving/stream_log.py) and the client's failover lines repeat (client/transport/session.py).
 STREAM_ID_METADATA = "x-shardstream-stream-id"
 
 

@@ -173,7 +173,7 @@ def test_keepalive_drops_a_silent_server_before_the_idle_watchdog(
     """A server whose data plane is behind a proxy that goes silent (accepts, sends nothing): with the idle watchdog out of
     the way (40 s), the client's keepalive ping, unanswered, must end the stream and move it to the
     other server — not the watchdog (grpcio 1.85 ignores keepalive_timeout_ms for the ping's answer
-    and waits grpc.http2.ping_timeout_ms, 60 s by default: client/channel.py sets both)."""
+    and waits grpc.http2.ping_timeout_ms, 60 s by default: client/transport/channel.py sets both)."""
     stable = ctx.fleet
     data_port = unused_port()
     with (

@@ -1,5 +1,5 @@
-"""Discovery (client/target.py find_dataset) on the stream session's RetryPolicy, and gRPC's own retry
-limited to what only it can do (client/channel.py)."""
+"""Discovery (client/transport/fleet.py find_dataset) on the stream session's RetryPolicy, and gRPC's own retry
+limited to what only it can do (client/transport/channel.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from shardstream.client.channel import CHANNEL_OPTIONS
 from shardstream.client.spec import RetryPolicy
-from shardstream.client.target import find_dataset
+from shardstream.client.transport.channel import CHANNEL_OPTIONS
+from shardstream.client.transport.fleet import find_dataset
 from shardstream.errors import NotFoundError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 

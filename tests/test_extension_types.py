@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.extension_types import CANONICAL, plain_batch, plain_schema
 from shardstream.registry import Registry
 from shardstream.server.writing.registry_ops import register

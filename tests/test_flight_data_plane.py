@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import FlightStatus, UnauthenticatedError, UnavailableError, to_flight_error
 from shardstream.server.local_fleet import LocalServer
 from shardstream.server.policy.auth import token_sha256

@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
 from shardstream.client.credentials import ChannelSecurity
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import FlightStatus, InvalidArgumentError, UnauthenticatedError
 from shardstream.grant_proof import GRANT_HEADER, Prover, fingerprint
 from shardstream.server.local_fleet import LocalServer

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.common import write_vectors
-from shardstream.client.channel import CHANNEL_OPTIONS, FLIGHT_OPTIONS
+from shardstream.client.transport.channel import CHANNEL_OPTIONS, FLIGHT_OPTIONS
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.lifecycle import SERVER_OPTIONS
 from shardstream.server.local_fleet import LocalServer

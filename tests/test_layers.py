@@ -288,7 +288,7 @@ SERVER_WINGS: tuple[tuple[str, ...], ...] = (
 )
 CLIENT_WINGS: tuple[tuple[str, ...], ...] = (
     ("base",),  # small values and pure helpers: what a Loader reads, its state, credentials, metrics
-    ("transport",),  # the one transport session to the fleet: channels, Flight calls, retries, failover
+    ("transport",),  # transport/: the one session to the fleet: channels, Flight calls, retries, failover
     ("cursors", "checkpoint"),  # job cursors and their stores; checkpoints of model state (sub-packages)
     ("reads",),  # the Loader, the step reader and what feeds them: options, prefetch, decode
     ("integrations",),  # training frameworks over the Loader and the Checkpointer (a sub-package)
@@ -297,7 +297,6 @@ CLIENT_WINGS: tuple[tuple[str, ...], ...] = (
 # The client's flat modules by wing (its sub-packages are wings of their own): a new module is placed here.
 CLIENT_MODULES = {
     "base": ("batch", "convert", "credentials", "launcher", "loader_state", "metrics", "parts", "spec", "target"),
-    "transport": ("channel", "flight_call", "port_probe", "session"),
     "reads": (
         "decode",
         "loader",
@@ -369,7 +368,7 @@ def test_every_wing_is_named_in_the_order() -> None:
             assert found[1] in named[found[0]], f"{mod}: wing {found[1]!r} is not in the order of {found[0]}"
     flat = {m.rpartition(".")[2] for m in sources if m.count(".") == 2 and m.startswith("shardstream.client.")}
     placed = {m for mods in CLIENT_MODULES.values() for m in mods}
-    assert placed == flat - {"checkpoint", "cursors", "integrations"}, (sorted(flat - placed), sorted(placed - flat))
+    assert placed == flat - {"checkpoint", "cursors", "integrations", "transport"}, (sorted(flat - placed), sorted(placed - flat))
 
 
 def test_the_layer_check_names_each_upward_import() -> None:
@@ -410,9 +409,10 @@ def test_the_layer_check_names_each_upward_import() -> None:
         # policy is the floor
         ("shardstream.server.policy.redact", "from ..backends import roots", "shardstream.server.backends.roots"),
         # the client: the transport under the reads, cursors and checkpoints peers, nothing under the top
-        ("shardstream.client.session", "from .loader import Loader", "shardstream.client.loader"),
+        ("shardstream.client.transport.session", "from ..loader import Loader", "shardstream.client.loader"),
+        ("shardstream.client.transport.fleet", "from ..checkpoint import transport", "shardstream.client.checkpoint.transport"),
         ("shardstream.client.cursors.job", "from ..checkpoint import Checkpointer", "shardstream.client.checkpoint"),
-        ("shardstream.client.target", "from . import channel", "shardstream.client.channel"),
+        ("shardstream.client.target", "from .transport import channel", "shardstream.client.transport.channel"),
         ("shardstream.client.checkpoint.transport", "from .. import Loader", "shardstream.client"),
     ],
 )
@@ -446,14 +446,14 @@ def test_the_visualizers_import_no_private_client_module() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "from shardstream.client.session import StreamSession",
-        "def f():\n    import shardstream.client.session",
-        "from shardstream.client import session",
+        "from shardstream.client.transport.session import StreamSession",
+        "def f():\n    import shardstream.client.transport.session",
+        "from shardstream.client.transport import session",
     ],
 )
 def test_a_private_client_import_of_the_visualizers_is_reported(line: str) -> None:
     found = private_client_imports(edges(with_extra("shardstream.viz.source", line)))
-    assert found == ["shardstream.viz.source imports shardstream.client.session"], found
+    assert found == ["shardstream.viz.source imports shardstream.client.transport.session"], found
 
 
 @pytest.mark.parametrize(

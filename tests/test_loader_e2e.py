@@ -12,7 +12,7 @@ import pyarrow.flight as flight
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import (
     FailedPreconditionError,
     FlightStatus,
@@ -322,7 +322,8 @@ def test_the_exit_hook_waits_for_a_stream_still_opening(monkeypatch: pytest.Monk
     """A DoGet still in Flight's C++ at exit (a stream opened just before its Loader was abandoned):
     the exit hook waits for it within its deadline, as for the prefetch threads, since its thread
     asking for the GIL back during finalization can abort the process."""
-    from shardstream.client import flight_call, prefetch
+    from shardstream.client import prefetch
+    from shardstream.client.transport import flight_call
 
     entered, release = threading.Event(), threading.Event()
 

@@ -45,7 +45,7 @@ import psutil
 import pytest
 import yaml
 
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import ShardstreamError
 from shardstream.server.local_fleet import LocalServer
 from shardstream.v1 import shardstream_pb2 as pb

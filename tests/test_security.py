@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
 from shardstream.client.credentials import ChannelSecurity
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import (
     NotFoundError,
     PermissionDeniedError,
@@ -121,7 +121,7 @@ def read_code(c: Connection, request: pb.ReadRequest) -> grpc.StatusCode:
     try:
         for _ in c.read(request, timeout_s=10):
             pass
-    except ShardstreamError as exc:  # what a read call raises (client/flight_call.py ReadCall)
+    except ShardstreamError as exc:  # what a read call raises (client/transport/flight_call.py ReadCall)
         return exc.status
     return grpc.StatusCode.OK
 

@@ -1,6 +1,6 @@
-"""The stream session's retry loop alone (client/session.py), over scripted calls.
+"""The stream session's retry loop alone (client/transport/session.py), over scripted calls.
 
-The calls here are stand-ins for Read calls (client/flight_call.py's ReadCall) — iterators of (header,
+The calls here are stand-ins for Read calls (client/transport/flight_call.py's ReadCall) — iterators of (header,
 payload) that end, or raise the project's error for a status code, where the script says — so every branch of the retry loop (resume at
 the first missing step, next endpoint, budget reset by progress, non-retryable codes, stop, idle
 watchdog) is exercised deterministically. The same loop against real servers, killed and restarted,
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator
 import grpc
 import pytest
 
-from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
+from shardstream.client.transport.session import CallRegistry, StreamSession
 from shardstream.errors import (
     DataLossError,
     InternalError,

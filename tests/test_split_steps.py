@@ -24,8 +24,8 @@ import pytest
 
 from shardstream.client import Loader
 from shardstream.client.parts import StepParts
-from shardstream.client.session import CallRegistry, StreamSession
 from shardstream.client.spec import RetryPolicy
+from shardstream.client.transport.session import CallRegistry, StreamSession
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError, from_grpc_error
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import Message, MessageBuilder

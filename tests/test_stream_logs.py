@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from shardstream.client import Loader
-from shardstream.client.channel import Connection
+from shardstream.client.transport.channel import Connection
 from shardstream.errors import InvalidArgumentError
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -90,7 +90,7 @@ def test_errors_carry_the_stream_id_in_text_and_json(root: Path, tmp_path: Path)
                 with pytest.raises(InvalidArgumentError) as err:
                     list(call)
                 assert err.value.status == grpc.StatusCode.INVALID_ARGUMENT
-                stream_id = call.stream_id  # the read call's (client/flight_call.py ReadCall)
+                stream_id = call.stream_id  # the read call's (client/transport/flight_call.py ReadCall)
                 assert stream_id and err.value.stream_id == stream_id
                 ok = conn.read(pb.ReadRequest(dataset="toy@1", world_size=1, batch_size=100))
                 assert sum(1 for _ in ok) >= 1

@@ -4,7 +4,7 @@ they hold.
 `Admission.admit(peer)` gives a new stream its `Ticket`, or refuses it with RESOURCE_EXHAUSTED and
 a retry hint (`grpc-retry-pushback-ms`, errors.py) when the process already runs `max_streams`
 streams, `max_streams_per_peer` of them for that peer, or its streams hold their buffer budget
-(`buffer_bytes`, `--stream-buffer-mib`). The client (client/session.py) then tries its next
+(`buffer_bytes`, `--stream-buffer-mib`). The client (client/transport/session.py) then tries its next
 endpoint after at least that long; the refusal is counted by the limit it hit. A peer is the
 client's address without its port (`peer_host`): the ranks of one host share its allowance,
 however many connections they open.

@@ -2,7 +2,7 @@
 
 Every Read stream gets a stream id (16 hex digits), sent to the client in the initial metadata
 (`x-shardstream-stream-id`) before anything else; the client's failover lines name it
-(client/session.py), so one id leads from a trainer's log to the server's lines of that stream:
+(client/transport/session.py), so one id leads from a trainer's log to the server's lines of that stream:
 
     stream.start stream_id=… peer=ipv4:10.0.0.7:53412 dataset=web@3 rank=2 world_size=8 batch_size=32
                  epoch=0 offset=40960 first_step=0 stride=1

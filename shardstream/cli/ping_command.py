@@ -1,4 +1,4 @@
-"""`shardstream ping HOST:PORT`: what answers there, in one line per address (client/port_probe.py).
+"""`shardstream ping HOST:PORT`: what answers there, in one line per address (client/transport/port_probe.py).
 
 A control port (its datasets visible to this caller and its data port), a data port (and the
 control port to give clients instead), a metrics port, TLS or a token required, or nothing. Exit 0
@@ -19,9 +19,9 @@ __all__ = ["add_commands"]
 
 
 def _cmd_ping(args: argparse.Namespace) -> int:
-    from shardstream.client.channel import normalize_endpoints
     from shardstream.client.credentials import ChannelSecurity
-    from shardstream.client.port_probe import probe
+    from shardstream.client.transport.channel import normalize_endpoints
+    from shardstream.client.transport.port_probe import probe
 
     targets = normalize_endpoints(list(args.targets))
     if any(t.startswith("dns:") for t in targets):

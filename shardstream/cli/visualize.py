@@ -49,7 +49,7 @@ def _source(args: argparse.Namespace) -> Any:
 def _reachable(source: Any) -> None:
     """Ask the fleet for its datasets once before any UI starts: an unreachable server, a data or
     metrics port, TLS or a token missing is one line and exit 1 (not a UI that fails inside)."""
-    from shardstream.client.port_probe import probe
+    from shardstream.client.transport.port_probe import probe
     from shardstream.errors import UnavailableError
 
     try:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-import shardstream.client.channel as channel
+import shardstream.client.transport.channel as channel
 from shardstream.client import Loader
 
 GO_TIMEOUT_S = 300.0  # a hang guard: the test writes the go files

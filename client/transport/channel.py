@@ -1,14 +1,16 @@
-"""gRPC channels to shardstream servers: options, retries and the stub calls, in one place.
+"""One server of the fleet: its control channel, its data plane's Flight client, the options of both.
 
 A `Connection` takes its TLS credentials and bearer token from a `ChannelSecurity`
 (credentials.py); the token rides on every call as metadata. The server names the port of its
-data plane in its GetDataset answers: Read streams are Arrow Flight DoGets on the same host
-(flight_call.py), with the same credentials, token and keepalive (and the grant it gave a caller
-it knew by a client certificate, with the proof that the certificate is this client's: credentials.py).
+data plane in its GetDataset answers (a Read's discovery) and its ListDatasets answers (a
+checkpoint call's): Read streams and checkpoint calls are Arrow Flight calls on the same host
+(`data_plane()`), over one Flight client built with FLIGHT_OPTIONS, with the same credentials, token
+and keepalive (and the grant it gave a caller it knew by a client certificate, asked again before it
+runs out, with the proof that the certificate is this client's: credentials.py, `DataPlane.options`).
 Every call raises the project's own errors (shardstream/errors.py); a Read is a `flight_call.ReadCall`.
 
-Retries: one layer, the caller's `RetryPolicy` (spec.py) — a stream session's (session.py) and
-discovery's (target.find_dataset), with its backoff and budget. gRPC keeps only what it alone can do:
+Retries: one layer, the caller's `RetryPolicy` (spec.py) counted by `retry.Attempts` — a stream
+session's (session.py), discovery's and a checkpoint call's (fleet.py), with its backoff and budget. gRPC keeps only what it alone can do:
 round-robin load balancing over the addresses of a dns:/// name (skipping those that are down), and
 its transparent retry of a call that never left this client (`grpc.enable_retries`: only gRPC knows
 the server never saw it). It has no retryPolicy of its own (the service config's methodConfig is
@@ -22,6 +24,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -31,11 +34,11 @@ from shardstream import allocator
 from shardstream.errors import InvalidArgumentError, from_grpc_error, status_error
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .credentials import ChannelSecurity
+from ..credentials import ChannelSecurity
 from .flight_call import FlightCall, ReadCall
 from .port_probe import wrong_port
 
-__all__ = ["Connection", "normalize_endpoints"]
+__all__ = ["CHANNEL_OPTIONS", "FLIGHT_OPTIONS", "Connection", "DataPlane", "normalize_endpoints"]
 
 _SERVICE = "shardstream.v1.ShardStream"
 
@@ -70,21 +73,26 @@ CHANNEL_OPTIONS = [
 ]
 
 
-# The Flight data plane's channel: the same keepalive time and timeouts as CHANNEL_OPTIONS (a silent
-# server is noticed), within what its server allows. pyarrow's Flight server takes no gRPC server
-# options, so it polices pings with gRPC's defaults: while it sends nothing, a ping sooner than 5 min
-# after the last (grpc.http2.min_ping_interval_without_data_ms 300000) is a strike, on a connection
-# without calls any ping is (grpc.keepalive_permit_without_calls 0), and the third strike
-# (grpc.http2.max_ping_strikes 2) ends the connection: GOAWAY ENHANCE_YOUR_CALM "too_many_pings", with
-# the streams on it. Pinging every 10 s regardless, a Loader whose training step outlasted 40 s (its
-# prefetch queue full, the stream waiting) lost its stream that way. So here: no pings without calls,
-# and one ping per frame this client sends (grpc.http2.max_pings_without_data 1; a window update as the
-# loop reads on, a new call) — the server's first ping after it sent anything is never a strike, so
-# a pause of any length costs none (tests/test_keepalive.py).
+# The Flight data plane's channel — of every Read stream and every checkpoint call (Connection.data_plane):
+# the same keepalive time and timeouts as CHANNEL_OPTIONS (a silent server is noticed), within what its
+# server allows. pyarrow's Flight server takes no gRPC server options, so it polices pings with gRPC's
+# defaults: while it sends nothing, a ping sooner than 5 min after the last
+# (grpc.http2.min_ping_interval_without_data_ms 300000) is a strike, on a connection without calls any
+# ping is (grpc.keepalive_permit_without_calls 0), and the third strike (grpc.http2.max_ping_strikes 2)
+# ends the connection: GOAWAY ENHANCE_YOUR_CALM "too_many_pings", with the streams on it. Pinging every
+# 10 s regardless, a Loader whose training step outlasted 40 s (its prefetch queue full, the stream
+# waiting) lost its stream that way (tests/test_keepalive.py).
 FLIGHT_OPTIONS = [
-    *((k, v) for k, v in CHANNEL_OPTIONS if k in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    # Ping every 10 s while a call is open, and give up after 5 s without an answer ...
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    # ... which grpcio 1.85 does not apply to the ping: an unanswered ping ends the connection after
+    # ping_timeout_ms (60 s by default). Without it a blackholed server went unnoticed for 60 s.
     ("grpc.http2.ping_timeout_ms", 5_000),
+    # No pings on a connection without calls (a strike at the Flight server)...
     ("grpc.keepalive_permit_without_calls", 0),
+    # ... and one ping per frame this client sends (a window update as the loop reads on, a new call):
+    # the server's first ping after it sent anything is never a strike, so a pause of any length costs none.
     ("grpc.http2.max_pings_without_data", 1),
 ]
 DISCOVERY_TIMEOUT_S = 10.0  # the GetDataset that tells a stream's first call the server's data port
@@ -185,12 +193,21 @@ class Connection:
         """A Read stream: a Flight DoGet on the server's data plane (its port from GetDataset), an
         iterator of (header, rows) that can be cancelled; `timeout_s`: a deadline for the whole
         stream (None: none; the Loader's streams have none, its idle watchdog ends a silent one)."""
+        name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
+        plane = self.data_plane(name)
+        ticket = request.SerializeToString()  # the proof of a grant signs these very bytes
+        options = plane.options(ticket, timeout_s)
+        return FlightCall(plane.client, ticket, options, self.forget_data_port, target=self.target)
+
+    def data_plane(self, dataset: str | None) -> DataPlane:
+        """The server's data plane: its Flight client (one per server, FLIGHT_OPTIONS) and this
+        caller's grant there. Asked for first when not known yet or when the grant runs out:
+        GetDataset(`dataset`) for a Read, ListDatasets (`dataset` None) for a checkpoint call. A
+        failure is the ShardstreamError a call would raise: the caller's RetryPolicy retries it as one."""
         data_port = self._data_port
         stale_grant = self._grant and time.monotonic() > self._grant_until - GRANT_MARGIN_S
-        if data_port is None or stale_grant:  # not asked yet (or its grant runs out): GetDataset
-            # (a failure is the ShardstreamError a Read would raise: the session retries it as one)
-            name = request.dataset or (request.mixture[0].dataset if request.mixture else "")
-            data_port = self._discover(pb.GetDatasetRequest(dataset=name)).data_port
+        if data_port is None or stale_grant:  # not asked yet (or its grant runs out)
+            data_port = self._discover(dataset)
         if not data_port:  # a server from before the Flight data plane
             raise status_error(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -204,28 +221,26 @@ class Connection:
                     FLIGHT_OPTIONS,
                     server_name=self._host if self._dns else None,
                 )
-            client = self._flight
-            grant = self._grant
-        ticket = request.SerializeToString()
-        headers = self._flight_call_headers
-        if grant:  # with the proof that it is this client's (the data plane cannot see the certificate)
-            headers = [*headers, *self._security.grant_headers(grant, ticket)]
-        options = flight.FlightCallOptions(headers=headers, timeout=timeout_s)
-        return FlightCall(client, ticket, options, self.forget_data_port, target=self.target)
+            return DataPlane(self._flight, f"{self._data_host}:{data_port}", self._grant, self)
 
-    def _discover(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
-        """GetDataset from the server the next stream will dial (a failure is the ShardstreamError a
-        Read would raise: the session retries it as one)."""
+    def _discover(self, dataset: str | None) -> int:
+        """GetDataset (or ListDatasets) from the server the next call will dial; its data port."""
+        request: pb.GetDatasetRequest | pb.ListDatasetsRequest
+        if dataset is None:
+            method, request, answer = "ListDatasets", pb.ListDatasetsRequest(), pb.ListDatasetsResponse
+        else:
+            method, request, answer = "GetDataset", pb.GetDatasetRequest(dataset=dataset), pb.DatasetInfo
         try:
-            return self._discover_once(request)
+            return self._discover_once(method, request, answer)
         except grpc.RpcError as exc:
-            raise from_grpc_error(exc, target=self.target) from exc
+            # a checkpoint call's says what answers there when it is no control port, as ListDatasets does
+            raise (self._error(exc) if dataset is None else from_grpc_error(exc, target=self.target)) from exc
 
-    def _discover_once(self, request: pb.GetDatasetRequest) -> pb.DatasetInfo:
+    def _discover_once(self, method: str, request: Any, answer: Any) -> int:
         if not self._dns:
-            info = self._get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
-            self._remember(info, self._host)
-            return info
+            call = self._get if method == "GetDataset" else self._list
+            info = call(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
+            return self._remember(info, self._host)
         address = self._next_address()
         options = list(CHANNEL_OPTIONS)
         if self._security.tls and not self._security.server_name:  # the certificate names the name
@@ -233,15 +248,14 @@ class Connection:
         channel = self._security.channel(f"{address}:{self._port}", options)
         try:
             get = channel.unary_unary(
-                f"/{_SERVICE}/GetDataset",
-                request_serializer=pb.GetDatasetRequest.SerializeToString,
-                response_deserializer=pb.DatasetInfo.FromString,
+                f"/{_SERVICE}/{method}",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=answer.FromString,
             )
             info = get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
         finally:
             channel.close()
-        self._remember(info, address)
-        return info
+        return self._remember(info, address)
 
     def _next_address(self) -> str:
         """The next address of a dns:/// target's name, in turn (resolved anew each time)."""
@@ -254,15 +268,20 @@ class Connection:
         self._picks += 1
         return f"[{address}]" if ":" in address else address
 
-    def _remember(self, info: pb.DatasetInfo, host: str) -> None:
-        """The data plane a GetDataset answer names: its host and port, and the caller's grant there."""
+    def _remember(self, info: pb.DatasetInfo | pb.ListDatasetsResponse, host: str) -> int:
+        """The data plane a GetDataset (or ListDatasets) answer names: its host and port, and the
+        caller's grant there; the port."""
+        data_port = info.data_port
+        if not data_port and isinstance(info, pb.ListDatasetsResponse) and info.datasets:
+            data_port = info.datasets[0].data_port  # a server that named it per dataset only
         with self._flight_lock:
-            if (host, info.data_port) != (self._data_host, self._data_port):
+            if (host, data_port) != (self._data_host, self._data_port):
                 self._flight = None  # another server: a client of its own (the old one is let go)
             self._data_host = host
-            self._data_port = info.data_port
+            self._data_port = data_port
             self._grant = info.data_grant
             self._grant_until = time.monotonic() + info.data_grant_ttl_s
+        return data_port
 
     def forget_data_port(self) -> None:
         """Ask the server for its data port again before the next stream (it may have restarted)."""
@@ -275,3 +294,22 @@ class Connection:
         with self._flight_lock:  # let go, not closed: a stream still reading on it keeps it (flight_call.py)
             self._flight = None
         self._channel.close()
+
+
+@dataclass(frozen=True)
+class DataPlane:
+    """A server's Flight data plane as one call finds it: the client, where it goes, the caller's grant."""
+
+    client: flight.FlightClient
+    target: str  # host:port of the data plane
+    grant: bytes  # "" unless the server knew this caller by its client certificate
+    conn: Connection
+
+    def options(self, signed: bytes, timeout_s: float | None) -> flight.FlightCallOptions:
+        """A call's options: the token; or the grant with the proof over `signed` (what the call
+        asks: a Read's ticket, checkpoint_format.signed_bytes) that this client holds the certificate
+        the grant names; and its deadline (None: none)."""
+        headers = self.conn._flight_call_headers
+        if self.grant:  # the data plane cannot see the certificate
+            headers = [*headers, *self.conn._security.grant_headers(self.grant, signed)]
+        return flight.FlightCallOptions(headers=headers, timeout=timeout_s)

@@ -33,7 +33,7 @@ import pyarrow.flight as flight
 
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .credentials import ChannelSecurity
+from ..credentials import ChannelSecurity
 
 __all__ = ["PortReport", "VERSION_METADATA", "probe", "wrong_port"]
 

@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterator
 from shardstream.errors import RETRY_ONCE_CODES, RETRYABLE_CODES, ShardstreamError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 
-from . import metrics
+from .. import metrics
+from ..parts import StepParts
+from ..spec import RetryPolicy
 from .flight_call import Message, ReadCall, ReadOpener
-from .parts import StepParts
-from .spec import RetryPolicy
+from .retry import Attempts
 
 __all__ = ["CallRegistry", "Message", "StreamSession"]
 
@@ -107,11 +108,10 @@ class StreamSession:
         self.next_step = first_step  # the first of its steps not yet received
         self.step_stride = step_stride
         self._retry = retry
+        self._attempts = Attempts(retry)  # failures in a row, without progress, and since when
         self._what = what  # for errors: "web@3 epoch 2", "... (stream 1 of 4)"
         self._call: ReadCall | None = None
         self._it: Iterator[Message] | None = None
-        self.failures = 0  # in a row, without progress
-        self._failing_since = 0.0  # when the first of them happened
         # A DATA_LOSS/INTERNAL was retried elsewhere in this session. Not reset by progress: a resumed
         # stream delivers the steps before the bad one, and a reset would retry once per step.
         self._retried_once = False
@@ -154,7 +154,7 @@ class StreamSession:
                 header, rows = whole
                 if header.steps:
                     self.next_step += len(header.steps) * self.step_stride
-                    self.failures = 0  # progress resets the retry budget
+                    self._attempts.progress()  # progress resets the retry budget
                 return header, rows
             if not self.retry(error):
                 return None
@@ -166,13 +166,11 @@ class StreamSession:
         Raises UnavailableError once the retry budget (failures in a row and time) is spent."""
         stream_id = self._stream_id()  # before close() cancels the call
         self.close()
-        now = time.monotonic()
-        if self.failures == 0:
-            self._failing_since = now
-        self.failures += 1
+        attempts = self._attempts
+        more = attempts.failed()
         self._metrics.retries.inc()
-        failing_s = now - self._failing_since
-        if self.failures > self._retry.max_retries and failing_s >= self._retry.budget_s:
+        if not more:
+            failing_s = attempts.failing_s
             raise UnavailableError(
                 f"gave up on {self._what} at step {self.next_step} after {self.failures - 1} retries in "
                 f"{failing_s:.1f} s over {', '.join(self.endpoints)} (last error: {error or 'stream ended early'})"
@@ -181,7 +179,7 @@ class StreamSession:
             self._metrics.failovers.inc()
         left = self.endpoints[self.endpoint]
         self.endpoint = (self.endpoint + 1) % len(self.endpoints)
-        wait = self._retry.backoff_s(self.failures)
+        wait = attempts.backoff_s()
         # An endpoint that asked to be left alone (a busy server's hint) is not tried before then.
         until = self._pushback.pop(self.endpoint, 0.0)
         wait = max(wait, min(until - time.monotonic(), self._retry.backoff_max_s))
@@ -200,6 +198,11 @@ class StreamSession:
             self.failures,
         )
         return not self._calls.stopped.wait(wait)
+
+    @property
+    def failures(self) -> int:
+        """Failures in a row, without progress."""
+        return self._attempts.failures
 
     def _stream_id(self) -> str:
         """The server's id of the current stream, '-' if it sent none yet."""
