@@ -27,6 +27,7 @@ BENCHMARKS = [
     "loadtest.decode_bench",
     "loadtest.flight_bench",
     "loadtest.gpu_check",
+    "loadtest.hf_resume_bench",
     "loadtest.integrity_bench",
     "loadtest.plan_bench",
     "loadtest.resume_bench",
