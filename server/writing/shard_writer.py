@@ -10,6 +10,7 @@ rest of an ingest: inputs, schemas, staging, upload and registration.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -37,11 +38,21 @@ def describe_shard(path: Path, uri: str) -> Shard:
     return Shard(uri=uri, rows=sum(groups), bytes=read, row_groups=groups, sha256=digest, checksums=sums)
 
 
+def group_rows(row_group_bytes: int, row_bytes: int) -> int:
+    """Rows a row group of about `row_group_bytes` holds: the power of two nearest that many rows
+    (within 0.71x-1.41x of the bytes). Batch sizes are powers of two mostly, so an unshuffled
+    stream's messages then lie within one row group each and are sent as slices of it: with 496-row
+    groups (4 MiB of 8 KiB token rows) every 512-row message straddled two and was copied out of
+    them — 9x the build's CPU (loadtest/README.md, "Row groups of a power of two")."""
+    rows = max(1.0, row_group_bytes / max(1, row_bytes))
+    return int(min(1 << 20, 1 << round(math.log2(rows))))
+
+
 class ShardWriter:
     """Writes batches into Parquet shards under `out_dir` (`<dataset>/data/<ingest id>/`).
 
-    Row groups hold `row_group_rows` rows, or (None) as many as make about `row_group_bytes`
-    judging by the first batch; a shard is closed after `shard_rows` rows, or (None) about
+    Row groups hold `row_group_rows` rows, or (None) about `row_group_bytes` judging by the first
+    batch, rounded to a power of two (`group_rows`); a shard is closed after `shard_rows` rows, or (None) about
     `shard_bytes` bytes (uncompressed).
     """
 
@@ -74,7 +85,7 @@ class ShardWriter:
             return
         if self._rows_per_group is None:
             per_row = max(1, batch.nbytes // batch.num_rows)
-            self._rows_per_group = max(1, min(1 << 20, self._row_group_bytes // per_row))
+            self._rows_per_group = group_rows(self._row_group_bytes, per_row)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         while self._pending_rows >= self._rows_per_group:
