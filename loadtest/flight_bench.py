@@ -1,6 +1,6 @@
 """Data plane A/B: shardstream's data plane (Arrow Flight DoGet) against Flight DoGet from memory.
 
-    python -m loadtest.flight_bench [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
+    python -m loadtest.flight_bench [--shape vec|tokens|tiny|image] [--mib 512] [--pairs 3] [--epochs 2] [--batch-mib 2]
                                     [--shuffle none block full] [--no-loader] [--ceiling] [--gather]
                                     [--json PATH]
 
@@ -101,6 +101,15 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main", "run"]
 
+# The shapes users have (issue "performance IV"): name -> (payload bytes a row, what it is). "vec" is the
+# original dataset (loadtest.bench's); the others are written by `_write_shape`, one column each.
+SHAPES = {
+    "vec": (ROW_BYTES, "id int64 + vec fixed_size_list<float32>[256] (1,032 B rows)"),
+    "tokens": (4 * 2048, "tokens fixed_size_list<int32>[2048] (8 KiB rows: LLM pretraining data)"),
+    "tiny": (4 * 16, "tokens fixed_size_list<int32>[16] (64 B rows: tiny samples)"),
+    "image": (150 * 1024, "image binary, ~150 KiB encoded bytes a row (126-174 KiB, incompressible)"),
+}
+
 BASELINE = "flight"
 DOGET = "doget"
 LOADER = "loader"
@@ -111,6 +120,64 @@ BUILD_THREADS = "flight-build"  # the data plane's build threads, by their names
 TARGET_MB_PER_S = 0.9  # issue #26: per stream >= 0.9x Flight DoGet from memory where they share 2 cores
 TARGET_SERVER_CPU = 1.2  # ... server CPU/GB <= 1.2x Flight's
 TARGET_CLIENT_CPU = 1.1  # ... the Loader's client CPU/GB <= 1.1x a plain pyarrow.flight reader's
+
+
+# --- the dataset of a shape --------------------------------------------------------------------
+def shape_layout(shape: str, mib: int, batch_mib: float) -> Layout:
+    """Layout.plan's rows for a shape's row size: batches of ~batch_mib, row groups of two batches."""
+    row_bytes = SHAPES[shape][0]
+    batch_rows = max(1, int(batch_mib * (1 << 20)) // row_bytes)
+    group = 2 * batch_rows
+    groups_per_shard = max(1, round(256 * (1 << 20) / (group * row_bytes)))
+    groups = max(1, round(mib * (1 << 20) / (group * row_bytes)))
+    return Layout(batch_rows, group, group * groups_per_shard, group * groups)
+
+
+def _write_shape(path: Path, shape: str, num_rows: int) -> None:
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    chunk = 4096 if shape != "image" else 256
+    writer = None
+    try:
+        for start in range(0, num_rows, chunk):
+            n = min(chunk, num_rows - start)
+            if shape == "image":  # lengths averaging the row size exactly over each chunk
+                mean = SHAPES["image"][0]
+                sizes = (mean + rng.integers(-24 << 10, 24 << 10, n)).astype(np.int64)
+                sizes[-1] += mean * n - int(sizes.sum())
+                blob = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
+                offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+                col = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+                table = pa.table({"image": col})
+            else:
+                width = SHAPES[shape][0] // 4
+                values = pa.array(rng.integers(0, 50_000, n * width, dtype=np.int32))
+                table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(values, width)})
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def build_shape_dataset(workdir: Path, layout: Layout, shape: str) -> tuple[Path, list[Path]]:
+    """(registry root, shard paths in dataset order) of a shape's dataset (bench.build_dataset's for "vec")."""
+    if shape == "vec":
+        return build_dataset(workdir, layout)
+    from shardstream.registry import Registry
+    from shardstream.server.writing.ingest import IngestOptions, ingest
+
+    src = workdir / "src" / f"{shape}.parquet"
+    src.parent.mkdir()
+    _write_shape(src, shape, layout.num_rows)
+    root = workdir / "root"
+    options = IngestOptions(row_group_rows=layout.row_group_rows, shard_rows=layout.shard_rows, progress=False)
+    manifest = ingest(src, DATASET, root, options)
+    src.unlink()
+    registry = Registry(root)
+    return root, [registry.shard_path(manifest, s.uri) for s in manifest.shards]
 
 
 # --- in each path's client process ------------------------------------------------------------
@@ -162,8 +229,10 @@ def stream_pass(
     epochs: int,
     server_pid: int,
     mode: str = "none",
+    row_bytes: int = ROW_BYTES,
 ) -> dict[str, Any]:
-    """`epochs` whole epochs, one stream each, of `path`, timed; run in that path's client process."""
+    """`epochs` whole epochs, one stream each, of `path`, timed; run in that path's client process
+    (`row_bytes`: the shape's payload a row, on average)."""
     ref, fingerprint = dataset
     me = psutil.Process()
     peaks = _reset_peak_rss(me.pid) and _reset_peak_rss(server_pid)
@@ -216,17 +285,17 @@ def stream_pass(
     main_cpu = time.thread_time() - m0  # (the Loader's close, after the last batch, counts too)
     client_cpu, server_cpu = _cpu_s(me) - c0, tree_cpu_s(server_pid) - s0
     build_cpu = tree_threads_cpu_s(server_pid, BUILD_THREADS) - b0
-    gb = rows * ROW_BYTES / 1e9
+    gb = rows * row_bytes / 1e9
     w = np.array(waits) * 1e3
     return {
         "path": path,
         "mode": mode,
         "batches": n,
         "rows": rows,
-        "payload_bytes": rows * ROW_BYTES,
+        "payload_bytes": rows * row_bytes,
         "received_bytes": received,  # batches' buffers (+ app_metadata on the plain DoGet paths)
         "wall_s": wall,
-        "mb_per_s": rows * ROW_BYTES / wall / 1e6,
+        "mb_per_s": rows * row_bytes / wall / 1e6,
         "first_batch_ms": first * 1e3,
         "wait_p50_ms": float(np.percentile(w, 50)) if len(w) else float("nan"),
         "wait_p99_ms": float(np.percentile(w, 99)) if len(w) else float("nan"),
@@ -320,7 +389,9 @@ def summarize(passes: list[dict[str, Any]], paths: tuple[str, ...], modes: tuple
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    layout = Layout.plan(args.mib, args.batch_mib)
+    shape = getattr(args, "shape", "vec")
+    row_bytes = SHAPES[shape][0]
+    layout = Layout.plan(args.mib, args.batch_mib) if shape == "vec" else shape_layout(shape, args.mib, args.batch_mib)
     paths = (BASELINE, DOGET) if getattr(args, "no_loader", False) else (BASELINE, DOGET, LOADER)
     if getattr(args, "ceiling", False):
         paths = (*paths, GENERATOR)
@@ -332,10 +403,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardstream-flight-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         log(
-            f"building {layout.num_rows * ROW_BYTES / (1 << 20):.0f} MiB ({layout.num_rows} rows) in {workdir}"
+            f"building {layout.num_rows * row_bytes / (1 << 20):.0f} MiB ({layout.num_rows} rows of {shape}) in {workdir}"
         )
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            root, shards = pool.submit(build_dataset, workdir, layout).result()
+            root, shards = pool.submit(build_shape_dataset, workdir, layout, shape).result()
         server = stack.enter_context(LocalServer(root, extra_args=("--cache-mib", str(CACHE_MIB))))
         baseline = stack.enter_context(
             FlightProcess(workdir, shards, layout.batch_rows, from_memory=True, env=MALLOC_ENV, name=BASELINE)
@@ -367,7 +438,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     p = (
                         clients[name]
                         .pool.submit(
-                            stream_pass, name, target, dataset, layout.batch_rows, args.epochs, pid, mode
+                            stream_pass, name, target, dataset, layout.batch_rows, args.epochs, pid, mode, row_bytes
                         )
                         .result()
                     )
@@ -387,12 +458,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "shuffle_modes": list(modes),
             "batch_mib": args.batch_mib,
             "batch_rows": layout.batch_rows,
-            "batch_bytes": layout.batch_rows * ROW_BYTES,
+            "shape": shape,
+            "shape_is": SHAPES[shape][1],
+            "batch_bytes": layout.batch_rows * row_bytes,
             "rows": layout.num_rows,
             "shards": len(shards),
             "epochs_per_pass": args.epochs,
-            "gb_per_pass": layout.num_rows * ROW_BYTES * args.epochs / 1e9,
-            "row_bytes": ROW_BYTES,
+            "gb_per_pass": layout.num_rows * row_bytes * args.epochs / 1e9,
+            "row_bytes": row_bytes,
             "server_cache_mib": CACHE_MIB,
             "malloc_env": MALLOC_ENV,
             "baseline": "loadtest/flight_server.py --from-memory (RecordBatchStream of the table)",
@@ -415,7 +488,7 @@ def _fmt(s: dict[str, float], digits: int = 0) -> str:
 def print_report(result: dict[str, Any]) -> None:
     cfg, summary = result["config"], result["summary"]
     print(
-        f"\ndata plane A/B: {cfg['rows']} rows x {cfg['row_bytes']} B, batches of {cfg['batch_rows']} rows "
+        f"\ndata plane A/B, {cfg.get('shape_is', 'vec')}: {cfg['rows']} rows x {cfg['row_bytes']} B, batches of {cfg['batch_rows']} rows "
         f"({cfg['batch_bytes'] / (1 << 20):.2f} MiB), {cfg['epochs_per_pass']} epochs "
         f"({cfg['gb_per_pass']:.2f} GB) per pass, {cfg['pairs']} rounds after a warm-up; pyarrow "
         f"{result['versions']['pyarrow']}, {result['machine']['cpus']} CPUs"
@@ -480,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=MODES,
         default=["none"],
         help="shuffle modes, each a pass per path and round",
+    )
+    ap.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="vec",
+        help="the rows: " + "; ".join(f"{k}: {v[1]}" for k, v in SHAPES.items()) + " (default vec)",
     )
     ap.add_argument(
         "--no-loader", action="store_true", help="leave out the Loader path (the two plain DoGets only)"
