@@ -144,8 +144,9 @@ def _write_shape(path: Path, shape: str, num_rows: int) -> None:
             n = min(chunk, num_rows - start)
             if shape == "image":  # lengths averaging the row size exactly over each chunk
                 mean = SHAPES["image"][0]
-                sizes = (mean + rng.integers(-24 << 10, 24 << 10, n)).astype(np.int64)
-                sizes[-1] += mean * n - int(sizes.sum())
+                spread = rng.integers(-24 << 10, 24 << 10, n)
+                sizes = (mean + spread - int(round(spread.mean()))).astype(np.int64)
+                sizes[-1] += mean * n - int(sizes.sum())  # (under n bytes)
                 blob = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
                 offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
                 col = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
