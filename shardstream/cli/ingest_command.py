@@ -96,7 +96,7 @@ def add_commands(sub: Any) -> None:
         "--row-group-mib",
         type=common.positive_int,
         default=4,
-        help="target row-group size, uncompressed (default 4)",
+        help="target row-group size, uncompressed (default 4): the power of two of rows nearest it, so that power-of-two batches of an unshuffled read lie within one row group (sent without a copy)",
     )
     sp.add_argument(
         "--row-group-rows",

@@ -132,7 +132,7 @@ def add_commands(sub: Any) -> None:
         "--row-group-mib",
         type=common.positive_int,
         default=4,
-        help="target row-group size of the output (default 4)",
+        help="target row-group size of the output (default 4; the power of two of rows nearest it)",
     )
     sp.add_argument(
         "--change",
