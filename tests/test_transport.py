@@ -5,16 +5,26 @@ A Loader's Read and a Checkpointer's call dial the data plane with the one FLIGH
 timeout included (before, the checkpoint list had 2 of its 5 keys: a blackholed server went unnoticed
 for 60 s on a save instead of 5); a checkpoint call that fails as a stream would be resumed elsewhere
 is retried on the next endpoint with the policy's backoff, until its count and time budget are spent.
-The same against real servers, killed between calls: test_checkpoint.py.
+The last test does it against real servers: a checkpoint call on a data plane that goes silent
+(a blackhole proxy: it accepts, sends nothing) moves to the other server after a keepalive ping and
+its timeout (10 s + 5 s), well before gRPC's default ping timeout (60 s) would have ended it. Servers
+killed between calls: test_checkpoint.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow.flight as flight
 import pytest
 
+from loadtest.chaos_net import Blackhole
+from shardstream.client.checkpoint import Checkpointer
 from shardstream.client.checkpoint.transport import CheckpointSession
 from shardstream.client.credentials import ChannelSecurity
 from shardstream.client.spec import RetryPolicy
@@ -23,6 +33,8 @@ from shardstream.client.transport.channel import FLIGHT_OPTIONS, Connection
 from shardstream.client.transport.retry import Attempts
 from shardstream.errors import PermissionDeniedError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
+
+from .support.servers import Servers, data_port_behind, unused_port
 
 
 class Clock:
@@ -59,7 +71,7 @@ class FakeFlight:
         return iter([flight.Result(b'{"steps": [1, 2]}')])
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def discovery_without_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every server names data port 9000 (GetDataset for a Read, ListDatasets for a checkpoint call)."""
     dialled.clear()
@@ -70,6 +82,7 @@ def discovery_without_a_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Connection, "_discover", discover)
 
 
+@pytest.mark.usefixtures("discovery_without_a_server")
 def test_reads_and_checkpoint_calls_dial_the_data_plane_with_the_one_option_list() -> None:
     security = Recorder()
     reads = fleet.Fleet(["127.0.0.1:7070"], security, RetryPolicy(), owner="Loader")
@@ -189,3 +202,31 @@ def test_the_dead_data_plane_branch_is_gone() -> None:
     with pytest.raises(InvalidArgumentError, match="has a scheme"):
         CheckpointSession(["grpc+tcp://127.0.0.1:7071"], "run-1", ChannelSecurity())
     assert "grpc+tcp" not in inspect.getsource(transport) and "grpc+tcp" not in inspect.getsource(channel)
+
+
+# --- against real servers --------------------------------------------------------------------------
+SILENT_BOUND_S = 45.0  # a ping and its timeout: 15 s; gRPC's default ping timeout alone: 60 s
+
+
+def test_a_blackholed_data_plane_is_left_within_the_ping_timeout_on_a_checkpoint_call(
+    data_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "checkpoints"  # both servers keep the same checkpoints (one host: one directory)
+    data_port = unused_port()
+    with Blackhole(data_port) as proxy, Servers(data_root) as servers:
+        behind = servers.start(extra_args=("--checkpoint-root", str(root), *data_port_behind(proxy, data_port)))
+        stable = servers.start(extra_args=("--checkpoint-root", str(root)))
+        # a job whose calls start at the server behind the proxy (the ranks of a job start at one, by its name)
+        job = next(j for j in (f"silent-{i}" for i in range(64)) if int(hashlib.sha256(j.encode()).hexdigest(), 16) % 2 == 0)
+        with Checkpointer([behind.target, stable.target], job=job) as ck, caplog.at_level(logging.WARNING):
+            assert ck.steps() == [] and ck.server.endswith(f":{proxy.port}")
+            proxy.blackhole()
+            got: list[Any] = []
+            t0 = time.monotonic()
+            thread = threading.Thread(target=lambda: got.append(ck.steps()), daemon=True)
+            thread.start()
+            thread.join(SILENT_BOUND_S)
+            waited_s = time.monotonic() - t0
+            assert got == [[]], f"the call on a silent data plane did not move on within {waited_s:.0f} s"
+            assert ck.server.endswith(f":{stable.data_port}") and proxy.swallowed_bytes > 0
+        assert any("retrying on" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
