@@ -152,8 +152,8 @@ def _stop_live_producers() -> None:
     streaming. A daemon thread still inside Arrow's C++ (a Flight read) when the interpreter finalizes
     is ended by CPython with pthread_exit as it asks for the GIL back, and that unwinding through C++
     frames can abort the process ("terminate called without an active exception": a DataLoader
-    worker killed by SIGABRT at shutdown). The threads still inside a DoGet (flight_call.py) are
-    waited for in the same deadline, for the same reason."""
+    worker killed by SIGABRT at shutdown). The threads still inside a DoGet (transport/flight_call.py)
+    are waited for in the same deadline, for the same reason."""
     producers = list(_LIVE)
     for producer in producers:  # every stream cancelled first: the threads end side by side
         producer.cancel()

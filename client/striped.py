@@ -8,9 +8,10 @@ reading that stream's next message only when it has none left. Every stream runs
 its messages in flight (gRPC's flow-control window), so the servers work in parallel while the
 order, bytes and cursors are exactly those of a single stream.
 
-Each stream is a `StreamSession` (session.py): one that breaks or whose server is unavailable is
-reopened — on its next endpoint — at the first of its steps not yet received, with jittered
-exponential backoff, within the retry budget (per stream; progress resets it), as a single stream is.
+Each stream is a `StreamSession` (transport/session.py): one that breaks or whose server is
+unavailable is reopened — on its next endpoint — at the first of its steps not yet received, with
+jittered exponential backoff, within the retry budget (per stream; progress resets it), as a single
+stream is.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
     checkpointer.py  Checkpointer (save, load, steps, latest, follow) and SaveHandle
     chunks.py        ChunkStore: byte ranges as content-addressed chunks (hash, has, put), commit, fetch
     state_tree.py    staging a state tree to host memory, and putting a loaded one back
-    transport.py     the Flight calls to a server's data plane (DoPut, DoGet, DoAction, ListFlights)
+    transport.py     the Flight calls to a server's data plane (DoPut, DoGet, DoAction, ListFlights),
+                     a thin layer over the client's one fleet session (client/transport/fleet.py)
     dcp.py           torch.distributed.checkpoint StorageWriter / StorageReader over the same calls
     checkpoint_metrics.py  shardstream_client_checkpoint_* (stall, upload lag, bytes sent, dedup, loaded)
 
