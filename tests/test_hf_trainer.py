@@ -1,5 +1,6 @@
 """transformers.Trainer (client/integrations/hf_trainer.py): a run killed with SIGKILL and resumed from
-its last checkpoint trains on exactly the samples of an uninterrupted run, reading no batch twice.
+its last checkpoint trains on exactly the samples of an uninterrupted run, reading no batch twice; a
+checkpoint without the Loader's state is refused.
 
 Through the session's two real servers; each run is a fresh process (tests/support/hf_trainer_run.py)
 training a tiny GPT-2 made from a config.
@@ -8,6 +9,7 @@ training a tiny GPT-2 made from a config.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -54,8 +56,18 @@ def test_a_killed_trainer_resumes_on_the_samples_an_uninterrupted_run_trains(
     loader = state["stateful_callbacks"]["ShardStreamCallback"]["attributes"]["loader_state"]["loader"]
     assert (loader["epoch"], loader["offset"], loader["steps"]) == (0, last * ACCUMULATE * BATCH, last * ACCUMULATE)
 
-    done = finish_group(start_run(config("run", resume=True)), RUN_TIMEOUT_S)
+    # a copy of the checkpoint without the Loader state: refused, never trained from the data's start
+    shutil.copytree(tmp_path / "run", tmp_path / "stateless")
+    bare = tmp_path / "stateless" / f"checkpoint-{last}" / "trainer_state.json"
+    bare.write_text(json.dumps({**state, "stateful_callbacks": {
+        k: v for k, v in state["stateful_callbacks"].items() if k != "ShardStreamCallback"}}))
+
+    resuming, refused = start_run(config("run", resume=True)), start_run(config("stateless", resume=True))
+    done, not_done = finish_group(resuming, RUN_TIMEOUT_S), finish_group(refused, RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not_done.returncode != 0 and "FailedPreconditionError" in not_done.stderr, not_done.stderr[-3000:]
+    assert "holds no shardstream Loader state" in not_done.stderr
+    assert (tmp_path / "stateless.jsonl").read_text() == ""  # not one batch trained
     resumed, resumed_end = _lines(tmp_path / "run.jsonl")
     resumed = resumed[len(first):]
     assert resumed_end is not None

@@ -1,10 +1,11 @@
 """PyTorch Lightning (client/integrations/lightning.py): a fit killed with SIGKILL and resumed from its
 last checkpoint trains on exactly the samples of an uninterrupted fit — with Lightning's own checkpoint
-files, and with ShardStreamCheckpointIO keeping them on the fleet.
+files, and with ShardStreamCheckpointIO keeping them on the fleet; a checkpoint without the
+DataModule's state is refused.
 
 Through a real server process; each fit is a fresh process (tests/support/lightning_run.py) training a
 tiny torch model. Lightning takes ~10 s to import, so the fits run side by side: the uninterrupted one
-and both killed ones, then both resumed ones.
+and both killed ones, then both resumed ones with one from a checkpoint stripped of the state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .support.lightning_run import start_run
 from .support.processes import finish_group
 from .support.servers import Servers
 
+torch = pytest.importorskip("torch")
+
 BATCH, MAX_STEPS, EVERY, KILL_AT = 4, 12, 4, 10
 LAST = KILL_AT // EVERY * EVERY  # the newest checkpoint when the fit is killed
 RUN_TIMEOUT_S = 240.0
@@ -34,12 +37,18 @@ def _lines(log: Path) -> tuple[list[dict[str, Any]], str | None]:
     return [r for r in rows if "step" in r], (ends[0] if ends else None)
 
 
-def _run_all(configs: dict[str, dict[str, Any]]) -> None:
+def _run_all(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Start every fit at once; each exits 0, or is killed (kill_at), or fails (a "fails" key); their stderr."""
     procs = {name: start_run(config) for name, config in configs.items()}
     done = {name: finish_group(proc, RUN_TIMEOUT_S) for name, proc in procs.items()}
     for name, config in configs.items():
-        want = -signal.SIGKILL if config["kill_at"] is not None else 0
-        assert done[name].returncode == want, (name, done[name].stderr[-3000:])
+        code = done[name].returncode
+        if config.get("fails"):
+            assert code not in (0, -signal.SIGKILL), (name, done[name].stderr[-3000:])
+        else:
+            want = -signal.SIGKILL if config["kill_at"] is not None else 0
+            assert code == want, (name, done[name].stderr[-3000:])
+    return {name: d.stderr for name, d in done.items()}
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +69,20 @@ def fits(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         runs = {"whole": config("whole"), "files": config("files"), "fleet": config("fleet", job="lightning-fleet")}
         _run_all({"whole": runs["whole"], **{k: {**runs[k], "kill_at": KILL_AT} for k in ("files", "fleet")}})
         killed = {k: _lines(tmp / f"{k}.jsonl")[0] for k in ("files", "fleet")}
-        _run_all({
-            "files": {**runs["files"], "resume": str(tmp / "files" / f"epoch=0-step={LAST}.ckpt")},
+        # the checkpoint file without the DataModule's state: refused, never trained from the data's start
+        ckpt_file = tmp / "files" / f"epoch=0-step={LAST}.ckpt"
+        bare = torch.load(ckpt_file, weights_only=True)
+        del bare["ShardStreamDataModule"]
+        (tmp / "stateless").mkdir()
+        torch.save(bare, tmp / "stateless" / ckpt_file.name)
+        stderr = _run_all({
+            "files": {**runs["files"], "resume": str(ckpt_file)},
             "fleet": {**runs["fleet"], "resume": "shardstream:latest"},  # ShardStreamCheckpointIO.LATEST
+            "stateless": config("stateless", resume=str(tmp / "stateless" / ckpt_file.name), fails=True),
         })
         with Checkpointer(endpoints, "lightning-fleet") as ckpt:
             committed, saved = ckpt.steps(), ckpt.load(LAST)
-        yield {"tmp": tmp, "runs": runs, "killed": killed, "committed": committed, "saved": saved}
+        yield {"tmp": tmp, "runs": runs, "killed": killed, "committed": committed, "saved": saved, "stderr": stderr}
 
 
 def _check_resumed(fits: dict[str, Any], name: str) -> None:
@@ -95,3 +111,8 @@ def test_checkpoints_through_the_fleet_resume_a_killed_fit_on_the_uninterrupted_
     assert fits["committed"] == list(range(EVERY, MAX_STEPS + 1, EVERY))
     data = fits["saved"]["ShardStreamDataModule"]["loader"]  # the DataModule's cursor, committed with the model
     assert (data["epoch"], data["offset"], data["steps"]) == (0, LAST * BATCH, LAST)
+
+
+def test_a_checkpoint_without_the_datamodules_state_is_refused(fits: dict[str, Any]) -> None:
+    assert "holds no state of ShardStreamDataModule" in fits["stderr"]["stateless"]
+    assert (fits["tmp"] / "stateless.jsonl").read_text() == ""  # not one batch trained
