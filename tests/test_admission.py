@@ -36,7 +36,7 @@ from shardstream.cli.serve import config_from_args
 from shardstream.client import Loader
 from shardstream.errors import RETRY_PUSHBACK_KEY
 from shardstream.server.local_fleet import LocalServer
-from shardstream.server.read.build import BUILD_PEAK_FACTOR
+from shardstream.server.read.message_steps import BUILD_PEAK_FACTOR
 from shardstream.server.serving.admission import BOUND_FACTOR
 from shardstream.server.serving.config import ServerConfig
 from shardstream.v1 import shardstream_pb2 as pb

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from shardstream.server.backends.roots import open_registry
-from shardstream.server.read.build import MessageSteps, OrderAhead
+from shardstream.server.read.message_steps import MessageSteps
+from shardstream.server.read.order_ahead import OrderAhead
 from shardstream.server.read.plan import ReadPlan, ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb

@@ -27,7 +27,8 @@ from shardstream.errors import (
 from shardstream.ipc import read_ipc
 from shardstream.order.read_order import DatasetOrder, RowLocator, ShuffleSpec, StepLayout
 from shardstream.server.backends.roots import open_registry
-from shardstream.server.read.build import MAX_STEPS_PER_MESSAGE, Message, MessageBuilder
+from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.message_steps import MAX_STEPS_PER_MESSAGE, Message
 from shardstream.server.read.plan import ReadPlan, ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb

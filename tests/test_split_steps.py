@@ -28,7 +28,8 @@ from shardstream.client.spec import RetryPolicy
 from shardstream.client.transport.session import CallRegistry, StreamSession
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError, from_grpc_error
 from shardstream.server.backends.roots import open_registry
-from shardstream.server.read.build import Message, MessageBuilder
+from shardstream.server.read.build import MessageBuilder
+from shardstream.server.read.message_steps import Message
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import new_row_group_cache
 from shardstream.server.read.request_limits import RequestLimits

@@ -9,10 +9,8 @@ skipped); the data plane sends the rows as one Flight record batch, without a co
 as its app_metadata (server/serving/data_plane.py). The last message of an epoch says so and counts the
 samples `drop_last` left out.
 
-`MessageSteps` decides what each build covers: one step first, for a quick first batch, then as
-many steps as the last message says fit `max_message_bytes` (at most MAX_STEPS_PER_MESSAGE). A
-step whose samples would not fit the cap is built in parts of its samples, each sized from the
-bytes a sample took so far, when every transform is per-sample; a built message still over the cap
+`MessageSteps` (message_steps.py) decides what each build covers, and `OrderAhead` (order_ahead.py)
+selects its samples several messages ahead; a built message over the cap
 (an estimate that was short, or text.pack, which packs a whole step) is cut at step boundaries
 and, within a step, into parts of its rows. Parts go only to a client that reassembles them
 (`split_steps`); to any other, a step over the cap is INVALID_ARGUMENT. Only a single row larger
@@ -29,7 +27,8 @@ counted whole even where the message is a slice of them (a zero-copy slice of a 
 row group alive after the cache lets it go) — and lets go when it is sent: messages cut from one row
 group count it once, on the last of them. A message that is the whole of its build and a slice of
 buffers over COMPACT_FACTOR times its size is copied out of them instead, so it never keeps a large
-row group alive for a few rows. `build_estimate` is what a stream reserves before a build.
+row group alive for a few rows. `build_estimate` (message_steps.py) is what a stream reserves
+before a build.
 
 `MessageBuilder.stream(plan)` is a whole stream, in order, one message at a time and without gRPC
 or an event loop; `builds(plan)` the same as the builds that make them; `messages(plan)` as a list.
@@ -40,7 +39,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,34 +46,21 @@ from prometheus_client import Counter, Histogram
 
 from shardstream.errors import InvalidArgumentError
 from shardstream.extension_types import plain_schema
-from shardstream.ipc import ipc_bytes, ipc_size, plain_batch
-from shardstream.order.read_order import DatasetOrder, StepLayout
+from shardstream.ipc import ipc_size, plain_batch
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .balanced_layout import BalancedLayout, Positions, hull, positions_array, rank_positions
 from .gather import ListSpans
+from .message_steps import BUILD_PEAK_FACTOR, Chunk, Message, MessageSteps
+from .order_ahead import OrderAhead
 from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
 
-__all__ = [
-    "BUILD_PEAK_FACTOR",
-    "COMPACT_FACTOR",
-    "MAX_STEPS_PER_MESSAGE",
-    "Chunk",
-    "Message",
-    "MessageBuilder",
-    "MessageSteps",
-    "OrderAhead",
-    "build_estimate",
-]
+__all__ = ["COMPACT_FACTOR", "Message", "MessageBuilder"]
 
-MAX_STEPS_PER_MESSAGE = 4096
 MAX_RUN_MESSAGES = 64  # messages cut from one row group by one build (`MessageBuilder._group_run`)
 _FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
-# A build takes the rows (gather.py: the pieces, their concatenation, the reordering take) before it
-# lets go of its intermediates: about twice the message at its peak, measured on block shuffle.
-BUILD_PEAK_FACTOR = 2
 COMPACT_FACTOR = 4  # a message slicing buffers over this many times its size is copied out of them
 
 BATCH_BUILD_SECONDS = Histogram(
@@ -87,33 +72,6 @@ STEP_PARTS = Counter(
     "shardstream_step_parts_sent_total",
     "Read messages that carry a part of a step larger than the message cap",
 )
-
-
-class Chunk(NamedTuple):
-    """What one build covers: whole `steps`, or samples [start, end) of the one step in `steps`."""
-
-    steps: range
-    samples: tuple[int, int] | None = None  # of the rank's samples of the step; None: all of each
-    last: bool = True  # the chunk ends its step (always true of whole steps)
-
-
-class Message(NamedTuple):
-    """One built Read message: its header and its rows (the Flight data plane sends the rows as a
-    record batch and the header as its app_metadata) and what it carries. (Chunk and Message are
-    named tuples: a frozen dataclass costs ~1 us more to make, twice a message.)"""
-
-    header: pb.ReadHeader
-    batch: pa.RecordBatch
-    steps: int  # steps it completes: its whole steps, or 1 for the last part of a step
-    rows: int
-    parts: bool = False  # it carries a part of a step
-    nbytes: int = 0  # on the wire: header + IPC stream, counted (not written)
-    holds: int = 0  # of memory let go with it: its Arrow buffers, whole; 0 where a later message of
-    # its build holds them (MessageBuilder._group_run)
-
-    def wire(self) -> tuple[bytes, bytes]:
-        """(header, IPC stream) as bytes: what the message is on the wire, for comparing streams."""
-        return self.header.SerializeToString(), ipc_bytes(self.batch).to_pybytes()
 
 
 def _message(
@@ -135,145 +93,6 @@ def _message(
         batch = pa.concat_batches([batch])  # a copy of the rows only
         holds = batch.get_total_buffer_size()
     return Message(header, batch, steps, rows, parts, size, max(size, holds))
-
-
-def build_estimate(plan: ReadPlan, last: Message | None) -> int:
-    """Bytes a stream reserves before building its next message: BUILD_PEAK_FACTOR times the
-    message it expects — the first, one step at the plan's estimated bytes per sample; later ones,
-    what the last one held, or the plan's message target if more (the builder grows messages
-    towards it) — never over BUILD_PEAK_FACTOR times the server's message cap."""
-    if last is None:
-        if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
-            expected = 0.0  # the end-of-epoch message only
-        else:
-            expected = len(rank_positions(plan.layout, plan.first_step, plan.rank)) * plan.sample_bytes
-    else:
-        expected = max(last.holds, plan.max_message_bytes)
-    return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
-
-
-class MessageSteps:
-    """The chunks of one stream, every `plan.stride`-th step from `plan.first_step`."""
-
-    def __init__(self, plan: ReadPlan) -> None:
-        self._plan = plan
-        self.step = plan.first_step  # the first step no chunk covers yet
-        self.sample = 0  # in a step built in parts: its first sample not built yet
-        self.per_message = 1  # one step first, for a quick first batch
-        self.sample_bytes = max(1.0, plan.sample_bytes)
-
-    @property
-    def remaining(self) -> bool:
-        return self.step < self._plan.end_step
-
-    def _samples(self, step: int) -> int:
-        return len(rank_positions(self._plan.layout, step, self._plan.rank))
-
-    def next(self) -> Chunk:
-        """The next chunk (call only while `remaining`)."""
-        p = self._plan
-        if p.split_steps and p.per_sample:
-            n = self._samples(self.step)
-            if self.sample or (n > 1 and n * self.sample_bytes > p.message_cap_bytes):
-                k = max(1, int(p.message_cap_bytes // self.sample_bytes))
-                start, end = self.sample, min(n, self.sample + k)
-                chunk = Chunk(range(self.step, self.step + 1), (start, end), last=end == n)
-                self.sample = 0 if chunk.last else end
-                if chunk.last:
-                    self.step += p.stride
-                return chunk
-        steps = range(self.step, min(p.end_step, self.step + self.per_message * p.stride), p.stride)
-        self.step = steps[-1] + p.stride
-        return Chunk(steps)
-
-    def ahead(self, messages: int) -> range:
-        """The steps of the next `messages` messages if they are the size of the last (read-ahead's guess)."""
-        p = self._plan
-        return range(self.step, min(p.end_step, self.step + self.per_message * messages * p.stride), p.stride)
-
-    def record(self, chunk: Chunk, rows: int, nbytes: int, samples: int | None = None) -> None:
-        """Size the next chunks from one built chunk of `nbytes` in all and `rows` rows (of
-        `samples` samples, if known: else counted)."""
-        if not rows:
-            return
-        if samples is None and chunk.samples is not None:
-            samples = chunk.samples[1] - chunk.samples[0]
-        elif samples is None:
-            samples = sum(self._samples(s) for s in chunk.steps)
-        self.sample_bytes = max(1.0, nbytes / max(1, samples))
-        if chunk.samples is None:
-            self.per_message = max(
-                1, min(MAX_STEPS_PER_MESSAGE, self._plan.max_message_bytes * len(chunk.steps) // nbytes)
-            )
-
-
-class OrderAhead:
-    """The samples of a stream's next steps, selected through the plan's order several messages at
-    a time: a keyed permutation costs ~70 numpy calls a round of its cycle walk whatever the number
-    of positions, so 2,032 positions (a 2 MiB step) took 705 us and 8 steps' worth 215 us a step
-    (full shuffle of 130,048 rows; 16 steps' worth: 198 us). The order is a function of each position alone, so a chunk's
-    samples are the same whichever positions were selected with them. The stream's first chunk is
-    selected alone: a resumed stream's first batch does not wait for the look-ahead. Unshuffled too:
-    its order is cheap, but selecting a 2 MiB message's alone cost ~25 us of its ~140 us build."""
-
-    AHEAD_SAMPLES = 16_384  # positions selected at once (at least a chunk's): 128 KiB a stream
-    AHEAD_STEPS = 16  # at most this many times a chunk's steps
-
-    def __init__(self, plan: ReadPlan) -> None:
-        self._plan = plan
-        self._first = 0  # the first step selected
-        self._count = 0  # steps selected, every plan.stride-th from _first
-        self._starts = np.zeros(1, np.int64)  # where each selected step's samples start
-        self._src = self._rows = np.empty(0, np.int64)
-        # the stored order (position p is row p): `run` needs no selection; one rank's steps abut
-        self.stored = (
-            not plan.mixture and isinstance(plan.selector, DatasetOrder) and plan.selector.spec.mode == "none"
-        )
-        self._one_rank = isinstance(plan.layout, StepLayout) and plan.layout.world_size == 1
-
-    def select(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
-        """(source, row) of the chunk's samples, in order: its steps' or its part's."""
-        p = self._plan
-        first, n = chunk.steps[0], len(chunk.steps)
-        i = (first - self._first) // p.stride
-        if first < self._first or (first - self._first) % p.stride or i + n > self._count:
-            self._fill(chunk)
-            i = 0
-        a, b = int(self._starts[i]), int(self._starts[i + n])
-        if chunk.samples is not None:
-            a, b = a + chunk.samples[0], a + chunk.samples[1]
-        return self._src[a:b], self._rows[a:b]
-
-    def run(self, chunk: Chunk) -> tuple[int, int] | None:
-        """(first row, rows) of a chunk of whole steps when its samples are consecutive dataset rows
-        in order, else None. Only in the stored order (`stored`: position p is row p), where a
-        chunk's rows are its positions, one run when its steps' abut: a step, or one rank's steps."""
-        p = self._plan
-        steps = chunk.steps
-        if not self.stored or (len(steps) > 1 and not self._one_rank):
-            return None
-        a, b = p.layout.rank_range(steps[0], p.rank)
-        if len(steps) > 1:
-            b = p.layout.rank_range(steps[-1], p.rank)[1]
-        return (a, b - a) if b > a else None
-
-    def _fill(self, chunk: Chunk) -> None:
-        p = self._plan
-        ranges: list[Positions] = []
-        total = 0
-        step = chunk.steps[0]
-        # the stream's first chunk alone (a quick first batch: a resume waits for it), later ones ahead
-        ahead = self.AHEAD_SAMPLES if self._count else 0
-        limit = chunk.steps[-1] + p.stride * len(chunk.steps) * self.AHEAD_STEPS
-        while step < p.end_step and (step <= chunk.steps[-1] or (total < ahead and step < limit)):
-            ranges.append(rank_positions(p.layout, step, p.rank))
-            total += len(ranges[-1])
-            step += p.stride
-        src, self._rows = p.selector.select(p.epoch, positions_array(ranges))
-        # a plain dataset's sources are all 0: kept as a view of one zero, not an array a position
-        self._src = src if p.mixture else np.broadcast_to(src.dtype.type(0), src.shape)
-        self._first, self._count = chunk.steps[0], len(ranges)
-        self._starts = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
 
 
 class MessageBuilder:

@@ -12,9 +12,9 @@ however many connections they open.
 The budget counts every byte a stream holds, continuously, not only at admission:
 
 - before a message is built, the stream reserves what the build may take (`Ticket.reserve`: the
-  rows gathered, taken and transformed, estimated from the stream's last message, server/read/build.py
+  rows gathered, taken and transformed, estimated from the stream's last message, server/read/message_steps.py
   `build_estimate`); once built, the reservation becomes what the message keeps alive (`settle`:
-  its Arrow buffers, a slice of a row group counted whole, server/read/build.py `Message.holds`);
+  its Arrow buffers, a slice of a row group counted whole, server/read/message_steps.py `Message.holds`);
 - the message is released when Flight asks for the next one (`release`): it has been written to
   the connection, out of the process's hands. A stream whose client stops reading therefore holds
   the message Flight is writing and at most the one built ahead.

@@ -64,7 +64,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from ..checkpoints import CHUNK_TICKET_PREFIX, CheckpointPlane
 from ..policy.auth import Principal
-from ..read.build import Message, MessageSteps, build_estimate
+from ..read.message_steps import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
 from .audit import StreamAudit
