@@ -16,7 +16,9 @@ number a sample — never another rank's text or pixels):
 
 `rank_positions(step, rank)` are the rank's positions of the step (in order), `rank_range` their hull
 (what a message header names), and `window(step, rank)` which tokens of its documents' stream make
-each of its rows (packed modes). Everything else (`num_steps`, `global_range`, `dropped`,
+each of its rows (packed modes) and, where the request packs a dataset's token lists (`slices`),
+which values of each document the reader takes: a rank that holds two rows of a 40-row document
+reads those rows' tokens, not the document (build.py `_spans`, gather.py `gather_spans`). Everything else (`num_steps`, `global_range`, `dropped`,
 `offset_after`, ...) is the wrapped layout's: the cursor, resume and every schedule work as without
 balance. The costs of READ_STEPS steps are read at once, and the splits of the last STEPS_KEPT steps
 are kept (a build, its look-ahead and the read-ahead ask for the same steps).
