@@ -89,7 +89,7 @@ class JobCursors:
         return self._committer
 
     def resume(self, resume: str | int, target: Target, min_step: int | None) -> tuple[LoaderState, int]:
-        return committed_state(self.store, self.job, resume, target, min_step=min_step)
+        return committed_state(self.store, self.job, resume, target, min_step=min_step, rank=self.rank)
 
     def commit(self, step: int, state: LoaderState, *, wait: bool, timeout_s: float) -> None:
         committer = self.start()

@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,6 +381,14 @@ class RedisStore:
             return {}
         raw = self._call(self._client.hgetall, self._key(job, "step", step, key.decode()))
         return {int(k): bytes(v) for k, v in raw.items()}
+
+    def read_ranks(self, job: str, step: int, ranks: Sequence[int]) -> dict[int, bytes]:
+        key = self._call(self._client.hget, self._key(job, "committed-key"), str(step))
+        if key is None or not ranks:
+            return {}
+        fields = [str(r) for r in ranks]
+        raw = self._call(self._client.hmget, self._key(job, "step", step, key.decode()), fields)
+        return {int(f): bytes(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
     def committed(self, job: str) -> list[int]:
         return sorted(int(s) for s in self._call(self._client.zrange, self._key(job, "committed"), 0, -1))

@@ -1,7 +1,7 @@
 """Where a job resumes: the cursor its ranks committed at a checkpoint step, read from the cursor store.
 
-`committed_state(store, job, resume, target)` reads every rank's record of the step (`resume` is a
-step number or "latest", the newest step all ranks wrote), checks that the records belong to it and
+`committed_state(store, job, resume, target, rank=r)` reads the records of the step (`resume` is a
+step number or "latest", the newest step all ranks wrote), checks that they belong to it and
 agree — and, given `min_step` (the step of the model checkpoint being restored), that "latest" is not
 older than it: a store that lost commits (a Redis restart without an append-only file, a rollback to
 an older snapshot) would otherwise pair that checkpoint with an older data cursor, silently — and — when the job was moved to another dataset version with `shardstream cursor migrate` —
@@ -30,9 +30,25 @@ __all__ = ["committed_state"]
 
 
 def committed_state(
-    store: CursorStore, job: str, resume: str | int, target: Target, *, min_step: int | None = None
+    store: CursorStore,
+    job: str,
+    resume: str | int,
+    target: Target,
+    *,
+    min_step: int | None = None,
+    rank: int = 0,
 ) -> tuple[LoaderState, int]:
-    """The job's committed state at step `resume` ("latest" or a step), on `target`, and that step."""
+    """The job's committed state at step `resume` ("latest" or a step), on `target`, and that step.
+
+    Rank 0 reads and checks every rank's record of the step; any other rank only its own (when the
+    step has it) and rank 0's. A restart of W ranks at once so reads ~2W records from the store, not
+    W² (a rank's HGETALL of all W records made 1,000 ranks pull ~0.5 GB through one Redis thread and
+    miss its 2 s timeout: loadtest/README.md, "The fleet at scale"). Rank 0's full check still stops
+    the job on a corrupt or disagreeing record of any rank, and every rank checks the records it reads."""
+
+    def records_of(step: int) -> dict[int, bytes]:
+        return store.read(job, step) if rank == 0 else store.read_ranks(job, step, sorted({rank, 0}))
+
     if resume == "latest":
         latest = store.latest(job)
         if min_step is not None and (latest is None or latest < min_step):
@@ -53,7 +69,7 @@ def committed_state(
         step = latest
     else:
         step = int(resume)
-        if not store.read(job, step):
+        if not records_of(step):
             written = store.steps(job).get(step, 0)
             committed = store.committed(job)
             raise NoCommittedStepError(
@@ -61,9 +77,7 @@ def committed_state(
                 f"committed steps: {committed[-5:] or 'none'} in {store.url}"
             )
     where = f"cursor store {store.url}, job {job!r}, step {step}"
-    records = {
-        r: CursorRecord.from_bytes(b, where=f"{where}, rank {r}") for r, b in store.read(job, step).items()
-    }
+    records = {r: CursorRecord.from_bytes(b, where=f"{where}, rank {r}") for r, b in records_of(step).items()}
     for r, rec in records.items():
         if rec.job != job or rec.step != step or rec.rank != r:
             raise CorruptCursorError(

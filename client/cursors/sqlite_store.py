@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from shardstream.errors import FailedPreconditionError, InvalidArgumentError, StaleRunError, UnclaimedError
@@ -161,6 +162,21 @@ class SqliteStore:
                 "SELECT c.rank, c.record FROM cursors c JOIN committed k ON c.job=k.job AND c.step=k.step AND c.key=k.key"
                 " WHERE c.job=? AND c.step=?",
                 (job, step),
+            )
+            .fetchall()
+        )
+        return {int(r): bytes(rec) for r, rec in rows}
+
+    def read_ranks(self, job: str, step: int, ranks: Sequence[int]) -> dict[int, bytes]:
+        wanted = sorted(set(ranks))
+        if not wanted:
+            return {}
+        rows = (
+            self._db()
+            .execute(
+                "SELECT c.rank, c.record FROM cursors c JOIN committed k ON c.job=k.job AND c.step=k.step AND c.key=k.key"
+                f" WHERE c.job=? AND c.step=? AND c.rank IN ({','.join('?' * len(wanted))})",
+                (job, step, *wanted),
             )
             .fetchall()
         )

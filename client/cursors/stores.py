@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -69,6 +70,8 @@ class CursorStore(Protocol):
     ) -> bool: ...
     def run(self, job: str) -> Run | None: ...  # who holds each rank of the job now
     def read(self, job: str, step: int) -> dict[int, bytes]: ...  # the committed records of the step
+    # ... of these ranks only (those it has): a rank's resume reads two records, not all W (O(W) a storm)
+    def read_ranks(self, job: str, step: int, ranks: Sequence[int]) -> dict[int, bytes]: ...
     def committed(self, job: str) -> list[int]: ...
     def latest(self, job: str) -> int | None: ...  # the newest committed step
     def steps(self, job: str) -> dict[int, int]: ...  # step -> most ranks written under one key
@@ -166,6 +169,10 @@ class MemoryStore:
         with self._lock:
             key = self._committed.get(job, {}).get(step)
             return dict(self._shared[job][step][key]) if key is not None else {}
+
+    def read_ranks(self, job: str, step: int, ranks: Sequence[int]) -> dict[int, bytes]:
+        records = self.read(job, step)
+        return {r: records[r] for r in ranks if r in records}
 
     def committed(self, job: str) -> list[int]:
         with self._lock:
