@@ -40,6 +40,7 @@ from .loader_options import LoaderOptions, OptionAttribute, with_option_attribut
 from .loader_state import LoaderState
 from .prefetch import Done, Producer
 from .schedule_state import LoaderSchedule
+from .step_timings import StepClock
 from .target import Target, normalize_dataset, resolve_target
 from .transport.channel import normalize_endpoints
 from .transport.fleet import Fleet
@@ -82,6 +83,9 @@ class Loader:
         self._active = False
         self._closed = False
         self.last_batch: BatchInfo | None = None
+        # where the step time goes between commits; each commit records it (step_timings.py), and a
+        # Checkpointer.save(..., loader=self) adds its stall here
+        self.step_clock = StepClock()
         self.dropped: dict[int, int] = {}  # epoch -> samples dropped by drop_last
 
     # Its options are read-only attributes (with_option_attributes); these two are lists, as they were.
@@ -293,7 +297,7 @@ class Loader:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an integer >= 0, got {step!r}")
         state = LoaderState.from_dict(self.state_dict())
-        self._job.commit(step, state, wait=wait, timeout_s=timeout_s)
+        self._job.commit(step, state, self.step_clock.take(), wait=wait, timeout_s=timeout_s)
 
     def flush_commits(self, timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S) -> None:
         """Wait for submitted commits; raise the failure (UnavailableError, StaleRunError, ...) if any
@@ -364,11 +368,15 @@ class Loader:
         )  # the immutable ReadSpec the prefetch thread reads (spec.py)
         producer = Producer(spec, self._fleet.open_read, *origin)
         rank_metrics = metrics.for_rank(self.job, self.rank)
+        clock = self.step_clock
+        clock.started()
         try:
             while True:
                 t0 = time.perf_counter()
                 item = producer.get()
-                rank_metrics.wait_seconds.observe(time.perf_counter() - t0)
+                waited = time.perf_counter() - t0
+                rank_metrics.wait_seconds.observe(waited)
+                clock.waited(waited)
                 if isinstance(item, Done):
                     return
                 if item.next_epoch != item.epoch:
@@ -378,7 +386,9 @@ class Loader:
                     continue  # an epoch with no steps
                 self._steps += 1
                 rank_metrics.batches.inc()
-                self.last_batch = item.info
+                info = item.info
+                clock.batch(info.cost * self.world_size / info.step_cost if info.step_cost > 0 else None)
+                self.last_batch = info
                 if started:
                     rank_metrics.first_batch_seconds.observe(time.perf_counter() - started)
                     started = 0.0

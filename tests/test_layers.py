@@ -296,7 +296,7 @@ CLIENT_WINGS: tuple[tuple[str, ...], ...] = (
 )
 # The client's flat modules by wing (its sub-packages are wings of their own): a new module is placed here.
 CLIENT_MODULES = {
-    "base": ("batch", "convert", "credentials", "launcher", "loader_state", "metrics", "parts", "spec", "target"),
+    "base": ("batch", "convert", "credentials", "launcher", "loader_state", "metrics", "parts", "spec", "step_timings", "target"),
     "reads": (
         "decode",
         "loader",

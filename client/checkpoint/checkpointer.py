@@ -212,6 +212,9 @@ class Checkpointer:
             labels = (self.job, str(self.rank))
             metrics.SAVES.labels(*labels).inc()
             metrics.STALL.labels(*labels).observe(handle.stall_s)
+            clock = getattr(loader, "step_clock", None)  # a Loader records it with its next commit
+            if clock is not None:
+                clock.checkpoint_stall(handle.stall_s)
             metrics.STATE.labels(*labels).inc(staged.nbytes)
             self._staging = {t.path: t for t in staged.tensors}
             self._saving = handle

@@ -20,6 +20,7 @@ import time
 from shardstream.errors import InvalidArgumentError
 
 from ..loader_state import LoaderState
+from ..step_timings import StepTimings
 from ..target import Target
 from .committer import Committer
 from .records import CursorRecord, validate_job
@@ -91,10 +92,12 @@ class JobCursors:
     def resume(self, resume: str | int, target: Target, min_step: int | None) -> tuple[LoaderState, int]:
         return committed_state(self.store, self.job, resume, target, min_step=min_step, rank=self.rank)
 
-    def commit(self, step: int, state: LoaderState, *, wait: bool, timeout_s: float) -> None:
+    def commit(
+        self, step: int, state: LoaderState, timings: StepTimings | None = None, *, wait: bool, timeout_s: float
+    ) -> None:
         committer = self.start()
         committer.check_stale()
-        record = CursorRecord(self.job, self.rank, step, state, time.time(), run=committer.token)
+        record = CursorRecord(self.job, self.rank, step, state, time.time(), run=committer.token, timings=timings)
         pending = committer.submit(step, record.key, record.to_bytes(), durable=wait)
         if wait:
             committer.wait(pending, timeout_s)

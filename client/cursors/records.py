@@ -7,7 +7,9 @@ A record is small versioned JSON:
 
 Fields added to format 1 later are optional and read with a default, so records written before
 them stay readable and older clients ignore them: "run" (the process that wrote the record,
-fence.py) was added with fencing. A change that older clients could misread bumps the format.
+fence.py) was added with fencing; "timings" (where the rank's step time went since its previous
+commit: data wait, balanced-step cost ratio, checkpoint stall — step_timings.py) with the job page's
+step-time table. A change that older clients could misread bumps the format.
 
 The state inside is global (dataset fingerprint, seed, shuffle, epoch, offset, ...): every rank
 of a job writes the same one at the same step, so any of them resumes any new world size.
@@ -26,6 +28,7 @@ from typing import Any
 from shardstream.errors import CorruptCursorError, InvalidArgumentError
 
 from ..loader_state import LoaderState
+from ..step_timings import StepTimings
 
 __all__ = ["CURSOR_FORMAT", "CursorRecord", "Migration", "validate_job"]
 
@@ -50,6 +53,7 @@ class CursorRecord:
     state: LoaderState
     time: float = 0.0
     run: str = ""  # the writing process's run token ("" in records written before runs existed)
+    timings: StepTimings | None = None  # since the rank's previous commit (None in older records)
 
     @property
     def world_size(self) -> int:
@@ -74,6 +78,8 @@ class CursorRecord:
         }
         if self.run:
             d["run"] = self.run
+        if self.timings is not None:
+            d["timings"] = self.timings.to_dict()
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -97,6 +103,7 @@ class CursorRecord:
                 state=LoaderState.from_dict(d["state"]),
                 time=float(d.get("time", 0.0)),
                 run=str(d.get("run", "")),
+                timings=_timings(d.get("timings")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             detail = exc.args[0] if exc.args else exc
@@ -115,8 +122,20 @@ class CursorRecord:
             "dataset": s.dataset,
             "time": self.time,
             "run": self.run,
+            **({"timings": self.timings.to_dict()} if self.timings is not None else {}),
             **({"schedule": dict(s.schedule)} if s.schedule else {}),
         }
+
+
+def _timings(value: Any) -> StepTimings | None:
+    """The record's timings; None when absent or malformed: they explain the step time, and a resume
+    never fails for them."""
+    if value is None:
+        return None
+    try:
+        return StepTimings.from_dict(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _int(d: Mapping[str, Any], key: str) -> int:
