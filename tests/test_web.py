@@ -491,6 +491,46 @@ def test_a_balanced_jobs_step_shows_every_ranks_share(page: Page, store: str, en
     assert "balance={cost" not in pg.inner_text("#balance-why") and "balance=cost:id" in pg.inner_text("#balance-why")
 
 
+def test_the_job_page_explains_each_ranks_step_time(page: Page, store: str, endpoint: str) -> None:
+    """Two ranks of a balanced job commit step 3: the page's step-time table shows, per rank, what its
+    record carries (steps, data wait, cost ratio, the estimated wait for the slowest rank); a job whose
+    records predate timings shows — for each rank."""
+    from shardstream.client import CursorRecord, open_store
+    from shardstream.viz.step_time import explain
+
+    kw = dict(batch_size=3, world_size=2, seed=5, job="explained", cursor_store=store, balance={"cost": "id"})
+    loaders = [Loader([endpoint], "text@1", rank=r, **kw) for r in range(2)]  # type: ignore[arg-type]
+    try:
+        its = [iter(loader) for loader in loaders]
+        for _ in range(3):
+            for it in its:
+                next(it)
+        for loader in loaders:
+            loader.commit(3, wait=True)
+    finally:
+        for loader in loaders:
+            loader.close()
+    st = open_store(store)
+    try:
+        records = [CursorRecord.from_bytes(raw, where="t").describe() for _, raw in sorted(st.read("explained", 3).items())]
+    finally:
+        st.close()
+    expected = dict(explain(records))
+    pg = page.open("/jobs/explained")
+    rows = pg.query_selector_all("#step-time tr[data-rank]")
+    assert [(r.get_attribute("data-checkpoint"), r.get_attribute("data-rank")) for r in rows] == [("3", "0"), ("3", "1")]
+    for row in rows:
+        e = expected[int(row.get_attribute("data-rank") or "")]
+        assert e is not None and int(row.get_attribute("data-steps") or "") == e.steps == 3
+        assert float(row.get_attribute("data-wait") or "") == pytest.approx(e.data_wait_s)
+        cells = [td.inner_text() for td in row.query_selector_all("td")]
+        assert float(cells[5]) == pytest.approx(e.cost_ratio, abs=5e-4)
+        assert float(cells[6]) == pytest.approx(e.slowest_wait_s, rel=1e-3)
+    assert {float(r.query_selector_all("td")[6].inner_text()) for r in rows} & {0.0}  # the larger share waits for nobody
+    old = page.open("/jobs/train-1").query_selector_all("#step-time tr[data-rank]")
+    assert len(old) == 2 and all(r.inner_text().split("\t")[2:] == ["—"] * 7 for r in old)
+
+
 # --- the dense step view --------------------------------------------------------------------------
 GRID = json.dumps([{"op": "image.decode", "column": "image", "size": [96, 96]}])
 

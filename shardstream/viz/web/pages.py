@@ -15,6 +15,7 @@ from shardstream.order.read_order import StepLayout
 from ..catalog import presets
 from ..fleet_status import job_checkpoints, job_steps, list_jobs
 from ..query import StepQuery
+from ..step_time import explain
 from . import links
 from .state import Viz
 
@@ -89,7 +90,8 @@ def job(request: Request) -> Response:
     """Each checkpoint's step as the job counts it: the step the checkpoint's cursor starts (the job's
     step S, counted from 0 like `explain --job --step S`) on the ranks of the run that committed it,
     each rank's positions and a link to what it received there, with the job's columns and transforms.
-    Then the job's checkpoints the fleet keeps (step, size, age, data position), when it keeps them."""
+    Then the step time explained per checkpoint and rank (data wait, waiting for the slowest rank,
+    checkpoint stall: viz/step_time.py), and the job's checkpoints the fleet keeps (step, size, age, data position), when it keeps them."""
     viz = _viz(request)
     name = request.path_params["job"]
     steps = job_steps(viz.store, name)
@@ -143,6 +145,7 @@ def job(request: Request) -> Response:
                 "balance": base.balance,
                 "columns": s.columns,
                 "ranks": ranks,
+                "step_time": explain(st.ranks),  # what each rank recorded with this commit
             }
         )
     checkpoints, why_none = job_checkpoints(viz.source.endpoints, name, tls=viz.source.tls, token=_token(viz))
