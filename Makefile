@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test soak bench loadtest scale chaos proto proto-check lint image image-smoke clean
+.PHONY: setup demo test soak bench loadtest scale chaos proto proto-check lint docs image image-smoke clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,9 @@ proto-check: proto         ## fail when the committed stubs differ from the prot
 lint: setup
 	$(BIN)/ruff check .
 
+docs: setup                ## the manual (docs/, the RUNBOOK, the API reference) as a site in site/; a broken link fails it
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 image:                     ## deploy/Dockerfile built with Debian's podman on a base made by mmdebstrap (no registry; ~2 min)
 	deploy/image/build.sh
 
@@ -56,4 +59,4 @@ image-smoke: setup image   ## run the image as the chart does: health SERVING, /
 	$(BIN)/python -m pytest -q tests/test_image.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site build/docs-src
