@@ -57,7 +57,7 @@ class BatchInfo:
     # balance="tokens": the step's tokens with a label (labels != -100) in this rank's rows and in
     # every rank's (the terms of the loss). A
     # trainer that averages its loss over its own tokens weights it by tokens * world_size /
-    # step_tokens, so that the all-reduced mean is the mean over the step's tokens (README).
+    # step_tokens, so that the all-reduced mean is the mean over the step's tokens (docs/transforms.md, Balanced steps).
     tokens: int = 0
     step_tokens: int = 0
     # with balance: this rank's cost of the step (Σ chunk length² of its rows, or its samples' cost

@@ -283,8 +283,8 @@ class Loader:
         By default it returns at once and a background thread writes to the cursor store; a failed
         write is counted (shardstream_client_cursor_commit_failures_total), logged once per burst of
         failures, and raised by `flush_commits()` (or `close()`). With `wait=True` it blocks until the
-        store holds the write durably — as far as its configuration allows: client/cursors/redis_store.py and the
-        README say what that is per Redis setup — and raises on failure (`UnavailableError`, or after
+        store holds the write durably — as far as its configuration allows: client/cursors/redis_store.py and
+        docs/jobs.md say what that is per Redis setup — and raises on failure (`UnavailableError`, or after
         `timeout_s`). The step is committed for the job once every rank has written it.
 
         A process whose rank a newer run of the job has claimed (the job was restarted while this

@@ -1,6 +1,6 @@
 """`from shardstream.checkpoint import Checkpointer`: the public path of the client's Checkpointer.
 
-A re-export of `shardstream.client.checkpoint` (DESIGN §13; README "Checkpoints"), so it needs the
+A re-export of `shardstream.client.checkpoint` (DESIGN §13; docs/checkpoints.md), so it needs the
 `client` extra, as the Loader does. tests/test_layers.py lets this module import the client and
 nothing of the server.
 """

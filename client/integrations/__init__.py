@@ -1,4 +1,4 @@
-"""Training frameworks that keep the Loader's state in their own checkpoints (README "Integrations").
+"""Training frameworks that keep the Loader's state in their own checkpoints (docs/frameworks.md).
 
     handover.py    TrainingStream: batches a framework reads ahead, a cursor that moves only as each
                    batch reaches the training step (what both integrations stand on; torch only)

@@ -262,7 +262,7 @@ def store_option(parser: argparse.ArgumentParser) -> None:
 def client_security_options(parser: argparse.ArgumentParser) -> None:
     """The options of a command that dials servers: TLS (mTLS) and a bearer token, as a Loader takes them."""
     group = parser.add_argument_group(
-        "security", "how to reach a fleet served with TLS or --auth (README: Security)"
+        "security", "how to reach a fleet served with TLS or --auth (docs/security.md)"
     )
     group.add_argument("--tls", action="store_true", help="use TLS, verifying the servers with the system's CAs")
     group.add_argument("--tls-ca", metavar="FILE", help="use TLS, verifying the servers with the CAs of this PEM file")

@@ -379,7 +379,7 @@ def add_commands(sub: Any) -> None:
         "--step",
         type=int,
         help="the job's step T, counted from 0 since the job began: the number of steps before it, as the "
-        "Loader's state and commit(T) after T steps count (the README's loop logs it with the batch)",
+        "Loader's state and commit(T) after T steps count (the loop in docs/jobs.md logs it with the batch)",
     )
     sp.add_argument("--rank", type=int, help="only this rank (default: every rank)")
     common.store_option(sp)

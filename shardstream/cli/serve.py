@@ -175,7 +175,7 @@ def add_commands(sub: Any) -> None:
         "stream.start and a stream.end line with its stream id",
     )
     sec = sp.add_argument_group(
-        "security", "TLS, client certificates and who may read what (README: Security; RUNBOOK: TLS and tokens)"
+        "security", "TLS, client certificates and who may read what (docs/security.md; RUNBOOK: TLS and tokens)"
     )
     sec.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this PEM certificate chain (re-read when it changes)")
     sec.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (re-read when it changes)")
