@@ -1,7 +1,7 @@
 """The dashboards and rules of deploy/, proven against a real Prometheus scraping a real fleet.
 
 Two servers (one with 2 workers under a supervisor, one single process; both with one
-`--checkpoint-root`) and a trainer process (a Loader with a job, a transform and cursor commits, and a
+`--checkpoint-root`) and a trainer process (a balanced Loader with a job, a transform and cursor commits, and a
 Checkpointer saving every 50 steps and loading once, exposing its client metrics with
 `start_metrics_server`) are scraped every second by the Debian `prometheus` binary, configured from
 deploy/prometheus/prometheus.yml (targets and intervals replaced) with deploy/prometheus/rules.yaml.
@@ -86,7 +86,7 @@ TRAINER = textwrap.dedent(
     transforms = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
     frozen = np.arange(8192, dtype=np.float32)  # unchanged between saves: deduplicated
     with Loader(endpoints, "toy@1", batch_size=50, job="obs", cursor_store=store, epochs=None,
-                transforms=transforms) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
+                transforms=transforms, balance={"cost": "id"}) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
         for i, batch in enumerate(loader):
             step.wait(0.01)
             if i % 10 == 9:
@@ -316,6 +316,15 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
             assert total(base, "shardstream_client_checkpoint_loaded_bytes_total") > 0
             sent, saved = (total(base, f"shardstream_client_checkpoint_{m}_bytes_total") for m in ("sent", "state"))
             assert 0 < sent < saved  # the frozen tensor was sent once: dedup > 0
+            # the step time explained: its one rank reads balanced steps (a ratio of 1: it waits for nobody)
+            explained = {where.rsplit(" / ", 1)[1]: e for where, e in panels(DEPLOY / "grafana" / "training.json")}
+
+            def values(title: str) -> list[float]:
+                return [float(r["value"][1]) for r in query(base, explained[title])]
+
+            slowest = "Waiting for the slowest rank per step (estimated) [A]"
+            wait_for(lambda: values(slowest) == [0.0], "the one rank to wait for no slower one", 30)
+            assert all(v > 0 for v in values("Data wait per step [A]") + values("Step time [A]"))
             for dashboard in ("fleet.json", "training.json"):
                 for name, label, selector in variables(DEPLOY / "grafana" / dashboard):
                     assert label_values(base, label, selector), f"{dashboard}: variable {name} has no values"

@@ -4,18 +4,18 @@
     python deploy/grafana/dashboards.py --check   # exit 1 when the committed JSON differs
 
 Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, admission, processes)
-and Training (trainers: data stall, waits, first batch, failovers, cursor commits, checkpoints). Each dashboard has a
-`datasource` variable (any Prometheus), and variables for its series: `job` (the servers' scrape
-job; on Kubernetes the chart's Service name), `pod`, `dataset` on Fleet; `job_name` and `rank` on
-Training; every panel applies them (Training's aggregates take every rank of the picked jobs, its
-drill-down row the picked ranks). Panels read raw series, not the recording rules of
-deploy/prometheus/rules.yaml (the alerts use those), so they work on any Prometheus that scrapes the
-servers, the trainers and, for "Pods against their limits", the kubelet's cAdvisor endpoint. Training
-panels aggregate over ranks (worst, median, top 10) so that they stay readable at hundreds of ranks;
-its Rank variable drills down into a few. Import: Grafana > Dashboards > New > Import,
-upload the file, pick the Prometheus data source. tests/test_prometheus.py evaluates every panel's
-expression against a real Prometheus scraping real servers and a trainer; tests/test_monitoring.py
-checks the files are this script's output.
+and Training (trainers: data stall, waits, first batch, failovers, cursor commits, checkpoints, the
+picked ranks' step time explained). Each dashboard has a `datasource` variable (any Prometheus), and
+variables for its series: `job` (the servers' scrape job; on Kubernetes the chart's Service name),
+`pod`, `dataset` on Fleet; `job_name` and `rank` on Training; every panel applies them (Training's
+aggregates take every rank of the picked jobs, its per-rank rows the picked ranks). Panels read raw
+series, not the recording rules of deploy/prometheus/rules.yaml (the alerts use those), so they work
+on any Prometheus that scrapes the servers, the trainers and, for "Pods against their limits", the
+kubelet's cAdvisor endpoint. Training panels aggregate over ranks (worst, median, top 10) so that
+they stay readable at hundreds of ranks; its Rank variable drills down into a few. Import: Grafana >
+Dashboards > New > Import, upload the file, pick the Prometheus data source.
+tests/test_prometheus.py evaluates every panel's expression against a real Prometheus scraping real
+servers and a trainer; tests/test_monitoring.py checks the files are this script's output.
 """
 
 from __future__ import annotations
@@ -295,6 +295,16 @@ def training() -> dict[str, Any]:
         return (f"histogram_quantile(0.99, sum by (job_name, le) "
                 f"(rate(shardstream_client_checkpoint_{metric}_bucket{{{JOBS}}}{rate})))")
 
+    def per_step(selector: str, metric: str) -> str:  # a rank's seconds of `metric` per step it took
+        return f"{per_rank} (rate({metric}{{{selector}}}{rate})) / {batches(selector)}"
+
+    def mean_ratio(selector: str) -> str:  # a rank's mean cost ratio of its balanced steps
+        return (f"{per_rank} (rate(shardstream_client_step_cost_ratio_sum{{{selector}}}{rate})) / "
+                f"{per_rank} (rate(shardstream_client_step_cost_ratio_count{{{selector}}}{rate}))")
+
+    step_time = f"1 / ({batches(RANKS)} > 0)"
+    # (max - own) / max x step time = (1 - own / the job's largest) x step time, the largest over all its ranks
+    slowest = f"(1 - {mean_ratio(RANKS)} / on (job_name) group_left () max by (job_name) ({mean_ratio(JOBS)})) * {step_time}"
     commit_age = f"time() - max by (job_name, rank) (shardstream_client_cursor_last_commit_timestamp_seconds{{{JOBS}}} > 0)"
     who = "{{job_name}} rank {{rank}}"
     # fmt: off
@@ -376,6 +386,22 @@ def training() -> dict[str, Any]:
         panel("Checkpoint failures (1 h)",
               (f"sum by (job_name) (increase(shardstream_client_checkpoint_save_failures_total{{{JOBS}}}[1h]))",
                "{{job_name}}"), kind="stat", width=8, thresholds=[("green", None), ("red", 1)]),
+        row("Step time, explained (the ranks picked in the Rank variable)"),
+        panel("Step time", (step_time, who), unit="s", width=6,
+              description="Wall seconds per step of each picked rank (1 / its batches per second). The next "
+                          "panels are its parts; the rest is the training step's own compute."),
+        panel("Data wait per step", (per_step(RANKS, "shardstream_client_wait_seconds_sum"), who), unit="s", width=6,
+              description="Seconds per step the loop waited for its next batch (the data stall): the fleet is "
+                          "not keeping up with this rank."),
+        panel("Waiting for the slowest rank per step (estimated)", (slowest, who), unit="s", width=6,
+              description="Jobs reading with balance=: (max - own) / max mean cost ratio x step time, the max "
+                          "over every rank of the job. A step lasts as long as its largest share, so a rank with "
+                          "less work waits for the others at the all-reduce (compute taken as proportional to "
+                          "cost). Empty without balance."),
+        panel("Checkpoint save stall per step", (per_step(RANKS, "shardstream_client_checkpoint_stall_seconds_sum"), who),
+              unit="s", width=6,
+              description="Seconds per step Checkpointer.save held the loop (staging), spread over the steps: "
+                          "a save every N steps costs its stall / N here."),
         row("Rank drill-down (the ranks picked in the Rank variable)"),
         panel("Data stall of the picked ranks", (stall(RANKS), who), unit="percentunit",
               thresholds=[("green", None), ("red", 0.05)]),
@@ -400,7 +426,8 @@ def training() -> dict[str, Any]:
     about = (
         "Trainers' view of shardstream at any number of ranks: the job's worst and median rank, the ranks "
         "stalling most, first-batch latency after a (re)start, failovers and retries, cursor commits, "
-        "checkpoints (bytes, stall, upload lag, dedup, failures), and a drill-down into picked ranks."
+        "checkpoints (bytes, stall, upload lag, dedup, failures), the picked ranks' step time explained (data "
+        "wait, waiting for the slowest rank, checkpoint stall), and a drill-down into picked ranks."
     )
     return dashboard("shardstream-training", "shardstream / Training", about, variables, panels)
 

@@ -91,7 +91,8 @@ def job(request: Request) -> Response:
     step S, counted from 0 like `explain --job --step S`) on the ranks of the run that committed it,
     each rank's positions and a link to what it received there, with the job's columns and transforms.
     Then the step time explained per checkpoint and rank (data wait, waiting for the slowest rank,
-    checkpoint stall: viz/step_time.py), and the job's checkpoints the fleet keeps (step, size, age, data position), when it keeps them."""
+    checkpoint stall: viz/step_time.py), and the job's checkpoints the fleet keeps (step, size, age,
+    data position), when it keeps them."""
     viz = _viz(request)
     name = request.path_params["job"]
     steps = job_steps(viz.store, name)
