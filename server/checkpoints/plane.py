@@ -62,7 +62,6 @@ from shardstream.checkpoint_format import (
 )
 from shardstream.errors import (
     DataLossError,
-    InternalError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
@@ -71,9 +70,9 @@ from shardstream.errors import (
     to_flight_error,
 )
 
-from ..policy.auth import Authenticator, Principal, has_token
-from ..policy.grants import GRANT_HEADER, Grants
-from ..policy.redact import client_message
+from ..policy.auth import Authenticator, Principal
+from ..policy.grants import Grants, caller_principal
+from ..policy.redact import client_error
 from ..read.cache import LRUCache
 from .limits import DEFAULT_LIMITS, CheckpointLimits, InFlight, Quota
 from .store import CheckpointStore, dumps
@@ -157,14 +156,12 @@ class CheckpointPlane:
         DoGet of a Read stream. A caller without credentials is refused before its body is looked
         at; then the body's size is checked (max_record_bytes), before the proof hashes it or
         anything parses it. `body` is bytes or a pyarrow Buffer."""
-        metadata = call.metadata()
-        grants = self.grants()
-        if call.headers.get(GRANT_HEADER) and grants is not None and self.auth.enabled:
-            if not has_token(metadata):
-                self._record(body, what)
-                raw = body.to_pybytes() if isinstance(body, pa.Buffer) else body
-                return grants.principal(call.headers, sign(raw), self.auth)
-        principal = self.auth.authenticate(metadata, None)
+
+        def signed() -> bytes:  # a grant's proof is over the body: its size checked first
+            self._record(body, what)
+            return sign(body.to_pybytes() if isinstance(body, pa.Buffer) else body)
+
+        principal = caller_principal(self.auth, self.grants(), call.headers, call.metadata(), signed)
         self._record(body, what)
         return principal
 
@@ -191,12 +188,10 @@ class CheckpointPlane:
         return parse_record(raw, what, self.limits.max_json_depth)
 
     def _fail(self, what: str, exc: BaseException) -> flight.FlightError:
-        if not isinstance(exc, ShardstreamError):
-            log.exception("checkpoint %s failed unexpectedly", what, exc_info=exc)
-            exc = InternalError(client_message(exc, self.store.storage))
-        elif exc.grpc_code.name == "DATA_LOSS":
+        if isinstance(exc, ShardstreamError) and exc.grpc_code.name == "DATA_LOSS":
             log.warning("checkpoint %s: %s", what, exc)
-        return to_flight_error(exc.grpc_code, client_message(exc, self.store.storage))
+        exc, details = client_error(exc, self.store.storage, log, f"checkpoint {what}")
+        return to_flight_error(exc.grpc_code, details)
 
     # --- DoPut: chunks -----------------------------------------------------------------------------
     def do_put(

@@ -33,7 +33,8 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from shardstream.errors import UnauthenticatedError
 from shardstream.grant_proof import (
@@ -47,7 +48,7 @@ from shardstream.grant_proof import (
     verify,
 )
 
-from .auth import Authenticator, Principal
+from .auth import Authenticator, Principal, has_token
 
 __all__ = ["GRANT_HEADER", "GRANT_TTL_S", "Grants", "new_key", "peer_fingerprint"]
 
@@ -127,3 +128,20 @@ class Grants:
             if p.name == name and p.subject is not None:
                 return p
         raise UnauthenticatedError(f"the data-plane grant's principal {name!r} is no longer in --auth")
+
+
+def caller_principal(
+    auth: Authenticator,
+    grants: Grants | None,
+    headers: Mapping[str, Sequence[str | bytes]],
+    metadata: Sequence[tuple[str, Any]],
+    signed: Callable[[], bytes],
+) -> Principal:
+    """A data-port caller (a Read stream's DoGet, a checkpoint call): its token's principal when it
+    sent a token (a grant beside it is not looked at: a grant never widens what a token may read),
+    else the principal of the grant the gRPC port gave its certificate, with the proof over `signed()`
+    (the bytes the call asks with) that it holds that certificate's key. `signed` is called only for
+    a grant, after the token check: a caller without credentials is refused before its body is read."""
+    if headers.get(GRANT_HEADER) and grants is not None and auth.enabled and not has_token(metadata):
+        return grants.principal(headers, signed(), auth)
+    return auth.authenticate(metadata, None)

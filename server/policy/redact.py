@@ -14,14 +14,16 @@ it):
 
 from __future__ import annotations
 
+import logging
 import re
 
-from shardstream.errors import ShardstreamError
+from shardstream.errors import InternalError, ShardstreamError
 from shardstream.storage import Storage
 
-__all__ = ["INTERNAL_MESSAGE", "client_message"]
+__all__ = ["INTERNAL_MESSAGE", "MAX_DETAILS_CHARS", "client_error", "client_message"]
 
 INTERNAL_MESSAGE = "internal error (the server's log has the details)"
+MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer
 ROOT_NAME = "the server's root"
 # An absolute path: '/' at the start or after a space, quote, bracket or '=', then a path segment.
 _ABSOLUTE_PATH = re.compile(r"(?<![^\s'\"(\[=,:])/[^\s'\"()\[\],;]+")
@@ -38,3 +40,19 @@ def client_message(exc: BaseException, storage: Storage) -> str:
             continue
         text = text.replace(base + "/", "").replace(base, ROOT_NAME)
     return _ABSOLUTE_PATH.sub("<path>", text)
+
+
+def client_error(
+    exc: BaseException, storage: Storage, log: logging.Logger, what: str
+) -> tuple[ShardstreamError, str]:
+    """The error a failed call ends with, and the text of it a client may see (trimmed to
+    MAX_DETAILS_CHARS): `exc` itself, or — anything that is not a ShardstreamError: a bug — an
+    InternalError, its traceback logged as `what` failing. (The one mapping of both the Read streams
+    and the checkpoint calls of the data port.)"""
+    if not isinstance(exc, ShardstreamError):
+        log.exception("%s failed unexpectedly", what, exc_info=exc)
+        exc = InternalError(client_message(exc, storage))
+    details = client_message(exc, storage)
+    if len(details) > MAX_DETAILS_CHARS:
+        details = f"{details[:MAX_DETAILS_CHARS]}... ({len(details)} characters)"
+    return exc, details

@@ -23,14 +23,14 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge
 
-from shardstream.errors import InternalError, ResourceExhaustedError, ShardstreamError
+from shardstream.errors import ResourceExhaustedError, ShardstreamError
 from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
-from ..policy.auth import Authenticator, Principal, has_token
+from ..policy.auth import Authenticator, Principal
 from ..policy.dataset_label import dataset_label, dataset_name
-from ..policy.grants import GRANT_HEADER, Grants
-from ..policy.redact import client_message
+from ..policy.grants import Grants, caller_principal
+from ..policy.redact import client_error
 from ..read.build import MessageBuilder
 from ..read.plan import ReadPlan, ReadPlanner
 from ..read.readahead import DEFAULT_READ_AHEAD_MESSAGES, ReadAhead
@@ -66,7 +66,6 @@ MESSAGES_SENT = Counter("shardstream_messages_sent_total", "Read messages sent",
 ROWS_SENT = Counter("shardstream_rows_sent_total", "Rows sent", ["dataset"])
 BYTES_SENT = Counter("shardstream_bytes_sent_total", "Bytes of Read messages sent", ["dataset"])
 _LOGGED_MAX = 1000  # distinct bad entries / data-loss messages logged per process before going quiet
-_MAX_DETAILS_CHARS = 2000  # of an error's message: status details travel in a size-limited trailer
 
 
 class StreamRuntime:
@@ -109,14 +108,9 @@ class StreamRuntime:
         """The status a failed call ends with (code, what the client may read, trailing metadata);
         logged as needed, and counted against its stream."""
         sid = f" (stream {stream.stream_id})" if stream is not None else ""
-        if not isinstance(exc, ShardstreamError):
-            log.exception("%s%s failed unexpectedly", method, sid, exc_info=exc)
-            exc = InternalError(client_message(exc, self.registry.storage))
-        elif exc.grpc_code == grpc.StatusCode.DATA_LOSS and self.log_once(str(exc)):
+        if isinstance(exc, ShardstreamError) and exc.grpc_code == grpc.StatusCode.DATA_LOSS and self.log_once(str(exc)):
             log.warning("%s%s: %s", method, sid, exc, exc_info=exc)  # the cause chain: files and errors
-        details = client_message(exc, self.registry.storage)
-        if len(details) > _MAX_DETAILS_CHARS:
-            details = f"{details[:_MAX_DETAILS_CHARS]}... ({len(details)} characters)"
+        exc, details = client_error(exc, self.registry.storage, log, f"{method}{sid}")
         if stream is not None:
             stream.failed(code_name(exc.grpc_code), details)
             STREAM_ERRORS.labels(stream.label, stream.outcome).inc()
@@ -127,9 +121,7 @@ class StreamRuntime:
         """A data-plane caller: its token's principal when it sent a token (a grant beside it is not
         looked at: a grant never widens what a token may read), else the principal of the grant the
         gRPC port gave its certificate, with the proof that it holds that certificate's key (policy/grants.py)."""
-        if headers.get(GRANT_HEADER) and self.grants is not None and self.auth.enabled and not has_token(metadata):
-            return self.grants.principal(headers, ticket, self.auth)
-        return self.auth.authenticate(metadata, None)
+        return caller_principal(self.auth, self.grants, headers, metadata, lambda: ticket)
 
     # --- a stream's log and metrics ---------------------------------------------------------------
     def stream_log(
