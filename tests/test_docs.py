@@ -10,11 +10,12 @@
 
   A marked block runs against a real local fleet: in a scratch directory holding `./corpus/web.jsonl`
   (lines {"text": "doc N", "label": N % 7}), with `/data/registry` a scratch registry and the hosts
-  `srv-a:7070`, `srv-b:7070` two `shardstream serve` processes over it (tests/support/servers.py).
-  `sh` blocks run in order with `bash -e`; a `python` block runs twice — from the start, then resuming
-  from the state a Loader had after RESUME_STEPS steps — with `resuming`, `checkpoint`, `train_step`,
-  `save` and `model` defined, and together the two runs must deliver every row once and then exactly
-  the rows after that state.
+  `srv-a:7070`, `srv-b:7070` two `shardstream serve` processes over it (tests/support/servers.py; their
+  data ports `srv-a:7071`, `srv-b:7071`). `sh` blocks run in order with `bash -e`; a `python` block
+  runs once, or, when it trains (calls `train_step`), twice — from the start, then resuming from the
+  state a Loader had after RESUME_STEPS steps — with `resuming`, `checkpoint`, `train_step`, `save` and
+  `model` defined, and the two runs must deliver every row once and then exactly the rows after that
+  state.
 - `mkdocs build --strict` (what `make docs` and CI run) builds the site, and fails on a broken link or
   anchor (checked on a copy of docs/ with one of each).
 """
@@ -177,9 +178,13 @@ def test_runnable_blocks_run_against_a_local_fleet(page: Path, tmp_path: Path) -
                 servers = Servers(registry)
                 fleet = [servers.start() for _ in range(2)]
             code = substitute(code)
-            for host, server in zip(("srv-a:7070", "srv-b:7070"), fleet, strict=True):
-                code = code.replace(host, server.target)
-            run_python_block_twice(page, code, [s.target for s in fleet])
+            for name, server in zip(("srv-a", "srv-b"), fleet, strict=True):
+                code = code.replace(f"{name}:7070", server.target)
+                code = code.replace(f"{name}:7071", f"127.0.0.1:{server.data_port}")
+            if "train_step(" in code:
+                run_python_block_twice(page, code, [s.target for s in fleet])
+            else:
+                run_python(code, {"__name__": "__docs_block__"})
     finally:
         if servers is not None:
             servers.stop_all()
