@@ -31,6 +31,7 @@ BENCHMARKS = [
     "loadtest.integrity_bench",
     "loadtest.plan_bench",
     "loadtest.resume_bench",
+    "loadtest.scale",
     "loadtest.scaling",
     "loadtest.schedule_bench",
     "loadtest.stall_bench",
