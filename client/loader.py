@@ -44,6 +44,7 @@ from .step_timings import StepClock
 from .target import Target, normalize_dataset, resolve_target
 from .transport.channel import normalize_endpoints
 from .transport.fleet import Fleet
+from .transport.stall_report import StallReporter
 
 __all__ = ["BatchInfo", "Loader"]
 
@@ -343,6 +344,13 @@ class Loader:
         self._epoch, self._offset, self._steps = st.epoch, st.offset, st.steps
         self._schedule.records(**self._cursor())  # skip ranges asked for as steps: placed from here
 
+    def _report_job(self) -> str:
+        """The job a stall report names: the Loader's job, else its dataset's name ("mixture" for a mixture)."""
+        if self.job is not None:
+            return self.job
+        label = self.target.label
+        return "mixture" if "," in label else label.partition("@")[0]
+
     # --- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         if self._active:
@@ -370,6 +378,15 @@ class Loader:
         rank_metrics = metrics.for_rank(self.job, self.rank)
         clock = self.step_clock
         clock.started()
+        reporter = None
+        if self.options.report_interval_s > 0:  # the fleet's scaling signal (transport/stall_report.py)
+            reporter = StallReporter(
+                self._fleet,
+                lambda: producer.endpoint,
+                self._report_job(),
+                self.rank,
+                self.options.report_interval_s,
+            )
         try:
             while True:
                 t0 = time.perf_counter()
@@ -377,6 +394,9 @@ class Loader:
                 waited = time.perf_counter() - t0
                 rank_metrics.wait_seconds.observe(waited)
                 clock.waited(waited)
+                if reporter is not None:
+                    info = None if isinstance(item, Done) else item.info
+                    reporter.record(waited, 0 if info is None else len(info.rows))
                 if isinstance(item, Done):
                     return
                 if item.next_epoch != item.epoch:
@@ -395,6 +415,8 @@ class Loader:
                 yield item.batch
         finally:
             producer.stop()
+            if reporter is not None:
+                reporter.stop()
             self._active = False
 
 

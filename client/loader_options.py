@@ -55,6 +55,7 @@ from .target import Target
 
 __all__ = [
     "DEFAULT_PREFETCH_BATCHES",
+    "DEFAULT_REPORT_INTERVAL_S",
     "DEFAULT_TIMEOUT_S",
     "OUTPUTS",
     "LoaderOptions",
@@ -65,6 +66,7 @@ __all__ = [
 
 DEFAULT_PREFETCH_BATCHES = 8
 DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_REPORT_INTERVAL_S = 15.0  # one ~100-byte DoAction per rank per 15 s (a scrape interval)
 OUTPUTS = ("numpy", "torch", "arrow")
 T = TypeVar("T")
 
@@ -111,6 +113,9 @@ class LoaderOptions:
     max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row before giving up (spec.RetryPolicy)
     max_message_bytes: int = 0  # a message's target size (0: the server's default; its cap clamps it)
     stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S  # a silent stream is left after this
+    # Seconds between stall reports to the server the rank reads from (its wait for data and samples
+    # taken: the fleet's scaling signal, client/transport/stall_report.py); 0: none
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
     tls: TlsOption = None  # credentials.py
     token: str | None = field(default=None, repr=False)  # None: $SHARDSTREAM_TOKEN; "": none
     # --- job cursors (client/cursors/job.py) -------------------------------------------------------
@@ -189,6 +194,9 @@ class LoaderOptions:
             raise InvalidArgumentError(
                 f"stream_idle_timeout_s must be > 0, got {self.stream_idle_timeout_s!r}"
             )
+        interval = self.report_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 <= interval < float("inf"):
+            raise InvalidArgumentError(f"report_interval_s must be a number of seconds >= 0 (0: no reports), got {interval!r}")
         check_job_options(self.job, self.cursor_store, self.resume, self.resume_min_step)
         set_(self, "security", ChannelSecurity.from_options(self.tls, self.token))
         phases = parse_batch_schedule(self.batch_size)

@@ -57,6 +57,11 @@ class Producer:
         self._thread.start()
         _LIVE.add(self)
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the rank's (first) stream reads from now."""
+        return self._spec.endpoints[self._endpoint % len(self._spec.endpoints)]
+
     def get(self) -> Item | Done:
         """The next item (blocking); re-raises the thread's exception."""
         while True:

@@ -45,6 +45,7 @@ SURFACE: dict[str, Any] = {
     "transforms": None,
     "on_error": "fail",
     "stream_idle_timeout_s": 60.0,
+    "report_interval_s": 15.0,
     "mixture_block": 0,
     "mixture_epoch_samples": 0,
     "balance": None,

@@ -39,6 +39,7 @@ by data_plane_server.py, which replaces the plane on its port when they change.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from shardstream.checkpoint_format import signed_bytes
 from shardstream.errors import (
     FlightStatus,
     InternalError,
@@ -64,11 +66,13 @@ from shardstream.v1 import shardstream_pb2 as pb
 
 from ..checkpoints import CHUNK_TICKET_PREFIX, CheckpointPlane
 from ..policy.auth import Principal
+from ..policy.grants import caller_principal
 from ..read.message_steps import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
 from .admission import Ticket
 from .audit import StreamAudit
 from .build_pool import BuildPool, Pending
+from .job_reports import MAX_REPORT_BYTES, REPORT_ACTION, count_sent, job_reports
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -187,7 +191,30 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         self._checkpoint_plane().do_put(context.get_middleware(_MIDDLEWARE), descriptor, reader, writer)
 
     def do_action(self, context: Any, action: Any) -> Any:
+        if action.type == REPORT_ACTION:  # a Loader's stall report (job_reports.py)
+            return self._report(context.get_middleware(_MIDDLEWARE), action)
         return self._checkpoint_plane().do_action(context.get_middleware(_MIDDLEWARE), action)
+
+    def _report(self, call: _Call, action: Any) -> Iterator[bytes]:
+        """A "loader.report" (job_reports.py): its caller authenticated as a Read stream's before
+        its body is read (a grant's proof is over the body, hashed once its size is within bounds),
+        then the body's size checked and the report taken."""
+        body = action.body if action.body is not None else pa.py_buffer(b"")
+
+        def within() -> bytes:
+            if body.size > MAX_REPORT_BYTES:
+                raise InvalidArgumentError(f"a {REPORT_ACTION} body is {body.size} bytes, over {MAX_REPORT_BYTES}")
+            return bytes(body.to_pybytes())
+
+        try:
+            svc = self.runtime
+            caller_principal(svc.auth, svc.grants, call.headers, call.metadata(), lambda: signed_bytes(REPORT_ACTION, within()))
+            answer = job_reports().report(within())
+        except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
+            code, details, _ = self.runtime.status_of(REPORT_ACTION, exc)
+            call.code = code
+            raise to_flight_error(code, details) from None
+        return iter([json.dumps(answer).encode()])
 
     def list_flights(self, context: Any, criteria: bytes) -> Any:
         return self._checkpoint_plane().list_flights(context.get_middleware(_MIDDLEWARE), criteria)
@@ -340,6 +367,7 @@ class _Sent:
             self._messages.inc(self._pending)
             self._steps.inc(stream.steps - steps)
             self._rows.inc(stream.rows - rows)
+            count_sent(stream.rows - rows)  # the server's samples per second (job_reports.py)
             self._bytes.inc(stream.bytes - nbytes)
         self._pending = 0
         self._counted = (stream.steps, stream.rows, stream.bytes)

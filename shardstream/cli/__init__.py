@@ -12,6 +12,7 @@
     checkpoint_command.py   checkpoint list|show|verify|pull|gc
     checkpoint_pull.py      checkpoint pull: a commit as a plain torch.distributed.checkpoint directory
     ping_command.py         ping (what answers at HOST:PORT)
+    fleet_command.py        fleet recommend (servers for the trainers' stall)
     demo_command.py         demo
     dev_command.py          dev (ingest a folder, serve it, the web viewer)
     visualize.py            view (terminal UI) and web (browser UI), over shardstream.viz
@@ -45,6 +46,7 @@ from . import (
     demo_command,
     dev_command,
     explain_command,
+    fleet_command,
     ingest_command,
     inspect_command,
     materialize_command,
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     cursor_command.add_commands(sub)
     checkpoint_command.add_commands(sub)
     ping_command.add_commands(sub)
+    fleet_command.add_commands(sub)
     visualize.add_commands(sub)
     demo_command.add_commands(sub)
     dev_command.add_commands(sub)
