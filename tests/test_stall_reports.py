@@ -318,3 +318,17 @@ def _ready(base: str) -> bool:
         return urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200
     except OSError:
         return False
+
+
+def test_a_two_worker_server_sums_its_workers_reports(data_root: Path) -> None:
+    with Servers(data_root) as servers:
+        s = servers.start(metrics=True, workers=2)
+        ports = s.info()["data_ports"]  # each worker's own data port
+        assert len(ports) == 2
+        for port, rank in zip(ports, (0, 1), strict=True):  # one report to each worker
+            body = json.dumps({"job": "two-workers", "rank": rank, "window_s": 10.0, "wait_s": 1.0 + 2 * rank, "samples": 100})
+            sent: list[ShardstreamError | None] = []
+            wait_for(lambda: sent.append(_report(port, body.encode())) or sent[-1] is None, f"worker data port {port}")  # noqa: B023
+        stall, rate, ranks = _job_series(s, "two-workers")
+        assert (ranks, rate) == (2, pytest.approx(20.0))  # summed over the workers
+        assert stall == pytest.approx(0.3)  # the larger of the workers' means (0.1 and 0.3)

@@ -195,6 +195,7 @@ class JobReports:
         self._ranks -= len(ranks)
         for gauge in (STALL, CONSUMPTION, RANKS):
             try:
+                gauge.labels(job).set(0)  # with several workers the supervisor keeps the last value: 0 ranks
                 gauge.remove(job)
             except KeyError:
                 pass
