@@ -332,3 +332,46 @@ def test_a_two_worker_server_sums_its_workers_reports(data_root: Path) -> None:
         stall, rate, ranks = _job_series(s, "two-workers")
         assert (ranks, rate) == (2, pytest.approx(20.0))  # summed over the workers
         assert stall == pytest.approx(0.3)  # the larger of the workers' means (0.1 and 0.3)
+
+
+# --- 6. the chart's autoscaler on the desired size ------------------------------------------------------
+def test_the_charts_autoscaler_scales_on_the_desired_servers(tmp_path: Path) -> None:
+    """ci/stall-hpa-values.yaml: the HPA reads shardstream_fleet_desired_servers (an external metric of
+    the Prometheus adapter, this release's job and namespace) as the replica count, not CPU, within
+    min/max and with its scale-down window; the PrometheusRule renders scaling.yaml's rules beside
+    rules.yaml's, selecting this release's servers (lint and strict schemas: tests/test_helm.py)."""
+    from .support.chart import CHART, NAMESPACE, kube_versions, load_values, render, validate_object
+
+    assert (CHART / "files" / "scaling.yaml").read_text() == SCALING.read_text(), "copy deploy/prometheus/scaling.yaml over"
+    r = render(load_values(CHART / "ci" / "stall-hpa-values.yaml"))
+    (hpa,) = r.of_kind("HorizontalPodAutoscaler")
+    server = r.server["metadata"]["name"]
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "External",
+            "external": {
+                "metric": {
+                    "name": "shardstream_fleet_desired_servers",
+                    "selector": {"matchLabels": {"job": server, "namespace": NAMESPACE}},
+                },
+                "target": {"type": "AverageValue", "averageValue": "1"},  # replicas = the metric's value
+            },
+        }
+    ]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 16)
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
+    validate_object(hpa, kube_versions()[-1])
+    spec = r.one("PrometheusRule")["spec"]
+    (scaling,) = [g for g in spec["groups"] if g["name"] == "shardstream.scaling"]
+    assert [rule["record"] for rule in scaling["rules"]][-1] == "shardstream_fleet_desired_servers"
+    selector = f'job="{server}", namespace="{NAMESPACE}"'
+    assert all(rule["expr"].count('job="') == rule["expr"].count(selector) for rule in scaling["rules"])
+    assert sum(selector in rule["expr"] for rule in scaling["rules"]) == 3  # every server selector is the release's
+    if PROMTOOL is not None:
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+        done = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    # without the stall metric the chart's autoscaler is CPU's, and no scaling rules are rendered
+    plain = render({"autoscaling": {"enabled": True}, "prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}})
+    assert [m["type"] for m in plain.one("HorizontalPodAutoscaler")["spec"]["metrics"]] == ["Resource"]
+    assert all(g["name"] != "shardstream.scaling" for g in plain.one("PrometheusRule")["spec"]["groups"])
