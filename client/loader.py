@@ -386,6 +386,7 @@ class Loader:
                 self._report_job(),
                 self.rank,
                 self.options.report_interval_s,
+                worker=self._split.worker,
             )
         try:
             while True:

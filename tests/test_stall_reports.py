@@ -136,6 +136,7 @@ GOOD = {"job": "j", "rank": 0, "window_s": 10.0, "wait_s": 1.0, "samples": 100}
         (json.dumps({**GOOD, "wait_s": 11.0}).encode(), "wait_s must be"),
         (json.dumps({**GOOD, "window_s": 0}).encode(), "window_s must be"),
         (json.dumps({**GOOD, "samples": "many"}).encode(), "samples must be"),
+        (json.dumps({**GOOD, "worker": -1}).encode(), "worker must be"),
         (json.dumps({**GOOD, "pad": "x" * 2000}).encode(), "over 1024"),
     ],
 )
@@ -184,12 +185,17 @@ def test_reports_expire_after_three_windows_and_jobs_are_bounded() -> None:
     reports.report(body("e", 1, 5.0))
     now[0] += 6  # rank 0's report is 31 s old: over 3 windows of 10 s
     reports.sweep()
-    assert set(reports.jobs()["e"]) == {1}
+    assert set(reports.jobs()["e"]) == {(1, 0)}  # (rank, DataLoader worker)
     assert jr.STALL.labels("e")._value.get() == pytest.approx(0.5)
     now[0] += 31
     reports.sweep()
     assert "e" not in reports.jobs()
     assert not any(s.labels.get("job_name") == "e" for m in jr.STALL.collect() for s in m.samples)
+    # two DataLoader workers of one rank are two readers: their samples add up, the rank counts once
+    reports.report(json.dumps({"job": "w", "rank": 0, "worker": 0, "window_s": 10.0, "wait_s": 0.0, "samples": 30}).encode())
+    reports.report(json.dumps({"job": "w", "rank": 0, "worker": 1, "window_s": 10.0, "wait_s": 0.0, "samples": 50}).encode())
+    assert jr.CONSUMPTION.labels("w")._value.get() == pytest.approx(8.0)
+    assert jr.RANKS.labels("w")._value.get() == 1
     for i in range(jr.MAX_JOBS + 5):  # the least recently reported job goes for a new one
         reports.report(body(f"job-{i}", 0))
     assert len(reports.jobs()) == jr.MAX_JOBS

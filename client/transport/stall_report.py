@@ -3,9 +3,10 @@
 Every `report_interval_s` (a Loader option; 0: never) a small daemon thread sends the last interval's
 window to the server of the rank's stream as a Flight DoAction on its data port (no new port):
 
-    "loader.report" {"job": J, "rank": r, "window_s": w, "wait_s": s, "samples": n}
+    "loader.report" {"job": J, "rank": r, "window_s": w, "wait_s": s, "samples": n, "worker": k}
 
-J is the Loader's job (or, without one, its dataset's name); the server turns the reports of a job's
+J is the Loader's job (or, without one, its dataset's name), k the DataLoader worker of the rank when
+its steps are split among several (split_steps; else 0); the server turns the reports of a job's
 ranks into its stall ratio and consumption rate (server/serving/job_reports.py, DESIGN §11). The
 training loop only adds two numbers per batch (`record`, under a lock); the call is the thread's, with
 the connection's credentials (a token, or a grant with its proof over the body, as a checkpoint
@@ -47,11 +48,12 @@ class StallReporter:
         job: str,
         rank: int,
         interval_s: float,
+        worker: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
         self._endpoint = endpoint  # the server the rank's stream reads from now
-        self._job, self._rank = job, rank
+        self._job, self._rank, self._worker = job, rank, worker
         self._interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -85,7 +87,10 @@ class StallReporter:
             wait_s, samples = min(self._wait_s, window), self._samples
         if window <= 0:
             return False
-        body = {"job": self._job, "rank": self._rank, "window_s": window, "wait_s": wait_s, "samples": samples}
+        body = {
+            "job": self._job, "rank": self._rank, "window_s": window, "wait_s": wait_s, "samples": samples,
+            "worker": self._worker,
+        }  # fmt: skip
         try:
             self._call(json.dumps(body).encode())
         except Exception as exc:  # noqa: BLE001 — a report is never worth a training step

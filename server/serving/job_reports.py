@@ -1,10 +1,12 @@
 """What trainers tell the fleet: each rank's data stall and consumption, reported on the data port (DESIGN §11).
 
-    DoAction "loader.report" {"job": J, "rank": r, "window_s": w, "wait_s": s, "samples": n} -> {}
+    DoAction "loader.report" {"job": J, "rank": r, "window_s": w, "wait_s": s, "samples": n[, "worker": k]} -> {}
 
 A Loader with `report_interval_s` (client/transport/stall_report.py) sends one every interval to the
 server it reads from: over the last `window_s` seconds its training loop waited `wait_s` for data
-and took `samples` samples. This process keeps each rank's latest report and exports per job
+and took `samples` samples (`worker`: the DataLoader worker of the rank that reads, when a rank's
+steps are split among several: each is a reader of its own). This process keeps each reader's latest
+report and exports per job
 
     shardstream_job_data_stall_ratio{job_name}               mean of wait_s / window_s over the job's ranks
     shardstream_job_consumption_samples_per_second{job_name} Σ samples / window_s over the job's ranks
@@ -58,6 +60,7 @@ __all__ = [
 
 REPORT_ACTION = "loader.report"
 MAX_REPORT_BYTES = 1024  # a report is ~100 bytes of JSON
+MAX_WORKERS = 1024  # DataLoader workers of one rank
 MAX_JOBS = 64  # jobs tracked (and `job` label values) per process
 MAX_RANKS_TRACKED = 65_536  # ranks of all jobs together per process
 MAX_WINDOW_S = 3600.0
@@ -113,8 +116,8 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float:
     return float(value)
 
 
-def parse_report(raw: bytes, now: float) -> tuple[str, int, Report]:
-    """(job, rank, report) of a report's body; INVALID_ARGUMENT naming what is wrong (before parsing
+def parse_report(raw: bytes, now: float) -> tuple[str, tuple[int, int], Report]:
+    """(job, (rank, worker), report) of a report's body; INVALID_ARGUMENT naming what is wrong (before parsing
     when the body is over MAX_REPORT_BYTES)."""
     if len(raw) > MAX_REPORT_BYTES:
         raise InvalidArgumentError(f"a {REPORT_ACTION} body is {len(raw)} bytes, over {MAX_REPORT_BYTES}")
@@ -128,10 +131,13 @@ def parse_report(raw: bytes, now: float) -> tuple[str, int, Report]:
     rank = body.get("rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_WORLD_SIZE:
         raise InvalidArgumentError(f"{REPORT_ACTION}: rank must be an int from 0 to {MAX_WORLD_SIZE - 1}, got {excerpt(rank)}")
+    worker = body.get("worker", 0)
+    if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < MAX_WORKERS:
+        raise InvalidArgumentError(f"{REPORT_ACTION}: worker must be an int from 0 to {MAX_WORKERS - 1}, got {excerpt(worker)}")
     window = _number(body, "window_s", 0.001, MAX_WINDOW_S)
     wait = _number(body, "wait_s", 0.0, window)
     samples = int(_number(body, "samples", 0, 2**53))
-    return job, rank, Report(window, wait, samples, now)
+    return job, (rank, worker), Report(window, wait, samples, now)
 
 
 class _Throughput:
@@ -165,14 +171,14 @@ class JobReports:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._jobs: OrderedDict[str, dict[int, Report]] = OrderedDict()  # least recently reported first
+        self._jobs: OrderedDict[str, dict[tuple[int, int], Report]] = OrderedDict()  # least recently reported first
         self._ranks = 0
         self.sent = _Throughput(clock)
         self._sweeper: threading.Thread | None = None
 
     def report(self, raw: bytes) -> dict[str, Any]:
         """Take one report's body (see parse_report); the answer is {}."""
-        job, rank, report = parse_report(raw, self._clock())
+        job, reader, report = parse_report(raw, self._clock())
         with self._lock:
             ranks = self._jobs.get(job)
             if ranks is None:
@@ -180,11 +186,11 @@ class JobReports:
                     self._drop(next(iter(self._jobs)))
                 ranks = self._jobs[job] = {}
             self._jobs.move_to_end(job)
-            if rank not in ranks:
+            if reader not in ranks:
                 if self._ranks >= MAX_RANKS_TRACKED:
                     raise InvalidArgumentError(f"this server tracks {MAX_RANKS_TRACKED} reporting ranks already")
                 self._ranks += 1
-            ranks[rank] = report
+            ranks[reader] = report
             self._export(job)
         SERVER_SAMPLES_RATE.set(self.sent.rate())
         self.start_sweeping()
@@ -205,7 +211,7 @@ class JobReports:
         reports = self._jobs[job].values()
         STALL.labels(job).set(sum(r.stall for r in reports) / len(reports))
         CONSUMPTION.labels(job).set(sum(r.rate for r in reports))
-        RANKS.labels(job).set(len(reports))
+        RANKS.labels(job).set(len({rank for rank, _ in self._jobs[job]}))
 
     def sweep(self) -> None:
         """Drop the reports older than EXPIRY_INTERVALS of their window (a job with none left goes,
@@ -223,7 +229,7 @@ class JobReports:
                     self._drop(job)
         SERVER_SAMPLES_RATE.set(self.sent.rate())
 
-    def jobs(self) -> dict[str, dict[int, Report]]:
+    def jobs(self) -> dict[str, dict[tuple[int, int], Report]]:
         """A copy of the live reports (for tests and the log)."""
         with self._lock:
             return {job: dict(ranks) for job, ranks in self._jobs.items()}
