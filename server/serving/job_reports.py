@@ -158,7 +158,8 @@ class _Throughput:
         now = self._clock()
         with self._lock:
             points = self._points
-            points.append((now, self.total))
+            if now - points[-1][0] >= 1.0:  # a point a second at most, however many reports come
+                points.append((now, self.total))
             while len(points) > 2 and now - points[1][0] >= THROUGHPUT_WINDOW_S:
                 points.popleft()
             t0, n0 = points[0]
