@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 from loadtest.previous_build import no_runs, previous_gather, previous_take
+from shardstream.errors import DataLossError
 from shardstream.ipc import ipc_bytes, ipc_size
 from shardstream.order.read_order import RowLocator
 from shardstream.server.backends.roots import open_registry
@@ -292,6 +293,8 @@ def test_gather_spans_takes_exactly_the_asked_values(seed: int, large: bool, sca
         rows = [rng.integers(0, 1000, int(rng.integers(0, 30 * scale))).astype(np.int32).tolist() for _ in range(int(rng.integers(1, 12)))]
         skip = int(rng.integers(0, len(rows)))
         table = pa.table({"x": pa.array(rows, t), "y": pa.array(np.arange(len(rows)))}).slice(skip)
+        if seed % 2 and table.num_rows > 1:  # a table of two chunks
+            table = pa.concat_tables([table.slice(0, 1), table.slice(1)])
         tables.append(table)
         lists.append(rows[skip:])
     n = int(rng.integers(0, 40))
@@ -303,3 +306,6 @@ def test_gather_spans_takes_exactly_the_asked_values(seed: int, large: bool, sca
     assert got is not None and got.type == t
     assert got.to_pylist() == [lists[g][r][a:b] for g, r, a, b in zip(group, row, start, stop, strict=True)]
     assert gather_module.gather_spans(tables, group, row, "y", start, stop) is None  # not a list: gathered whole
+    holed = [pa.table({"x": pa.array([[1, None, 3]], t)})]  # a null token: refused, not read around
+    with pytest.raises(DataLossError, match="null value inside a list"):
+        gather_module.gather_spans(holed, np.zeros(1, np.int64), np.zeros(1, np.int64), "x", np.zeros(1), np.ones(1))

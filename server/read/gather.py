@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardstream import kernels
+from shardstream.errors import DataLossError
 from shardstream.numpy_view import numpy_view
 
 from .message_buffers import message_buffers
@@ -302,8 +303,8 @@ def gather_spans(
     """Values [start[i], stop[i]) (clipped to the list's length) of row `row[i]` of
     `tables[group[i]]`'s list `column`, for every i, as one list array of the column's type: the
     values taken and no others (a balanced packed step sends a few rows of a long document: its
-    rank copies those, not the document). None where the column is not a list of numbers without
-    nulls in one chunk (the caller gathers it whole)."""
+    rank copies those, not the document). None where the column is not a list of numbers or holds a
+    null list (the caller gathers it whole)."""
     t = tables[0].schema.field(column).type if tables else None
     if (
         t is None
@@ -314,11 +315,11 @@ def gather_spans(
     views = []
     for table in tables:
         col = table.column(column)
-        if col.num_chunks != 1 or col.null_count:
+        if col.null_count:  # a null document: text.pack refuses it (balance packs every document)
             return None
-        arr = col.chunk(0)
-        if arr.values.null_count:
-            return None
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        if arr.values.null_count:  # (whole rows would not do: the plan asked for these values only)
+            raise DataLossError(f"column {column!r} holds a null value inside a list (a token that is null)")
         views.append((numpy_view(arr.offsets).astype(np.int64, copy=False), numpy_view(arr.values)))
     n = len(row)
     order = np.argsort(group, kind="stable")  # rows by row group
