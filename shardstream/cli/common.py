@@ -98,6 +98,17 @@ def closed_pipe() -> int:
 
 
 # --- argument types ------------------------------------------------------------------------------
+def timeout_seconds(text: str) -> float:
+    """A --timeout in seconds: a number in (0, 600]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value <= 600:
+        raise argparse.ArgumentTypeError(f"must be in (0, 600] seconds, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

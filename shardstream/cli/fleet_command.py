@@ -156,5 +156,5 @@ def add_commands(sub: Any) -> None:
         "--stall-target", type=_fraction, default=DEFAULT_STALL_TARGET,
         help="add a server while the trainers wait for data more than this share of their time (default 0.05)",
     )  # fmt: skip
-    sp.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
+    sp.add_argument("--timeout", type=common.timeout_seconds, default=5.0, help="seconds to wait for each server (default 5)")
     common.json_option(sp)

@@ -37,16 +37,6 @@ def _cmd_ping(args: argparse.Namespace) -> int:
     return 0 if all(r.usable for r in reports) else common.EXIT_ERROR
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value <= 600:
-        raise argparse.ArgumentTypeError(f"must be in (0, 600] seconds, got {text}")
-    return value
-
-
 def add_commands(sub: Any) -> None:
     sp = common.add_command(
         sub,
@@ -65,6 +55,6 @@ def add_commands(sub: Any) -> None:
         ),
     )
     sp.add_argument("targets", nargs="+", metavar="HOST:PORT", help="address(es) to ask")
-    sp.add_argument("--timeout", type=_timeout, default=3.0, help="seconds to wait for each answer (default 3)")
+    sp.add_argument("--timeout", type=common.timeout_seconds, default=3.0, help="seconds to wait for each answer (default 3)")
     common.json_option(sp)
     common.client_security_options(sp)
