@@ -17,6 +17,7 @@ import math
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,11 @@ from .support.servers import unused_port_outside, unused_port_range, wait_for
 
 CASES = {"default": None, **{p.name.removesuffix("-values.yaml"): p for p in VALUES_FILES}}
 SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def values_of(case: str) -> dict[str, Any] | None:
@@ -593,6 +599,9 @@ def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, t
         wait_for(lambda: probe_grpc(startup["grpc"]["port"], startup) == SERVING, "the startup probe", budget_s)
         for kind in ("readinessProbe", "livenessProbe"):
             assert probe_grpc(c[kind]["grpc"]["port"], c[kind]) == SERVING, kind
+        # The probes pass once one worker serves (the workers share the control port); `helm test`
+        # runs after the rollout, when every worker listens on its data port.
+        wait_for(lambda: all(listening(data_port + i) for i in range(workers)), "every worker's data port", budget_s)
         endpoint = re.search(r"endpoint: (dns:///\S+)", r.notes)[1]  # type: ignore[index]
         endpoint = re.sub(r"///[^:]+", "///127.0.0.1", endpoint)  # the Service's DNS name is loopback here
         seen = []
