@@ -20,38 +20,42 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PROM = REPO / "deploy" / "prometheus"
 GRAFANA = REPO / "deploy" / "grafana"
+RULE_FILES = ("rules.yaml", "scaling.yaml")  # each with its promtool unit tests beside it, NAME.test.yaml
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed (Debian package prometheus; .ci/run installs it)"
 )
 
 
+def rules() -> list[dict[str, Any]]:
+    """Every rule of every rule file."""
+    return [r for f in RULE_FILES for g in yaml.safe_load((PROM / f).read_text())["groups"] for r in g["rules"]]
+
+
 def alerts() -> list[dict[str, Any]]:
-    rules = yaml.safe_load((PROM / "rules.yaml").read_text())
-    return [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    return [r for r in rules() if "alert" in r]
 
 
 @needs_promtool
-def test_promtool_checks_the_rules() -> None:
-    done = subprocess.run(
-        [PROMTOOL, "check", "rules", str(PROM / "rules.yaml")], capture_output=True, text=True
-    )
+@pytest.mark.parametrize("name", RULE_FILES)
+def test_promtool_checks_the_rules(name: str) -> None:
+    done = subprocess.run([PROMTOOL, "check", "rules", str(PROM / name)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @needs_promtool
-def test_promtool_unit_tests_of_the_rules_pass() -> None:
-    done = subprocess.run(
-        [PROMTOOL, "test", "rules", "rules.test.yaml"], capture_output=True, text=True, cwd=PROM
-    )
+@pytest.mark.parametrize("name", RULE_FILES)
+def test_promtool_unit_tests_of_the_rules_pass(name: str) -> None:
+    tests = name.replace(".yaml", ".test.yaml")
+    done = subprocess.run([PROMTOOL, "test", "rules", tests], capture_output=True, text=True, cwd=PROM)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_every_alert_is_tested_firing_and_quiet() -> None:
-    suite = yaml.safe_load((PROM / "rules.test.yaml").read_text())
+    suites = [yaml.safe_load((PROM / f.replace(".yaml", ".test.yaml")).read_text()) for f in RULE_FILES]
     fires: set[str] = set()
     quiet: set[str] = set()
-    for t in suite["tests"]:
+    for t in (t for suite in suites for t in suite["tests"]):
         for a in t.get("alert_rule_test", []):
             (fires if a["exp_alerts"] else quiet).add(a["alertname"])
     names = {a["alert"] for a in alerts()}
@@ -66,6 +70,7 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
         "ShardstreamWorkerCrashLoop",
         "ShardstreamStreamsAtAdmissionCap",
         "ShardstreamServersDown",
+        "ShardstreamFleetTooSmall",
     } <= names
 
 
@@ -127,11 +132,11 @@ def test_queries_name_only_metrics_the_code_exports() -> None:
     for path in [*(REPO / "server").rglob("*.py"), *(REPO / "client").rglob("*.py")]:
         exported |= set(re.findall(r'"((?:shardstream|grpc_server)_[a-z_]+)"', path.read_text()))
     exported |= {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"}
-    texts = [(PROM / "rules.yaml").read_text(), *(p.read_text() for p in GRAFANA.glob("*.json"))]
+    texts = [*((PROM / f).read_text() for f in RULE_FILES), *(p.read_text() for p in GRAFANA.glob("*.json"))]
     used = {
         m for t in texts for m in re.findall(r"(?<![:\w])((?:shardstream|grpc_server|process)_[a-z_]+)\b", t)
     }
-    recorded = set(re.findall(r"record: (\S+)", (PROM / "rules.yaml").read_text()))
+    recorded = {r["record"] for r in rules() if "record" in r}
     suffixes = ("_bucket", "_sum", "_count")
     missing = {
         m
@@ -148,8 +153,7 @@ CONTROL_PLANE, DATA_PLANE = "shardstream.v1.ShardStream", "arrow.flight.protocol
 
 def expressions() -> list[tuple[str, str]]:
     """(where, PromQL) of every rule and every dashboard target."""
-    rules = yaml.safe_load((PROM / "rules.yaml").read_text())
-    out = [(r.get("record") or r["alert"], str(r["expr"])) for g in rules["groups"] for r in g["rules"]]
+    out = [(r.get("record") or r["alert"], str(r["expr"])) for r in rules()]
     for path in sorted(GRAFANA.glob("*.json")):
         d = json.loads(path.read_text())
         out += [(f"{path.name} / {p['title']}", tg["expr"]) for p in d["panels"] for tg in p.get("targets", [])]

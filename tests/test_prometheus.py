@@ -86,7 +86,7 @@ TRAINER = textwrap.dedent(
     transforms = [{"op": "text.tokenize", "column": "text", "tokenizer": "bytes"}]
     frozen = np.arange(8192, dtype=np.float32)  # unchanged between saves: deduplicated
     with Loader(endpoints, "toy@1", batch_size=50, job="obs", cursor_store=store, epochs=None,
-                transforms=transforms, balance={"cost": "id"}) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
+                transforms=transforms, balance={"cost": "id"}, report_interval_s=1) as loader, Checkpointer(endpoints, job="obs", chunk_bytes=4096) as ck:
         for i, batch in enumerate(loader):
             step.wait(0.01)
             if i % 10 == 9:

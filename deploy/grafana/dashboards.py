@@ -3,7 +3,8 @@
     python deploy/grafana/dashboards.py           # writes fleet.json and training.json beside this file
     python deploy/grafana/dashboards.py --check   # exit 1 when the committed JSON differs
 
-Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, admission, processes)
+Fleet (servers: load by dataset, latency, cache, storage, transforms, errors, admission, the trainers'
+stall and the servers it asks for, processes)
 and Training (trainers: data stall, waits, first batch, failovers, cursor commits, checkpoints, the
 picked ranks' step time explained). Each dashboard has a `datasource` variable (any Prometheus), and
 variables for its series: `job` (the servers' scrape job; on Kubernetes the chart's Service name),
@@ -259,6 +260,27 @@ def fleet() -> dict[str, Any]:
               (f"max by (pod) (container_memory_working_set_bytes{{{pods}}} / container_spec_memory_limit_bytes{{{pods}}})",
                "{{pod}}"), unit="percentunit", thresholds=[("green", None), ("orange", 0.8), ("red", 0.9)],
               description="Near 1 the pod is about to be OOM-killed (ShardstreamWorkerCrashLoop follows)."),
+        row("Scaling: the trainers' stall"),
+        panel("Trainers' data stall by job",
+              (f"sum by (job_name) (shardstream_job_data_stall_ratio{{{SERVERS}}} * shardstream_job_reporting_ranks{{{SERVERS}}})"
+               f" / sum by (job_name) (shardstream_job_reporting_ranks{{{SERVERS}}})", "{{job_name}}"),
+              unit="percentunit", thresholds=[("green", None), ("red", 0.05)],
+              description="What the trainers report (Loader report_interval_s): the mean share of wall time their "
+                          "ranks waited for data, over the reporting ranks of each job. Above 5 % the fleet is short "
+                          "or something in it is slow (deploy/RUNBOOK.md \"Scaling on the trainers' stall\")."),
+        panel("Servers needed and servers up",
+              (f"ceil(sum(shardstream_job_consumption_samples_per_second{{{SERVERS}}}) / "
+               f"avg(max_over_time(shardstream_server_samples_per_second{{{SERVERS}}}[1h]) > 0))", "needed"),
+              (f"sum(up{{{SERVERS}}})", "up"),
+              description="The trainers' consumption over a server's best samples/s of the last hour (the "
+                          "instant form of shardstream_fleet_desired_servers, deploy/prometheus/scaling.yaml, "
+                          "which adds one while the stall is above 5 % and waits 15 min before going down)."),
+        panel("Samples/s: the trainers' consumption and the servers' throughput",
+              (f"sum by (job_name) (shardstream_job_consumption_samples_per_second{{{SERVERS}}})", "taken {{job_name}}"),
+              (f"sum by (pod) (shardstream_server_samples_per_second{{{SERVERS}}})", "sent {{pod}}"), unit="short"),
+        panel("Ranks reporting by job",
+              (f"sum by (job_name) (shardstream_job_reporting_ranks{{{SERVERS}}})", "{{job_name}}"), kind="stat",
+              description="Ranks whose last report is live (a job whose Loaders set report_interval_s=0 is missing)."),
         row("Processes"),
         panel("Worker restarts (15 min)",
               (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}")),
@@ -270,7 +292,8 @@ def fleet() -> dict[str, Any]:
         query_variable("pod", "Pod", 'label_values(shardstream_build_info{job=~"$job"}, pod)'),
         query_variable("dataset", "Dataset", 'label_values(shardstream_streams_total{job=~"$job"}, dataset)'),
     ]
-    about = "shardstream servers: load by dataset, latency, cache, storage, transforms, errors, pods against their limits."
+    about = ("shardstream servers: load by dataset, latency, cache, storage, transforms, errors, pods against their "
+             "limits, the trainers' stall and the servers it asks for.")
     return dashboard("shardstream-fleet", "shardstream / Fleet", about, variables, panels)
 
 
@@ -331,7 +354,7 @@ def training() -> dict[str, Any]:
               (f"histogram_quantile(0.5, sum by (job_name, le) (rate(shardstream_client_step_cost_ratio_bucket{{{JOBS}}}{rate})))",
                "p50 {{job_name}}"),
               thresholds=[("green", None), ("red", 1.1)],
-              description="Jobs reading with balance= (README, Balanced steps): each rank's cost of a step (Σ chunk "
+              description="Jobs reading with balance= (docs: Transforms, Balanced steps): each rank's cost of a step (Σ chunk "
                           "length² of its packed rows, or its samples' cost column) over the step's mean. A step lasts "
                           "as long as its largest share; 1.0 is even. Empty for jobs without balance."),
         panel("Bytes/s received (job)",
