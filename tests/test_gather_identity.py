@@ -4,7 +4,8 @@ The build path before issue #26 is the reference (loadtest/previous_build.py `pr
 take per row group, their concatenation, a reordering take; provenance appended, chunks combined). Every
 message of a stream — header and Arrow IPC stream, `Message.wire()` — is compared against the same
 stream built with the reference, in the three shuffle modes, with provenance, over fixed-width columns
-(numpy's gather) and with a string column (Arrow's), in a mixture and through a transform.
+(numpy's gather) and with a string column (Arrow's), in a mixture and through a transform, and in
+the benchmark's row shapes (2,048-token rows, 16-token rows, encoded images).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_dataset(root, "other", 101, row_group_rows=20, shard_rows=70, start=10_000)
     items = [(f"ok-{i}", media.random_png(i)) for i in range(10)]
     media.write_table(root, "imgs", media.blob_table("image", items), row_group_rows=4, shard_rows=8)
+    # the benchmark's row shapes (loadtest/flight_bench.py SHAPES), small: token rows, tiny rows and
+    # encoded image bytes of varying sizes
+    rng = np.random.default_rng(7)
+    for name, width, rows in (("tokens", 2048, 61), ("tiny", 16, 1009)):
+        values = pa.array(rng.integers(0, 50_000, rows * width, dtype=np.int32))
+        table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(values, width)})
+        media.write_table(root, name, table, row_group_rows=rows // 5, shard_rows=rows // 2)
+    blobs = [(f"img-{i}", rng.bytes(int(rng.integers(1_000, 6_000)))) for i in range(83)]
+    media.write_table(root, "encoded", media.blob_table("image", blobs), row_group_rows=9, shard_rows=30)
     return root
 
 
@@ -88,6 +98,18 @@ def test_a_stream_is_byte_identical_to_the_reference(
 ) -> None:
     for rank in range(2):
         req = _request("toy", mode, seed=5, epoch=1, batch_size=batch_size, columns=columns)
+        req.world_size, req.rank = 2, rank
+        _same_as_reference(planner, monkeypatch, req)
+
+
+@pytest.mark.parametrize("mode", ["none", "block", "full"])
+@pytest.mark.parametrize(("dataset", "column", "batch_size"), [("tokens", "tokens", 5), ("tiny", "tokens", 64), ("encoded", "image", 8)])
+def test_every_benchmark_shape_is_byte_identical_to_the_reference(
+    planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, mode: str, dataset: str, column: str, batch_size: int
+) -> None:
+    """Token rows (fixed-size lists of 2,048 int32), tiny rows (16) and encoded images (binary)."""
+    for rank in range(2):
+        req = _request(dataset, mode, seed=11, epoch=0, batch_size=batch_size, columns=[column])
         req.world_size, req.rank = 2, rank
         _same_as_reference(planner, monkeypatch, req)
 
