@@ -2,7 +2,8 @@
 
     python -m loadtest.suite [--quick] [--only NAME ...] [--json loadtest/results/suite.json]
 
-1. dataplane    shardstream's data plane (Arrow Flight DoGet of a `shardstream serve`, read by a plain
+1. dataplane    per row shape (flight_bench.SHAPES: 1 KiB vectors, 2,048-token rows, 16-token rows,
+                ~150 KiB images; --quick: the first two) and shuffle mode, shardstream's data plane (Arrow Flight DoGet of a `shardstream serve`, read by a plain
                 FlightClient with the ReadRequest as ticket and by the Loader) vs Arrow Flight DoGet
                 serving the same 2 MiB batches from memory, same allocator settings
                 (`loadtest.flight_bench`): per-stream MB/s, server and client CPU/GB and p99 batch
@@ -73,12 +74,13 @@ class Sizes:
     small_pairs: int
     scaling_images: int
     scaling_pairs: int
+    dataplane_shapes: tuple[str, ...] = tuple(flight_bench.SHAPES)  # the row shapes the data plane is measured on
 
 
 # data plane: 4 epochs (2 GB) a pass, so that a pass's CPU, read in 10 ms ticks, is known within ~2-5%
 # on a fast machine (2 epochs at 4 GB/s took ~0.25 s, Flight's server ~0.2 CPU-s: ~5% a tick)
 FULL = Sizes(512, 5, 4, 1_000_000, 3, 6.0, 200_000, 5.0, 1_000_000, 3, 480, 3)
-QUICK = Sizes(128, 5, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2)
+QUICK = Sizes(128, 5, 2, 200_000, 2, 3.0, 50_000, 3.0, 200_000, 2, 160, 2, ("vec", "tokens"))
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
@@ -110,27 +112,56 @@ def _load(cfg: LoadConfig, workdir: Path, label: str) -> dict[str, Any]:
 
 # --- 1 ----------------------------------------------------------------------------------------
 def dataplane(sz: Sizes, workdir: Path) -> dict[str, Any]:
+    """Every shape of `sz.dataplane_shapes`, each in every shuffle mode on every path."""
     del workdir
-    args = argparse.Namespace(
-        mib=sz.dataplane_mib,
-        pairs=sz.dataplane_pairs,
-        epochs=sz.dataplane_epochs,
-        batch_mib=2,
-        no_loader=False,
-        ceiling=True,  # the floor: Flight's batches handed over from Python with their metadata
-        gather=True,  # shuffled: Flight's rows shuffled, each batch copied as it is sent
-        shuffle=list(flight_bench.MODES),
-    )
-    res = flight_bench.run(args)
-    summary = res["summary"]
-    return {
-        # per shuffle mode: ratios doget/flight, loader/flight, loader/doget (mb_per_s, server/client
-        # CPU/GB, p99 wait), targets, paths
-        "modes": summary["modes"],
-        "same_rows": summary["same_rows_on_every_path"],
-        "config": res["config"],
-        "passes": res["passes"],
-    }
+    shapes = {}
+    for shape in sz.dataplane_shapes:
+        log(f"-- shape {shape}: {flight_bench.SHAPES[shape][1]}")
+        args = argparse.Namespace(
+            shape=shape,
+            mib=sz.dataplane_mib,
+            pairs=sz.dataplane_pairs,
+            epochs=sz.dataplane_epochs,
+            batch_mib=2,
+            no_loader=False,
+            ceiling=True,  # the floor: Flight's batches handed over from Python with their metadata
+            gather=True,  # shuffled: Flight's rows shuffled, each batch copied as it is sent
+            shuffle=list(flight_bench.MODES),
+        )
+        res = flight_bench.run(args)
+        summary = res["summary"]
+        shapes[shape] = {
+            # per shuffle mode: ratios doget/flight, loader/flight, loader/doget (mb_per_s, server/client
+            # CPU/GB, p99 wait), targets, paths
+            "modes": summary["modes"],
+            "same_rows": summary["same_rows_on_every_path"],
+            "config": res["config"],
+            "passes": res["passes"],
+        }
+    return {"shapes": shapes}
+
+
+# the paths of the data plane's table, in its order: the baselines first
+TABLE_PATHS = (
+    (flight_bench.BASELINE, "Flight from memory"),
+    (flight_bench.GATHER, "Flight gathering"),
+    (flight_bench.DOGET, "plain DoGet"),
+    (flight_bench.LOADER, "Loader"),
+)
+
+
+def print_dataplane_table(d: dict[str, Any]) -> None:
+    """The table: shape x shuffle x path, MB/s and server/client CPU-s/GB as median (min-max)."""
+    print(f"{'shape':<7} {'shuffle':<7} {'path':<19} {'MB/s':>18} {'server CPU-s/GB':>20} {'client CPU-s/GB':>20}")
+    for shape, sd in d["shapes"].items():
+        for mode, md in sd["modes"].items():
+            for path, label in TABLE_PATHS:
+                p = md["paths"].get(path)
+                if p is not None:
+                    print(
+                        f"{shape:<7} {mode:<7} {label:<19} {_fmt(p['mb_per_s'], 0):>18} "
+                        f"{_fmt(p['server_cpu_s_per_gb']):>20} {_fmt(p['client_cpu_s_per_gb']):>20}"
+                    )
 
 
 # --- 2 ----------------------------------------------------------------------------------------
@@ -315,8 +346,9 @@ def print_report(res: dict[str, Any]) -> None:
     )
     print(f"{'benchmark':<58} {'ratio med (min-max)':>24}  detail")
     print("-" * 110)
-    if "dataplane" in s:
-        for mode, d in s["dataplane"]["modes"].items():
+    for shape, sd in s.get("dataplane", {}).get("shapes", {}).items():
+        for mode, d in sd["modes"].items():
+            mode = f"{shape}/{mode}"
             mbs = {k: v["mb_per_s"]["median"] for k, v in d["paths"].items()}
             cpu = {k: v["server_cpu_s_per_gb"]["median"] for k, v in d["paths"].items()}
             ccpu = {k: v["client_cpu_s_per_gb"]["median"] for k, v in d["paths"].items()}
@@ -418,6 +450,9 @@ def print_report(res: dict[str, Any]) -> None:
     if "balance" in s:
         print("balanced steps (packed rows per rank; loadtest/balance_bench.py):")
         balance_bench.report(s["balance"])
+    if "dataplane" in s:
+        print("\ndata plane, every shape (per stream; median (min-max) over the rounds):")
+        print_dataplane_table(s["dataplane"])
 
 
 def _git(*args: str) -> str | None:
