@@ -129,8 +129,10 @@ class FlightProcess:
         from_memory: bool = False,
         env: dict[str, str] | None = None,
         name: str = "flight",
+        tls: tuple[Path, Path] | None = None,  # (certificate, key): serve grpc+tls
     ) -> None:
         self.workdir = workdir
+        self.tls = tls
         self.env = env
         self.name = name
         self.shards = shards
@@ -174,6 +176,8 @@ class FlightProcess:
             "--ready-file",
             str(ready),
         ]
+        if self.tls is not None:
+            cmd += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         return [*cmd, "--from-memory"] if self.from_memory else cmd
 
     def __exit__(self, *exc: object) -> None:

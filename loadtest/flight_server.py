@@ -85,8 +85,13 @@ def _from_rows(t: pa.DataType, rows: np.ndarray) -> pa.Array:
 
 
 class ShardFlightServer(flight.FlightServerBase):
-    def __init__(self, shards: list[str], batch_rows: int, from_memory: bool = False) -> None:
-        super().__init__("grpc://127.0.0.1:0")
+    def __init__(
+        self, shards: list[str], batch_rows: int, from_memory: bool = False, tls: tuple[bytes, bytes] | None = None
+    ) -> None:
+        if tls is None:
+            super().__init__("grpc://127.0.0.1:0")
+        else:  # (certificate, key) PEM: the same TLS a `serve --tls-cert/--tls-key` speaks
+            super().__init__("grpc+tls://127.0.0.1:0", tls_certificates=[flight.CertKeyPair(*tls)])
         self.shards = shards
         self.batch_rows = batch_rows
         self.schema = pq.read_schema(shards[0]).remove_metadata()
@@ -142,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--from-memory", action="store_true", help="read the shards once at start, serve from memory"
     )
+    ap.add_argument("--tls-cert", help="serve TLS with this PEM certificate (and --tls-key)")
+    ap.add_argument("--tls-key", help="the certificate's PEM key")
     args = ap.parse_args(argv)
     shards = json.loads(Path(args.shards).read_text())
-    server = ShardFlightServer(shards, args.batch_rows, args.from_memory)
+    tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
+    server = ShardFlightServer(shards, args.batch_rows, args.from_memory, tls)
     tmp = Path(args.ready_file + ".tmp")
     tmp.write_text(json.dumps({"port": server.port, "pid": os.getpid()}))
     tmp.replace(args.ready_file)

@@ -1,4 +1,5 @@
-"""What TLS costs: a Loader's epoch from a TLS server (and TLS + a bearer token) vs plaintext.
+"""What TLS costs: a Loader's epoch from a TLS server (and TLS + a bearer token) vs plaintext, and vs
+Arrow Flight serving the same batches from memory over the same TLS.
 
     python -m loadtest.tls_bench [--mib 256] [--batch-mib 2] [--rounds 3] [--json PATH]
 
@@ -7,10 +8,13 @@ processes over it (one worker each): plaintext, `--tls-cert/--tls-key` (an ECDSA
 of a CA made here, loadtest/certs.py), and the same with `--auth` (every call authenticated by a
 bearer token, checked against the principal's patterns). One rank reads the whole epoch
 (shuffle none, output="arrow") from each in turn: a warm-up round, then --rounds rounds, the ways
-alternating within each (plaintext, TLS, TLS + token, plaintext, ...). Reported: MB/s of Arrow
-payload, each way's ratio to the plaintext pass of the same round (median, min-max), and CPU
-seconds per GB of the client (this process) and of the server, both sides on the same 2 cores.
-Figures only.
+alternating within each (plaintext, TLS, TLS + token, plaintext, ...). The baseline: Flight DoGet
+of the same batches from memory (loadtest/flight_server.py, the malloc settings shardstream applies
+to itself), plaintext and with the same certificate (`grpc+tls`), read by a plain FlightClient in
+this process. Reported: MB/s of Arrow payload, each way's ratio to the plaintext pass of the same
+round, the Loader over TLS against Flight over TLS (MB/s and server CPU/GB: issue "performance IV",
+>= 0.9x and the CPU alike), median (min-max), and CPU seconds per GB of the client (this process)
+and of the server, both sides on the same 2 cores. Figures only.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
+import pyarrow.flight as flight
 import yaml
 
-from loadtest.bench import DATASET, Layout, build_dataset
+from loadtest.bench import DATASET, MALLOC_ENV, FlightProcess, Layout, build_dataset
 from loadtest.certs import Pki
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
@@ -39,7 +45,7 @@ from shardstream.server.policy.auth import token_sha256
 __all__ = ["main"]
 
 TOKEN = "tls-bench-token-0123456789"
-WAYS = ("plaintext", "tls", "tls+token")
+WAYS = ("plaintext", "tls", "tls+token", "flight", "flight-tls")
 
 
 def _cpu_s() -> float:
@@ -47,9 +53,21 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _server_cpu_s(server: LocalServer) -> float:
-    t = psutil.Process(server.pid).cpu_times()
+def _server_cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
     return t.user + t.system
+
+
+def flight_epoch(port: int, ca: bytes | None) -> int:
+    """Flight DoGet of the baseline's table (any ticket but its generator's and gather's: the table)."""
+    client = flight.connect(f"grpc+tls://127.0.0.1:{port}", tls_root_certs=ca) if ca else flight.connect(f"grpc://127.0.0.1:{port}")
+    n = 0
+    try:
+        for chunk in client.do_get(flight.Ticket(b"table")):
+            n += chunk.data.nbytes
+    finally:
+        client.close()
+    return n
 
 
 def epoch(target: str, batch_rows: int, tls: dict[str, str] | None, token: str) -> int:
@@ -67,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shardstream-tls-") as tmp:
         work = Path(tmp)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            root, _ = pool.submit(build_dataset, work, layout).result()
+            root, shards = pool.submit(build_dataset, work, layout).result()
         pki = Pki(work / "pki")
         ca = pki.ca()
         cert = pki.server(ca)
@@ -80,33 +98,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tls_args = ("--tls-cert", str(cert.cert), "--tls-key", str(cert.key))
         creds = grpc.ssl_channel_credentials(ca.pem)
         client_tls = {"ca": str(ca.cert)}
+        baseline = {"from_memory": True, "env": MALLOC_ENV}
         with (
             LocalServer(root) as plain,
             LocalServer(root, extra_args=tls_args, credentials=creds) as secure,
             LocalServer(root, extra_args=(*tls_args, "--auth", str(auth)), credentials=creds) as authed,
+            FlightProcess(work, shards, layout.batch_rows, name="flight", **baseline) as fl,  # type: ignore[arg-type]
+            FlightProcess(work, shards, layout.batch_rows, name="flight-tls", tls=(cert.cert, cert.key), **baseline) as fl_tls,  # type: ignore[arg-type]
         ):
-            servers = {
-                "plaintext": (plain, None, ""),
-                "tls": (secure, client_tls, ""),
-                "tls+token": (authed, client_tls, TOKEN),
+            assert fl.proc is not None and fl_tls.proc is not None
+            ways: dict[str, tuple[Callable[[], int], int]] = {  # way -> (one epoch: its bytes, the server's pid)
+                "plaintext": (lambda: epoch(plain.target, layout.batch_rows, None, ""), plain.pid),
+                "tls": (lambda: epoch(secure.target, layout.batch_rows, client_tls, ""), secure.pid),
+                "tls+token": (lambda: epoch(authed.target, layout.batch_rows, client_tls, TOKEN), authed.pid),
+                "flight": (lambda: flight_epoch(fl.port, None), fl.proc.pid),
+                "flight-tls": (lambda: flight_epoch(fl_tls.port, ca.pem), fl_tls.proc.pid),
             }
             passes: dict[str, list[float]] = {w: [] for w in WAYS}
             client_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
             server_cpu: dict[str, list[float]] = {w: [] for w in WAYS}
             nbytes = 0
             for round_ in range(args.rounds + 1):
-                for way in WAYS:
-                    server, tls, token = servers[way]
-                    cpu0, scpu0, t0 = _cpu_s(), _server_cpu_s(server), time.perf_counter()
-                    nbytes = epoch(server.target, layout.batch_rows, tls, token)
+                for way in WAYS if round_ % 2 == 0 else WAYS[::-1]:
+                    read, pid = ways[way]
+                    cpu0, scpu0, t0 = _cpu_s(), _server_cpu_s(pid), time.perf_counter()
+                    nbytes = read()
                     seconds = time.perf_counter() - t0
                     mbs = nbytes / seconds / 1e6
                     log(f"  {'warm-up' if round_ == 0 else f'round {round_}'} {way:<10} {mbs:6.0f} MB/s")
                     if round_:
                         passes[way].append(mbs)
                         client_cpu[way].append((_cpu_s() - cpu0) / (nbytes / 1e9))
-                        server_cpu[way].append((_server_cpu_s(server) - scpu0) / (nbytes / 1e9))
-    ratios = {w: [x / y for x, y in zip(passes[w], passes["plaintext"], strict=True)] for w in WAYS[1:]}
+                        server_cpu[way].append((_server_cpu_s(pid) - scpu0) / (nbytes / 1e9))
+    ratios = {w: [x / y for x, y in zip(passes[w], passes["plaintext"], strict=True)] for w in WAYS[1:3]}
+    ratios["flight-tls"] = [x / y for x, y in zip(passes["flight-tls"], passes["flight"], strict=True)]
+
+    def over(a: dict[str, list[float]], way: str, base: str) -> dict[str, float]:
+        return spread([x / y for x, y in zip(a[way], a[base], strict=True)])
+
+    against_flight = {  # the Loader over TLS against Flight over the same TLS, per round
+        "mb_per_s": over(passes, "tls", "flight-tls"),
+        "server_cpu_s_per_gb": over(server_cpu, "tls", "flight-tls"),
+        "client_cpu_s_per_gb": over(client_cpu, "tls", "flight-tls"),
+    }
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.tls_bench", *sys.argv[1:]]),
         "config": {
@@ -119,7 +153,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "versions": versions("shardstream", "grpcio", "cryptography"),
         "mb_per_s": {w: spread(v) for w, v in passes.items()},
-        "ratio_to_plaintext": {w: spread(v) for w, v in ratios.items()},
+        "ratio_to_plaintext": {w: spread(v) for w, v in ratios.items()},  # flight-tls: to Flight's plaintext
+        "tls_against_flight_tls": against_flight,
         "client_cpu_s_per_gb": {w: spread(v) for w, v in client_cpu.items()},
         "server_cpu_s_per_gb": {w: spread(v) for w, v in server_cpu.items()},
         "passes": passes,
@@ -137,6 +172,15 @@ def print_report(res: dict[str, Any]) -> None:
         print(
             f"{w:<11} {s['median']:>6.0f} ({s['min']:.0f}-{s['max']:.0f}) {rtxt:>20} {c:>16.2f} {sv:>16.2f}"
         )
+    a = res["tls_against_flight_tls"]
+
+    def fmt(r: dict[str, float]) -> str:
+        return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+
+    print(
+        f"(flight-tls: / Flight's plaintext.) Loader over TLS / Flight over the same TLS: MB/s {fmt(a['mb_per_s'])} "
+        f"(target >= 0.9), server CPU/GB {fmt(a['server_cpu_s_per_gb'])}, client CPU/GB {fmt(a['client_cpu_s_per_gb'])}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
