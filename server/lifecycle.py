@@ -5,7 +5,8 @@ stops accepting RPCs, in-flight streams get `grace_s` seconds to finish, then th
 The metrics port (server/serving/status_http.py) serves /metrics, and /healthz and /readyz for HTTP probes: ready
 from the moment health says SERVING until the drain begins.
 
-With `workers > 1`, `run` becomes a supervisor (server/serving/supervisor.py) of that many processes, each running
+With `workers > 1` (or `--workers auto`: autoscale_max_workers > 1), `run` becomes a supervisor
+(server/serving/supervisor.py) of that many processes, each running
 `serve` on the same port (SO_REUSEPORT among themselves only); `workers == 1` is one process, as here.
 
 Each process serves the control plane (GetDataset, ListDatasets, grpc.health) on `port` and the
@@ -221,7 +222,7 @@ def run(cfg: ServerConfig) -> None:
     disable_created_series()  # no *_created series (server/serving/process_metrics.py)
     if not cfg.reuse_port:  # once per server (a supervisor's workers were checked by it)
         security.check(cfg)
-    if cfg.workers > 1:
+    if cfg.worker_slots > 1:
         from .serving.supervisor import supervise
 
         supervise(cfg)

@@ -3,7 +3,8 @@
 Each server runs in its own process group on a port it picks itself (`--port 0`); `start()` returns
 once the server has written its ready file and answers a health check as SERVING, and `stop()`
 sends SIGTERM, waits for the drain, and kills the whole group if it lingers. `workers` is passed as
-`--workers` (1 by default here, a single process; None = the server's default, one per CPU); the
+`--workers` (1 by default here, a single process; None = the server's default, one per CPU; "auto":
+grown and shrunk on the trainers' stall); the
 group holds the supervisor and all its workers.
 """
 
@@ -61,7 +62,7 @@ class LocalServer:
         extra_args: tuple[str, ...] = (),
         log_path: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
-        workers: int | None = 1,
+        workers: int | str | None = 1,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.root = str(root)

@@ -57,6 +57,10 @@ class ServerConfig:
     ready_file: str | None = None
     s3_endpoint: str | None = None  # default: $AWS_ENDPOINT_URL
     workers: int = 1  # processes serving the port; > 1 makes `run` a supervisor (server/serving/supervisor.py)
+    # `serve --workers auto`: start `workers` and grow/shrink between 1 and this on the trainers' stall
+    # (server/serving/autoscale.py), deciding every autoscale_interval_s; 0: a fixed `workers`
+    autoscale_max_workers: int = 0
+    autoscale_interval_s: float = 5.0
     read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
     reuse_port: bool = False  # set by the supervisor for its workers only
     cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
@@ -111,6 +115,11 @@ class ServerConfig:
             max_streams_per_peer=self.max_streams_per_peer,
             buffer_bytes=self.stream_buffer_bytes,
         )
+
+    @property
+    def worker_slots(self) -> int:
+        """The most worker processes this server runs at once (each slot has its own data port)."""
+        return max(self.workers, self.autoscale_max_workers)
 
     def worker_shares(self, workers: int) -> dict[str, Any]:
         """One worker's share of what this config gives the whole server: its cache, streams and

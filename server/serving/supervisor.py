@@ -31,6 +31,15 @@ supervisor serves `/metrics` on `--metrics-port`, summing counters and histogram
 `shardstream_workers`, `shardstream_worker_restarts_total`, `shardstream_build_info` and every
 process's CPU, RSS and open descriptors (`process_*{worker="0".."N-1"|"supervisor"}`,
 process_metrics.py). Its /healthz and /readyz answer for the workers (status_http.py).
+
+`--workers auto` (cfg.autoscale_max_workers): start one worker and, every autoscale_interval_s once
+all serve, grow or shrink by one on the trainers' stall (worker_scaling.py, rules in autoscale.py),
+between 1 and autoscale_max_workers (the usable CPUs by default). A worker added takes the lowest
+free slot (its data port: data_port + slot; every slot's port is checked at start); a worker removed
+is the highest slot, drained as on SIGTERM (health NOT_SERVING, its streams get the grace, then
+their clients resume on another worker at the first position not yet received) and not restarted;
+its slot is free again once it has exited. Each worker's share of the cache, streams and buffer is
+sized for the most workers, so the server's memory stays as sized at any count.
 """
 
 from __future__ import annotations
@@ -62,10 +71,12 @@ from shardstream.errors import InvalidArgumentError, UnavailableError
 from ..backends.roots import open_registry
 from ..policy.grants import new_key
 from ..read.spill import SpillTier
+from .autoscale import AutoscalePolicy
 from .config import ServerConfig
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .status_http import Health, start_status_server
+from .worker_scaling import WorkerScaler
 
 __all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise", "usable_cpus"]
 
@@ -197,6 +208,12 @@ class Supervisor:
         # /readyz: the workers serve (one at least, while a dead one is replaced) and no drain began
         self.health = Health(serving=lambda: any(w.ready and w.proc.poll() is None for w in self._workers))
         self._workers: list[_Worker] = []
+        self._draining: list[_Worker] = []  # removed by the autoscaler, finishing their streams
+        self.scaler = (
+            WorkerScaler(AutoscalePolicy(1, cfg.autoscale_max_workers), self.metrics_dir, self.registry)
+            if cfg.autoscale_max_workers > 1
+            else None
+        )
         self._restart_times: deque[float] = deque()
         self._spawned = 0
         self._restart_count = 0
@@ -217,7 +234,7 @@ class Supervisor:
             # Each worker's Flight data plane has a port of its own (pyarrow's Flight server binds
             # without SO_REUSEPORT): data_port + slot; GetDataset names the answering worker's.
             try:
-                for slot in range(cfg.workers):
+                for slot in range(cfg.worker_slots):
                     reserve_port(cfg.host, cfg.data_port + slot, hold=False)
             except BaseException:
                 for s in held:
@@ -253,7 +270,7 @@ class Supervisor:
 
     def _processes(self) -> list[tuple[str, int]]:
         """(worker label, pid) of this supervisor and its live workers, for the process metrics."""
-        live = [(str(w.slot), w.proc.pid) for w in self._workers if w.proc.poll() is None]
+        live = [(str(w.slot), w.proc.pid) for w in self._workers + self._draining if w.proc.poll() is None]
         return [("supervisor", os.getpid()), *live]
 
     def _spawn(self, slot: int) -> _Worker:
@@ -262,6 +279,7 @@ class Supervisor:
         wcfg = dataclasses.replace(
             self.cfg,
             workers=1,
+            autoscale_max_workers=0,
             port=self.port,
             data_port=self.data_port + slot if self.data_port else 0,
             advertised_data_port=self.cfg.advertised_data_port + slot if self.cfg.advertised_data_port else 0,
@@ -269,7 +287,7 @@ class Supervisor:
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,
-            **self.cfg.worker_shares(self.cfg.workers),  # the server's memory stays as sized
+            **self.cfg.worker_shares(self.cfg.worker_slots),  # the server's memory stays as sized
         )
         # The config (the grant key with it) goes through the worker's stdin, never its command line
         # or environment: any local user reads /proc/PID/cmdline.
@@ -291,7 +309,9 @@ class Supervisor:
     def _watch(self) -> str | None:
         """Run until asked to stop (None) or unable to go on (what went wrong)."""
         announced: list[int] | None = None
+        next_scale = time.monotonic() + self.cfg.autoscale_interval_s
         while not self._stop.is_set():
+            self._reap_drained()
             for i, w in enumerate(self._workers):
                 code = w.proc.poll()
                 if code is not None:
@@ -322,8 +342,38 @@ class Supervisor:
             if len(serving) == len(self._workers) and serving != announced:
                 self._announce(serving, first=announced is None)
                 announced = serving
+            if self.scaler is not None and time.monotonic() >= next_scale:
+                next_scale = time.monotonic() + self.cfg.autoscale_interval_s
+                if len(serving) == len(self._workers):  # decide on serving workers only
+                    self._scale_to(self.scaler.evaluate(len(serving)).workers)
             self._stop.wait(TICK_S)
         return None
+
+    def _scale_to(self, n: int) -> None:
+        """Add a worker (the lowest free slot) or drain the highest; one step per call."""
+        if n > len(self._workers):
+            used = {w.slot for w in self._workers + self._draining}
+            free = [slot for slot in range(self.cfg.worker_slots) if slot not in used]
+            if not free:  # every slot busy: a drained worker still finishing its streams
+                log.info("autoscale: no free slot until a draining worker exits")
+                return
+            self._workers.append(self._spawn(free[0]))
+            self._workers.sort(key=lambda w: w.slot)
+        elif n < len(self._workers):
+            w = max(self._workers, key=lambda w: w.slot)
+            self._workers.remove(w)
+            log.info("autoscale: draining worker %d (slot %d): %.1f s grace for its streams", w.proc.pid, w.slot, self.cfg.grace_s)
+            w.proc.send_signal(signal.SIGTERM)
+            self._draining.append(w)
+
+    def _reap_drained(self) -> None:
+        """Forget the drained workers that have exited (their slots are free again)."""
+        for w in list(self._draining):
+            code = w.proc.poll()
+            if code is not None:
+                mark_process_dead(w.proc.pid, str(self.metrics_dir))
+                self._draining.remove(w)
+                log.info("autoscale: worker %d (slot %d) drained, exit code %s", w.proc.pid, w.slot, code)
 
     def _announce(self, pids: list[int], *, first: bool) -> None:
         self.health.started = True
@@ -354,6 +404,8 @@ class Supervisor:
     def _stop_workers(self) -> dict[int, int | None]:
         """SIGTERM every worker (each drains), wait, kill what lingers; exit code by pid."""
         live = [w for w in self._workers if w.proc.poll() is None]
+        self._workers += self._draining  # already told; waited for below
+        self._draining = []
         if live:
             log.info("draining %d workers: %.1f s grace for in-flight streams", len(live), self.cfg.grace_s)
         for w in live:

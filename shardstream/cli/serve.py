@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shardstream.errors import InvalidArgumentError
+
 from . import common
 
 __all__ = ["add_commands", "config_from_args"]
@@ -20,12 +22,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int | str:
+    """--workers: a count, or "auto" (grow and shrink on the trainers' stall)."""
+    return "auto" if text == "auto" else common.positive_int(text)
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     """The ServerConfig the parsed `serve` arguments ask for."""
     from shardstream.server.checkpoints.limits import CheckpointLimits
     from shardstream.server.serving.config import ServerConfig
     from shardstream.server.serving.supervisor import usable_cpus
 
+    auto = args.workers == "auto"
+    if not auto and (args.max_workers is not None or args.autoscale_interval is not None):
+        raise InvalidArgumentError("--max-workers and --autoscale-interval go with --workers auto")
     return ServerConfig(
         root=args.root,
         port=args.port,
@@ -35,7 +45,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
         grace_s=args.grace,
         ready_file=args.ready_file,
         s3_endpoint=args.s3_endpoint,
-        workers=args.workers or usable_cpus(),
+        workers=1 if auto else args.workers or usable_cpus(),
+        autoscale_max_workers=(args.max_workers or usable_cpus()) if auto else 0,
+        autoscale_interval_s=args.autoscale_interval or 5.0,
         # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
         read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
         cache_dir=args.cache_dir,
@@ -88,10 +100,14 @@ def add_commands(sub: Any) -> None:
         "until SIGTERM/SIGINT, then drain: health goes NOT_SERVING and in-flight "
         "streams get --grace seconds to finish. With --workers N > 1, N worker processes share the "
         "port (SO_REUSEPORT among themselves; the port must be free) under a supervisor that restarts "
-        "a worker that dies, drains them all on SIGTERM and serves their summed /metrics.",
+        "a worker that dies, drains them all on SIGTERM and serves their summed /metrics. With --workers auto "
+        "it starts one and adds one while the trainers' data stall (their Loaders' reports) stays above 5%, "
+        "up to --max-workers (default: the usable CPUs), and drains one only while the rest would still "
+        "carry their consumption (deploy/RUNBOOK.md, \"Sizing\").",
         epilog=common.examples(
             "shardstream serve --root ./datasets",
             "shardstream serve --root ./datasets --port 7070 --metrics-port 9090 --workers 4",
+            "shardstream serve --root ./datasets --metrics-port 9090 --workers auto --max-workers 8",
             "shardstream serve --root s3://bucket/registry --cache-dir /var/cache/shardstream --host 0.0.0.0",
             "shardstream --root ./datasets serve --port 0 --ready-file ready.json",
             "shardstream serve --root ./datasets --max-streams 256 --stream-buffer-mib 512 --write-timeout 120",
@@ -118,9 +134,23 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument(
         "--workers",
-        type=common.positive_int,
+        type=_workers,
+        metavar="{N,auto}",
         help="server processes sharing the port (default: the usable CPUs, affinity and cgroup "
-        "quota; 1 = a single process)",
+        "quota; 1 = a single process); auto: from 1 up to --max-workers, on the trainers' stall "
+        "(shardstream_autoscale_decisions_total{reason} counts each move, one log line says why)",
+    )
+    sp.add_argument(
+        "--max-workers",
+        type=common.positive_int,
+        help="with --workers auto: the most worker processes (default: the usable CPUs); data ports "
+        "--data-port .. + max - 1 must be free",
+    )
+    sp.add_argument(
+        "--autoscale-interval",
+        type=_seconds,
+        help="with --workers auto: seconds between two decisions (default 5; a move needs 3 in a row "
+        "stalled, 24 with a worker to spare, and is followed by 6 without one)",
     )
     sp.add_argument(
         "--cache-mib",

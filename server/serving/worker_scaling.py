@@ -1,0 +1,72 @@
+"""The supervisor's side of `serve --workers auto`: read the trainers' signal, decide, count and log.
+
+Every `autoscale_interval_s` the supervisor (supervisor.py) asks `WorkerScaler.evaluate(workers)`.
+It reads what its workers export from the multiprocess metric files it already sums for /metrics
+(job_reports.py: per job the trainers' stall — the largest of the workers' means — their
+consumption and reporting ranks, summed, and the samples the workers sent per second, summed): no
+new port, no call to a worker. The rules are autoscale.py's (pure); this only feeds them and, when
+the count moves, counts the decision in `shardstream_autoscale_decisions_total{reason}` and logs one
+line saying why. The supervisor applies it: a worker more, or its highest slot drained (SIGTERM: its
+streams get the grace, then their clients resume elsewhere at the first position not yet received).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from .autoscale import REASONS, AutoscalePolicy, AutoscaleState, Decision, Signal, decide
+
+__all__ = ["WorkerScaler", "signal_from_metrics"]
+
+log = logging.getLogger("shardstream.server.serving.autoscale")
+
+_STALL = "shardstream_job_data_stall_ratio"
+_CONSUMPTION = "shardstream_job_consumption_samples_per_second"
+_RANKS = "shardstream_job_reporting_ranks"
+_SENT = "shardstream_server_samples_per_second"
+
+
+def signal_from_metrics(metrics_dir: Path) -> Signal:
+    """The trainers' signal from the workers' multiprocess files (as /metrics sums them): the stall is
+    the mean over every reporting rank (each job's weighted by its ranks), as `fleet recommend` says."""
+    jobs: dict[str, list[float]] = {}
+    sent = 0.0
+    columns = {_STALL: 0, _CONSUMPTION: 1, _RANKS: 2}
+    for family in MultiProcessCollector(None, path=str(metrics_dir)).collect():
+        for sample in family.samples:
+            if sample.name == _SENT:
+                sent += sample.value
+            elif sample.name in columns:
+                jobs.setdefault(sample.labels.get("job_name", ""), [0.0, 0.0, 0.0])[columns[sample.name]] = sample.value
+    ranks = sum(int(r) for _, _, r in jobs.values())
+    stall = sum(s * r for s, _, r in jobs.values()) / ranks if ranks else 0.0
+    return Signal(stall=stall, consumption=sum(c for _, c, _ in jobs.values()), ranks=ranks, sent=sent)
+
+
+class WorkerScaler:
+    """The autoscaling state of one supervisor, its decisions counter and its log lines."""
+
+    def __init__(self, policy: AutoscalePolicy, metrics_dir: Path, registry: CollectorRegistry) -> None:
+        self.policy = policy
+        self.metrics_dir = metrics_dir
+        self.state = AutoscaleState()
+        self.decisions = Counter(
+            "shardstream_autoscale_decisions_total",
+            "Worker processes added or drained by serve --workers auto, by why (server/serving/autoscale.py)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REASONS:  # series known to exist: exported from 0
+            self.decisions.labels(reason)
+
+    def evaluate(self, workers: int) -> Decision:
+        """One tick: the count to run next (`workers`: the ones serving now); a move is counted and logged."""
+        decision, self.state = decide(self.policy, self.state, signal_from_metrics(self.metrics_dir), workers)
+        if decision.workers != workers:
+            self.decisions.labels(decision.reason).inc()
+            log.info("autoscale: %d -> %d workers (%s: %s)", workers, decision.workers, decision.reason, decision.why)
+        return decision

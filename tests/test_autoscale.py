@@ -1,0 +1,148 @@
+"""The autoscaling rules of a local fleet (server/serving/autoscale.py), as properties over signals
+and over a simulated fleet: bounds hold, a steady signal never flaps, a sustained stall grows the
+fleet, and demand that halves shrinks it without stalling the trainers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardstream.server.serving.autoscale import (
+    REASONS,
+    AutoscalePolicy,
+    AutoscaleState,
+    Decision,
+    Signal,
+    decide,
+)
+
+CAPACITY = 100.0  # samples/s one simulated worker sends at most
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> AutoscalePolicy:
+    low = draw(st.integers(1, 4))
+    return AutoscalePolicy(
+        min_workers=low,
+        max_workers=draw(st.integers(low, 12)),
+        stall_target=draw(st.sampled_from([0.0, 0.02, 0.05, 0.2])),
+        up_ticks=draw(st.integers(1, 5)),
+        down_ticks=draw(st.integers(1, 30)),
+        cooldown_ticks=draw(st.integers(0, 8)),
+        headroom=draw(st.sampled_from([0.5, 0.8, 1.0])),
+    )
+
+
+signals = st.builds(
+    Signal,
+    stall=st.floats(0, 1),
+    consumption=st.floats(0, 1e6),
+    ranks=st.integers(0, 1000),
+    sent=st.floats(0, 1e6),
+)
+
+
+def fleet_signal(workers: int, demand: float, ranks: int = 8) -> Signal:
+    """A simulated fleet: each worker sends CAPACITY at most; the trainers wait for what it lacks."""
+    sent = min(demand, workers * CAPACITY)
+    stall = max(0.0, 1 - workers * CAPACITY / demand) if demand else 0.0
+    return Signal(stall=stall, consumption=sent, ranks=ranks, sent=sent)
+
+
+def run(policy: AutoscalePolicy, workers: int, demands: list[float], state: AutoscaleState | None = None) -> tuple[list[Decision], AutoscaleState]:
+    state = state or AutoscaleState()
+    decisions = []
+    for demand in demands:
+        d, state = decide(policy, state, fleet_signal(workers, demand), workers)
+        decisions.append(d)
+        workers = d.workers
+    return decisions, state
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies(), st.lists(signals, min_size=1, max_size=60), st.integers(0, 20))
+def test_the_count_stays_within_the_bounds_and_moves_one_at_a_time(policy: AutoscalePolicy, seq: list[Signal], start: int) -> None:
+    workers, state = start, AutoscaleState()
+    for s in seq:
+        d, state = decide(policy, state, s, workers)
+        assert policy.min_workers <= d.workers <= policy.max_workers
+        if policy.min_workers <= workers <= policy.max_workers:
+            assert abs(d.workers - workers) <= 1
+        if d.workers != workers:
+            assert d.reason in REASONS
+        workers = d.workers
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), signals, st.integers(1, 12))
+def test_a_steady_signal_never_flaps(policy: AutoscalePolicy, s: Signal, start: int) -> None:
+    """Whatever the signal, held steady it moves the count one way only (no up-then-down)."""
+    workers, state = max(policy.min_workers, min(start, policy.max_workers)), AutoscaleState()
+    directions = set()
+    for _ in range(200):
+        d, state = decide(policy, state, s, workers)
+        if d.workers != workers:
+            directions.add(d.workers > workers)
+        workers = d.workers
+    assert len(directions) <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), st.floats(1.0, 20.0))
+def test_a_simulated_fleet_grows_under_stall_then_holds(policy: AutoscalePolicy, load: float) -> None:
+    """Trainers that want `load` workers' worth: the fleet grows until they stop stalling (or to the
+    most), then never shrinks or flaps on that same demand."""
+    demand = load * CAPACITY
+    decisions, _ = run(policy, policy.min_workers, [demand] * 400)
+    counts = [d.workers for d in decisions]
+    assert counts == sorted(counts)  # up only
+    final = counts[-1]
+    assert fleet_signal(final, demand).stall <= policy.stall_target or final == policy.max_workers
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), st.floats(2.0, 12.0))
+def test_a_simulated_fleet_shrinks_when_demand_halves_without_stalling(policy: AutoscalePolicy, load: float) -> None:
+    demand = load * CAPACITY
+    first, state = run(policy, policy.min_workers, [demand] * 400)
+    grown = first[-1].workers
+    second, _ = run(policy, grown, [demand / 2] * 600, state)
+    counts = [d.workers for d in second]
+    assert counts == sorted(counts, reverse=True)  # down only
+    final = counts[-1]
+    assert fleet_signal(final, demand / 2).stall <= policy.stall_target or final == policy.max_workers
+    # it shrank as far as the headroom allows: one worker fewer would run busier than the headroom
+    if final > policy.min_workers and fleet_signal(final, demand / 2).stall <= policy.stall_target:
+        assert demand / 2 > (final - 1) * CAPACITY * policy.headroom - 1e-6
+    if grown >= max(4, policy.min_workers + 1) and policy.headroom >= 0.8 and fleet_signal(grown, demand).stall <= policy.stall_target:
+        assert final < grown
+
+
+def test_the_default_rules_on_a_saturated_fleet_learn_its_capacity() -> None:
+    policy = AutoscalePolicy(min_workers=1, max_workers=4)
+    decisions, state = run(policy, 1, [300.0] * 100)
+    assert decisions[-1].workers == 3 and state.capacity == pytest.approx(CAPACITY)
+    grew = [d for d in decisions if d.reason == "stall_above_target"]
+    assert len(grew) == 2 and "stall" in grew[0].why
+
+
+def test_no_reports_hold_the_count() -> None:
+    policy = AutoscalePolicy(min_workers=1, max_workers=4, down_ticks=1, cooldown_ticks=0)
+    d, _ = decide(policy, AutoscaleState(capacity=100.0), Signal(stall=0.0, consumption=0.0, ranks=0, sent=0.0), 3)
+    assert (d.workers, d.reason) == (3, "no_reports")
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"min_workers": 0}, "min_workers"),
+        ({"min_workers": 3, "max_workers": 2}, "max_workers"),
+        ({"stall_target": 1.5}, "stall_target"),
+        ({"up_ticks": 0}, "up_ticks"),
+        ({"headroom": 0}, "headroom"),
+    ],
+)
+def test_a_bad_policy_is_one_value_error(kw: dict[str, float], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        AutoscalePolicy(**kw)  # type: ignore[arg-type]
