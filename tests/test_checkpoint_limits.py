@@ -333,3 +333,115 @@ def test_follow_rides_out_its_only_server_restarting(data_root: Path, tmp_path: 
             writer.save(3, {"w": torch.ones(3)}, blocking=True)
             thread.join(120)
         assert not errors and seen == [2, 3], (seen, errors)
+
+
+# --- 8. the wire: proto commands, and the previous release's JSON ----------------------------------------
+# The exact bytes the previous release's client sent (json.dumps of its dicts) for a one-rank save of
+# {"w": torch.tensor([1, 2, 3, 4], dtype=torch.uint8)} at step 1 and its load.
+LEGACY_HASH = "9f64a747e1b97f131fabb6b447296c9b6f0201e79fb3c5356e6c77e89b6a806a"  # sha256 of bytes 1, 2, 3, 4
+LEGACY_PUT = b'{"op": "chunks", "job": "legacy", "hashes": ["' + LEGACY_HASH.encode() + b'"]}'
+LEGACY_HAS = b'{"job": "legacy", "hashes": ["' + LEGACY_HASH.encode() + b'"]}'
+LEGACY_PART = (
+    b'{"job": "legacy", "step": 1, "rank": 0, "part": {"kind": "shardstream.checkpoint.part", "format": 1, '
+    b'"job": "legacy", "step": 1, "rank": 0, "world_size": 1, "save_id": "legacy-save-1", "created_s": 1700000000.0, '
+    b'"tensors": {"0": {"path": "w", "kind": "torch", "dtype": "uint8", "shape": [4], "nbytes": 4, '
+    b'"chunks": [["' + LEGACY_HASH.encode() + b'", 4]]}}, "objects": {"dict": [["w", {"tensor": "0"}]]}, '
+    b'"loader": null}}'
+)
+LEGACY_COMMIT = b'{"job": "legacy", "step": 1, "world_size": 1, "save_id": "legacy-save-1"}'
+LEGACY_STEPS = b'{"job": "legacy"}'
+LEGACY_MANIFEST = b'{"job": "legacy", "step": "latest", "rank": 0, "world_size": 1}'
+LEGACY_TICKET = b"shardstream.checkpoint.chunks\n" + LEGACY_HAS
+
+
+def _answer(results: list[Any]) -> Any:
+    return json.loads(results[0].body.to_pybytes())
+
+
+def test_the_previous_releases_json_commands_still_work(limited: Any) -> None:
+    server, _ = limited
+    assert chunk_hash(bytes([1, 2, 3, 4])) == LEGACY_HASH
+    with _flight(server) as client:
+        assert _answer(_action(client, "checkpoint.has", LEGACY_HAS)) == {"present": []}
+        writer, reader = client.do_put(flight.FlightDescriptor.for_command(LEGACY_PUT), CHUNK_SCHEMA, _options())
+        writer.write_batch(_chunk_batch(bytes([1, 2, 3, 4])))
+        writer.done_writing()
+        assert json.loads(reader.read().to_pybytes()) == {"stored": 1, "present": 0, "bytes": 4}
+        writer.close()
+        assert _answer(_action(client, "checkpoint.put-part", LEGACY_PART)) == {}
+        assert _answer(_action(client, "checkpoint.commit", LEGACY_COMMIT))["committed"] is True
+        assert _answer(_action(client, "checkpoint.steps", LEGACY_STEPS)) == {"steps": [1]}
+        manifest = _answer(_action(client, "checkpoint.manifest", LEGACY_MANIFEST))
+        assert manifest["step"] == 1 and manifest["parts"][0]["tensors"]["0"]["chunks"] == [[LEGACY_HASH, 4]]
+        table = client.do_get(flight.Ticket(LEGACY_TICKET), _options()).read_all()
+        assert table.schema.equals(CHUNK_SCHEMA) and table.column("data").to_pylist() == [bytes([1, 2, 3, 4])]
+    # what the old client saved, today's loads (and the other way round: the JSON manifest call above
+    # reads a step today's client commits)
+    with Checkpointer([server.target], job="legacy", token=TOKEN) as ck:
+        assert torch.equal(ck.load("latest")["w"], torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+        ck.save(2, {"w": torch.arange(3.0)}, blocking=True)
+    with _flight(server) as client:
+        assert _answer(_action(client, "checkpoint.steps", LEGACY_STEPS)) == {"steps": [1, 2]}
+
+
+def test_the_client_sends_proto_commands(limited: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardstream.checkpoint_commands import encode_command
+    from shardstream.client.checkpoint import transport
+
+    server, _ = limited
+    sent: list[tuple[str, bytes]] = []
+
+    def recording(kind: str, body: Any) -> bytes:
+        sent.append((kind, encode_command(kind, body)))
+        return sent[-1][1]
+
+    monkeypatch.setattr(transport, "encode_command", recording)
+    with Checkpointer([server.target], job="proto-client", token=TOKEN) as ck:
+        ck.save(1, {"w": torch.arange(5.0)}, blocking=True)
+        assert torch.equal(ck.load(1)["w"], torch.arange(5.0)) and ck.steps() == [1]
+    kinds = {kind for kind, _ in sent}
+    assert {"chunks.put", "chunks.get", "checkpoint.has", "checkpoint.put-part", "checkpoint.commit"} <= kinds, kinds
+    assert all(not raw.startswith(b"{") for _, raw in sent)
+
+
+def test_bad_proto_commands_are_one_line_invalid_argument(limited: Any) -> None:
+    from shardstream.checkpoint_commands import encode_command
+
+    server, _ = limited
+    steps = encode_command("checkpoint.steps", {"job": "proto-bad"})
+    part = {"job": "proto-bad", "step": 1, "rank": 0, "part": {}}
+    cases = {
+        "garbage": ("checkpoint.steps", b"\xff\xff\xff\xff", "neither a CheckpointCommand"),
+        "unknown field": ("checkpoint.steps", steps + b"\x78\x01", "does not define"),
+        "unknown nested field": ("checkpoint.steps", b"\x42\x02\x78\x01" + steps, "does not define"),
+        "another op": ("checkpoint.has", steps, "holds a steps command, not has"),
+        "no op": ("checkpoint.steps", b"", "holds no command"),
+        "bad utf-8": ("checkpoint.steps", b"\x0a\x02\xff\xfe\x42\x00", "neither a CheckpointCommand"),
+        "no step": ("checkpoint.manifest", b"\x0a\x01x\x4a\x00", "names no step"),
+        "deep part": ("checkpoint.put-part", encode_command("checkpoint.put-part", {**part, "part": {"a": _nested(100)}}), "nests deeper than 64"),
+        "part not json": ("checkpoint.put-part", b"\x0a\x01x\x2a\x05\x08\x01\x1a\x01[", "must be a JSON object"),
+        "rank over": ("checkpoint.put-part", encode_command("checkpoint.put-part", {**part, "rank": 1 << 21}), "rank"),
+    }
+    with _flight(server) as client:
+        for name, (kind, body, words) in cases.items():
+            err = _error(lambda: _action(client, kind, body))  # noqa: B023
+            assert isinstance(err, InvalidArgumentError), (name, err)
+            assert "\n" not in str(err) and "Traceback" not in str(err), (name, err)
+            assert words in str(err), (name, err)
+        get = b"shardstream.checkpoint.chunks\n" + steps
+        err = _error(lambda: client.do_get(flight.Ticket(get), _options()).read_all())
+        assert isinstance(err, InvalidArgumentError) and "not get_chunks" in str(err), err
+        descriptor = flight.FlightDescriptor.for_command(b"\xff\xff")
+        err = _error(lambda: client.do_put(descriptor, CHUNK_SCHEMA, _options())[1].read())
+        assert isinstance(err, InvalidArgumentError) and "neither a CheckpointCommand" in str(err), err
+        # and none of it is parsed before the caller is known
+        for body in (b"\xff\xff", steps + b"\x78\x01"):
+            err = _error(lambda: _action(client, "checkpoint.steps", body, None))  # noqa: B023
+            assert isinstance(err, UnauthenticatedError), err
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value

@@ -11,6 +11,9 @@ same endpoint (by the job's name), so the ranks loading one checkpoint share tha
 caller the server knows by its client certificate (mTLS, no token) gets a grant in that ListDatasets
 answer and sends it on each call with a proof over what the call asks (checkpoint_format.signed_bytes),
 as a Loader's Read streams do (credentials.py).
+
+Each call's command travels as a `CheckpointCommand` (shardstream/checkpoint_commands.py: `action`
+takes the fields of its JSON form and encodes them); the answers are JSON.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from shardstream.checkpoint_commands import encode_command
 from shardstream.checkpoint_format import CHUNK_SCHEMA, CHUNK_TICKET_PREFIX, signed_bytes
 from shardstream.errors import InvalidArgumentError
 
@@ -82,7 +86,7 @@ class CheckpointSession:
     # --- the calls ---------------------------------------------------------------------------------
     def action(self, kind: str, body: dict[str, Any]) -> Any:
         def call(plane: DataPlane) -> Any:
-            raw = json.dumps(body).encode()
+            raw = encode_command(kind, body)
             options = plane.options(signed_bytes(kind, raw), CALL_TIMEOUT_S)
             results = list(plane.client.do_action(flight.Action(kind, raw), options))
             return json.loads(results[0].body.to_pybytes()) if results else None
@@ -96,7 +100,7 @@ class CheckpointSession:
         def call(plane: DataPlane) -> dict[str, Any]:
             # the chunks it sends, named: the server takes no others (and a certificate caller's
             # proof signs this list, so a replayed call can only send these bytes again)
-            command = json.dumps({"op": "chunks", "job": job, "hashes": [h for h, _ in chunks]}).encode()
+            command = encode_command("chunks.put", {"job": job, "hashes": [h for h, _ in chunks]})
             descriptor = flight.FlightDescriptor.for_command(command)
             options = plane.options(signed_bytes("put", command), None)
             writer, reader = plane.client.do_put(descriptor, CHUNK_SCHEMA, options)
@@ -113,7 +117,7 @@ class CheckpointSession:
         """`on_chunk(name, bytes)` for each chunk as the server sends it. A server that fails
         UNAVAILABLE mid-way is left for the next endpoint, which sends the whole batch again (so
         `on_chunk` must be idempotent: a load writes each chunk to its place)."""
-        ticket = flight.Ticket(CHUNK_TICKET_PREFIX + json.dumps({"job": job, "hashes": list(hashes)}).encode())
+        ticket = flight.Ticket(CHUNK_TICKET_PREFIX + encode_command("chunks.get", {"job": job, "hashes": list(hashes)}))
 
         def call(plane: DataPlane) -> None:
             for chunk in plane.client.do_get(ticket, plane.options(ticket.ticket, CALL_TIMEOUT_S)):

@@ -6,7 +6,8 @@ server's memory or the root. Each bound is a `serve` option with a safe default:
     max_record_bytes     a DoAction body, a DoPut descriptor or a DoGet ticket: bigger is
                          INVALID_ARGUMENT before it is parsed (a part record of 1M tensors is ~200 MB
                          of JSON; 64 MiB holds ~300k tensors' records)
-    max_json_depth       nesting of those JSON documents (a state tree is ~10 deep)
+    max_json_depth       nesting of the JSON in them (a put-part's part record, the previous release's
+                         JSON commands; a state tree is ~10 deep)
     max_chunk_bytes      one chunk of a DoPut (the client's chunks are 8 MiB by default; 64 with room)
     inflight_job_bytes   chunk bytes a server holds for one job at once, over all its DoPuts, and
     inflight_principal_bytes  for one principal: a DoPut over them waits for room (its client is

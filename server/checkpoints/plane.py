@@ -1,30 +1,38 @@
 """Checkpoints on the Flight data plane: the calls a Checkpointer makes (DESIGN §13).
 
-    DoPut    descriptor = command {"op": "chunks", "job": J, "hashes": [the chunks it sends]};
-             batches of (hash: string, data: binary) rows, each a chunk the descriptor names ->
+Each call's command is a `CheckpointCommand` (protos/shardstream/v1, shardstream/checkpoint_commands.py)
+holding the op of that call; below, its fields as the dict the handlers read. A command that starts
+with "{" (no CheckpointCommand does) is the previous release's JSON object of the same fields, still
+accepted (the DoPut's with "op": "chunks"). Answers are JSON.
+
+    DoPut    descriptor = command put_chunks {job, hashes: the chunks it sends}; batches of
+             CHUNK_SCHEMA (hash: string, data: binary) rows, each a chunk the descriptor names ->
              stored create-if-absent, each checked against its name; one PutResult at the end:
              {"stored": n, "present": m, "bytes": b}. A DoPut that fails removes what it stored.
-    DoGet    ticket = CHUNK_TICKET_PREFIX + {"job": J, "hashes": [...]} -> one batch per chunk,
+    DoGet    ticket = CHUNK_TICKET_PREFIX + command get_chunks {job, hashes} -> one batch per chunk,
              (hash, data), verified and served from the server's row-group cache (so N ranks loading
              one checkpoint read storage once)
-    DoAction "checkpoint.has" {"job", "hashes"} -> {"present": [...]}     (incremental saves)
-             "checkpoint.put-part" {"job", "step", "rank", "part"} -> {}
-             "checkpoint.commit" {"job", "step", "world_size", "save_id"} -> {"committed", "waiting_for"
-                                 (the first 64), "waiting" (how many), "missing"}
-             "checkpoint.abort" {"job", "hashes"} -> {"freed": bytes}  (a failed save's chunks, those
+    DoAction "checkpoint.has" has {job, hashes} -> {"present": [...]}     (incremental saves)
+             "checkpoint.put-part" put_part {job, step, rank, part_json} -> {}
+             "checkpoint.commit" commit {job, step, world_size, save_id} -> {"committed",
+                                 "waiting_for" (the first 64), "waiting" (how many), "missing"}
+             "checkpoint.abort" abort {job, hashes} -> {"freed": bytes}  (a failed save's chunks, those
                                  no committed step names, removed: a full root frees what it took)
-             "checkpoint.steps" {"job"} -> {"steps": [...]}                  (committed steps)
-             "checkpoint.manifest" {"job", "step": int | "latest"[, "rank", "world_size"]} -> the
+             "checkpoint.steps" steps {job} -> {"steps": [...]}                  (committed steps)
+             "checkpoint.manifest" manifest {job, step | latest[, rank, world_size]} -> the
              manifest; with rank and world size, only the part that rank loads (its own when the
              world size is the saving one, else rank 0's; a Loader state filled in from another
              part when it has none), so a rank of a big job does not read every rank's records
+             (a DoAction whose command holds another op than its type names is INVALID_ARGUMENT)
     ListFlights criteria = a job name (empty: every job the caller may read) -> one FlightInfo per
              committed step, descriptor path [job, step]
 
 Limits (limits.py, `serve --checkpoint-*`): every call is authenticated from its headers before
-its body is read or parsed (a certificate caller's proof covers the body: it is hashed, not parsed,
-and only once its size is within bounds); JSON is parsed within a size and depth bound; chunk
-sizes, bytes in flight per job and principal, and an optional quota per job bound the writers.
+its body is read or parsed (a certificate caller's proof covers the body as sent: it is hashed, not
+parsed, and only once its size is within bounds); a command, proto or JSON, is parsed within a size
+bound (JSON, and a part's part_json, within a depth bound too; a proto field this version does not
+define is INVALID_ARGUMENT); chunk sizes, bytes in flight per job and principal, and an optional
+quota per job bound the writers.
 
 The data plane hands each call here with its `Call` (the one middleware of every Flight method: its
 headers, and its grpc_server_* metrics with the exact code of the error that ended it).
@@ -50,6 +58,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from prometheus_client import Counter
 
+from shardstream.checkpoint_commands import decode_command, is_json_command
 from shardstream.checkpoint_format import (
     CHUNK_SCHEMA,
     CHUNK_TICKET_PREFIX,
@@ -187,6 +196,13 @@ class CheckpointPlane:
     def _json(self, raw: bytes, what: str) -> dict[str, Any]:
         return parse_record(raw, what, self.limits.max_json_depth)
 
+    def _command(self, raw: bytes, kind: str, what: str) -> dict[str, Any]:
+        """A call's command (its size already bounded): a CheckpointCommand, or the previous
+        release's JSON object (it starts with "{", no CheckpointCommand does), as one dict."""
+        if is_json_command(raw):
+            return self._json(raw, what)
+        return decode_command(raw, kind, what, lambda part: self._json(part, f"{what} part"))
+
     def _fail(self, what: str, exc: BaseException) -> flight.FlightError:
         if isinstance(exc, ShardstreamError) and exc.grpc_code.name == "DATA_LOSS":
             log.warning("checkpoint %s: %s", what, exc)
@@ -206,7 +222,7 @@ class CheckpointPlane:
         try:
             raw = descriptor.command
             principal = self._caller(call, raw, "DoPut descriptor", lambda b: signed_bytes("put", b))
-            command = self._json(raw, "DoPut descriptor")
+            command = self._command(raw, "chunks.put", "DoPut descriptor")
             if command.get("op") != "chunks":
                 raise InvalidArgumentError(f"unknown checkpoint DoPut {excerpt(command.get('op'))}")
             job = self._check_job(principal, command.get("job"), write=True)
@@ -271,7 +287,7 @@ class CheckpointPlane:
     def do_get(self, call: Call, ticket: bytes) -> flight.FlightDataStream:
         try:
             principal = self._caller(call, ticket, "DoGet ticket", lambda b: b)
-            request = self._json(ticket[len(CHUNK_TICKET_PREFIX) :], "DoGet ticket")
+            request = self._command(ticket[len(CHUNK_TICKET_PREFIX) :], "chunks.get", "DoGet ticket")
             job = self._check_job(principal, request.get("job"), write=False)
             hashes = request.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
@@ -286,7 +302,7 @@ class CheckpointPlane:
         def fetch() -> pa.Table:
             data = self.store.read_chunk(job, h)
             BYTES_READ.inc(len(data))
-            return pa.table({"hash": pa.array([h]), "data": pa.array([data], pa.binary())})
+            return pa.table([pa.array([h]), pa.array([data], pa.binary())], schema=CHUNK_SCHEMA)
 
         return self.cache.get(("checkpoint-chunk", job, h), fetch)
 
@@ -307,7 +323,7 @@ class CheckpointPlane:
         try:
             buffer = action.body if action.body is not None else pa.py_buffer(b"")
             principal = self._caller(call, buffer, kind, lambda b: signed_bytes(kind, b))
-            result = self._action(principal, kind, self._json(buffer.to_pybytes(), kind))
+            result = self._action(principal, kind, self._command(buffer.to_pybytes(), kind, kind))
         except BaseException as exc:  # noqa: BLE001 — mapped to a Flight error
             raise self._fail(kind, exc) from None
         return iter([dumps(result)])

@@ -246,3 +246,67 @@ class ReadHeader(_message.Message):
     dropped: int
     stream_id: str
     def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointCommand(_message.Message):
+    __slots__ = ("job", "put_chunks", "get_chunks", "has", "put_part", "commit", "abort", "steps", "manifest")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PUT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    GET_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    HAS_FIELD_NUMBER: _ClassVar[int]
+    PUT_PART_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    put_chunks: CheckpointChunks
+    get_chunks: CheckpointChunks
+    has: CheckpointChunks
+    put_part: CheckpointPart
+    commit: CheckpointCommit
+    abort: CheckpointChunks
+    steps: CheckpointSteps
+    manifest: CheckpointManifest
+    def __init__(self, job: _Optional[str] = ..., put_chunks: _Optional[_Union[CheckpointChunks, _Mapping]] = ..., get_chunks: _Optional[_Union[CheckpointChunks, _Mapping]] = ..., has: _Optional[_Union[CheckpointChunks, _Mapping]] = ..., put_part: _Optional[_Union[CheckpointPart, _Mapping]] = ..., commit: _Optional[_Union[CheckpointCommit, _Mapping]] = ..., abort: _Optional[_Union[CheckpointChunks, _Mapping]] = ..., steps: _Optional[_Union[CheckpointSteps, _Mapping]] = ..., manifest: _Optional[_Union[CheckpointManifest, _Mapping]] = ...) -> None: ...
+
+class CheckpointChunks(_message.Message):
+    __slots__ = ("hashes",)
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hashes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CheckpointPart(_message.Message):
+    __slots__ = ("step", "rank", "part_json")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PART_JSON_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    part_json: bytes
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., part_json: _Optional[bytes] = ...) -> None: ...
+
+class CheckpointCommit(_message.Message):
+    __slots__ = ("step", "world_size", "save_id")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAVE_ID_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    world_size: int
+    save_id: str
+    def __init__(self, step: _Optional[int] = ..., world_size: _Optional[int] = ..., save_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointSteps(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointManifest(_message.Message):
+    __slots__ = ("step", "latest", "rank", "world_size")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    latest: bool
+    rank: int
+    world_size: int
+    def __init__(self, step: _Optional[int] = ..., latest: _Optional[bool] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
