@@ -14,6 +14,10 @@ failover), not bandwidth. The scenarios run in this order, on one job:
   failover  --steps steps during which one server is SIGKILLed (a third of the way in)
   scaleout  a server is added; every rank reopens its stream over the longer endpoint list: the
             new server must take its share of the new streams
+  ckptload  a checkpoint of --ckpt-mib (256) saved through the fleet, then --ckpt-ranks (64) ranks
+            load it at once, each with its own Checkpointer, every chunk verified: the load's
+            latency, the bytes the servers read from the checkpoint root (once per server at
+            most: their caches serve the rest) and sent, the loaded bytes' sha256
 
 Each row: p50/p99/max latency (first batch for cold/restart/scaleout, next() for steady/failover,
 the commit() call for commit), errors (exceptions out of the Loader: its own retries are not
@@ -26,6 +30,7 @@ in Redis, a rank resumed elsewhere).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import tempfile
 import time
@@ -36,14 +41,17 @@ import numpy as np
 
 from loadtest.common import bench_main, bench_parser, log, results_path, versions
 from shardstream.client import CursorRecord, open_store
+from shardstream.client.checkpoint import Checkpointer
 
 from .driver import LoadConfig, dataset_name, ensure_dataset
 from .scale_fleet import SERVER_COUNTERS, ScaleFleet, Snapshot, rpc_delta, server_rpcs
 
 __all__ = ["SCENARIOS", "main", "run_scale"]
 
-SCENARIOS = ("cold", "steady", "commit", "restart", "failover", "scaleout")
+SCENARIOS = ("cold", "steady", "commit", "restart", "failover", "scaleout", "ckptload")
 JOB = "scale-sim"
+CKPT_JOB = "scale-sim-model"
+CKPT_TENSORS = 16  # the checkpoint's state: this many float32 tensors of --ckpt-mib in all
 
 LAND_TIMEOUT_S = 120.0
 
@@ -257,6 +265,10 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
             row["new_server_dogets"] = got
             row["new_server_share"] = got / row["dogets"] if row["dogets"] else 0.0
             checks["new_server_takes_streams"] = got >= world // (before_n + 1) // 2
+        if "ckptload" in want:
+            row, ok = _checkpoint_fanout(args, fleet, phase)
+            checks["checkpoint_loaded_intact"] = ok and row["n"] == min(args.ckpt_ranks, world) and row["errors"] == 0
+            checks["checkpoint_read_once_per_server"] = row["ckpt_storage_read_mib"] <= row["ckpt_mib"] * len(fleet.servers) + 1
         checks["errors"] = sum(r["errors"] for r in rows_out)
     finally:
         fleet.close()
@@ -270,12 +282,58 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _checkpoint_fanout(args: argparse.Namespace, fleet: ScaleFleet, phase: Any) -> tuple[dict[str, Any], bool]:
+    """Save one checkpoint of --ckpt-mib through the fleet, then let --ckpt-ranks ranks load it at once."""
+    rng = np.random.default_rng(0)
+    n = args.ckpt_mib * (1 << 20) // 4 // CKPT_TENSORS
+    state = {f"layer{i:02d}": rng.standard_normal(n, dtype=np.float32) for i in range(CKPT_TENSORS)}
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(state[name].tobytes())
+    log(f"scale: saving a {args.ckpt_mib} MiB checkpoint …")
+    t0 = time.perf_counter()
+    with Checkpointer(fleet.endpoints(), job=CKPT_JOB, rank=0, world_size=1) as ck:
+        ck.save(1, state).result(timeout=600)
+    save_s = time.perf_counter() - t0
+    tensors = {name: [list(a.shape), str(a.dtype)] for name, a in state.items()}
+    del state
+    cmd = {
+        "op": "ckptload",
+        "endpoints": fleet.endpoints(),
+        "job": CKPT_JOB,
+        "step": 1,
+        "ranks": args.ckpt_ranks,
+        "tensors": tensors,
+        "digest": digest.hexdigest(),
+    }
+    row, answers = phase("ckptload", cmd, "load_s")
+    mib = 1 << 20
+    row["ranks"] = row["n"]  # the ranks that loaded (the others of the job stood by)
+    row["ckpt_mib"] = args.ckpt_mib
+    row["ckpt_save_s"] = save_s
+    row["ckpt_storage_read_mib"] = row["rpcs"].get("shardstream_checkpoint_storage_read_bytes_total", 0.0) / mib
+    row["ckpt_served_mib"] = row["rpcs"].get("shardstream_checkpoint_served_bytes_total", 0.0) / mib
+    row["ckpt_load_mb_per_s"] = row["ckpt_served_mib"] * mib / 1e6 / row["wall_s"] if row["wall_s"] else 0.0
+    log(
+        f"scale: ckptload: saved in {save_s:.1f} s; {row['ranks']} ranks read {row['ckpt_served_mib']:.0f} MiB "
+        f"({row['ckpt_load_mb_per_s']:.0f} MB/s), the servers read {row['ckpt_storage_read_mib']:.0f} MiB from storage"
+    )
+    return row, all(a.get("content_ok", False) for a in answers)
+
+
 def failed(result: dict[str, Any]) -> bool:
     return any(v is False for v in result["checks"].values()) or bool(result["checks"].get("errors"))
 
 
 def report(result: dict[str, Any]) -> None:
     print(table(result["scenarios"]))
+    for r in result["scenarios"]:
+        if r["scenario"] == "ckptload":
+            print(
+                f"ckptload: {r['ranks']} ranks loaded a {r['ckpt_mib']} MiB checkpoint (saved in {r['ckpt_save_s']:.1f} s): "
+                f"{r['ckpt_served_mib']:.0f} MiB sent ({r['ckpt_load_mb_per_s']:.0f} MB/s), "
+                f"{r['ckpt_storage_read_mib']:.0f} MiB read from the checkpoint root"
+            )
     print("checks:", ", ".join(f"{k}={v}" for k, v in result["checks"].items()))
 
 
@@ -358,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         help="niceness of the rank processes (10): they stand for other hosts, the fleet gets the CPU first",
     )
     parser.add_argument("--root", help="dataset root to reuse (default: a temporary one)")
+    parser.add_argument("--ckpt-ranks", type=int, default=64, help="ranks that load the checkpoint at once (64)")
+    parser.add_argument("--ckpt-mib", type=int, default=256, help="the checkpoint's size, MiB (256)")
     return bench_main(
         parser,
         argv,

@@ -31,7 +31,13 @@ __all__ = ["RankWorker", "ScaleFleet", "Snapshot", "rpc_delta", "server_rpcs"]
 # 1,000 hosts meets. The simulator lifts it (and the per-server limit) so the real limits show.
 SERVER_ARGS = ("--max-streams-per-peer", "100000", "--max-streams", "100000")
 # Read with the RPCs started: what the servers sent (messages run ahead of the ranks' steps).
-SERVER_COUNTERS = ("shardstream_messages_sent_total", "shardstream_bytes_sent_total")
+SERVER_COUNTERS = (
+    "shardstream_messages_sent_total",
+    "shardstream_bytes_sent_total",
+    # the checkpoint fan-out: chunk bytes read from the checkpoint root and sent to the ranks
+    "shardstream_checkpoint_storage_read_bytes_total",
+    "shardstream_checkpoint_served_bytes_total",
+)
 
 
 def server_rpcs(server: LocalServer) -> dict[str, float]:
@@ -144,6 +150,8 @@ class ScaleFleet:
     def __init__(self, root: str, workdir: Path, servers: int) -> None:
         self.root = root
         self.workdir = workdir
+        self.checkpoints = workdir / "checkpoints"  # one checkpoint root for every server, as a shared volume
+        self.checkpoints.mkdir(exist_ok=True)
         # As the RUNBOOK asks of a cursor store: an append-only file, fsynced every second.
         self.redis = RedisServer(workdir / "redis", persistent=True, appendfsync="everysec").start()
         self.servers: list[LocalServer] = []
@@ -157,7 +165,7 @@ class ScaleFleet:
         server = LocalServer(
             self.root,
             metrics=True,
-            extra_args=SERVER_ARGS,
+            extra_args=(*SERVER_ARGS, "--checkpoint-root", str(self.checkpoints)),
             log_path=self.workdir / f"server-{len(self.servers)}.log",
         )
         self.servers.append(server)

@@ -18,6 +18,12 @@ process answers one JSON line on stdout when all have finished:
     {"op": "steps", "steps": N, "step_s": S, "commit_every": K}
         N training steps: next() (timed), sleep S, and every K-th step commit(step) (timed: the
         call; the store write happens on the commit thread)
+    {"op": "ckptload", "endpoints": [...], "job": J, "step": S, "ranks": N, "tensors": {name:
+     [shape, dtype]}, "digest": HEX}
+        the job's ranks below N each load checkpoint J@S with their own Checkpointer (timed: the
+        manifest and every chunk, each verified against its name), all at once; the ranks of a
+        process load into one set of arrays (allocated once: the simulator measures the fleet's
+        fan-out, not this host's memory) whose sha256 the process checks after
     {"op": "close"}        flush and close every Loader
     {"op": "exit"}
 
@@ -27,6 +33,7 @@ Loader's own retries), the first batch's (epoch, position) and `resumed_from`, f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -38,9 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import REGISTRY
 
 from shardstream.client import Loader
+from shardstream.client.checkpoint import Checkpointer
 
 __all__ = ["RankSet", "main"]
 
@@ -148,6 +157,28 @@ class RankSet:
 
         return self._all(one)
 
+    def load_checkpoint(
+        self, endpoints: list[str], job: str, step: int, ranks: int, tensors: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
+        # this process's ranks load into one set of arrays (name -> [shape, dtype])
+        arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in tensors.items()}
+
+        def one(r: int) -> dict[str, Any]:
+            if r >= ranks:
+                return {"skipped": True}
+            t0 = time.perf_counter()
+            with Checkpointer(endpoints, job=job, rank=r, world_size=self.cfg["world_size"]) as ck:
+                ck.load(step, into=arrays, verify=True)
+            return {"load_s": time.perf_counter() - t0}
+
+        out = self._all(one)
+        h = hashlib.sha256()
+        for name in sorted(arrays):
+            h.update(arrays[name].tobytes())
+        loaded = any(r in self.ranks for r in range(ranks))
+        out["content_ok"] = not loaded or h.hexdigest() == digest
+        return out
+
     def close(self) -> dict[str, Any]:
         if not self.loaders:
             return {"ranks": [], "failovers": 0.0}
@@ -186,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             answer = ranks.open(cmd["endpoints"], cmd.get("resume"))
         elif op == "steps":
             answer = ranks.run_steps(cmd["steps"], cmd["step_s"], cmd.get("commit_every", 0))
+        elif op == "ckptload":
+            answer = ranks.load_checkpoint(
+                cmd["endpoints"], cmd["job"], cmd["step"], cmd["ranks"], cmd["tensors"], cmd["digest"]
+            )
         elif op == "close":
             answer = ranks.close()
         elif op == "exit":

@@ -1,5 +1,5 @@
 """The rank simulator (`python -m loadtest.scale`), small: 50 ranks of one job over 2 servers and a
-real redis-server, cold start, commits and a restart storm. Correctness only — no errors, every
+real redis-server, cold start, commits, a restart storm and 8 ranks loading one checkpoint at once. Correctness only — no errors, every
 rank got its first batch, the commits landed in Redis, every rank resumed at the committed step at
 its own first sample — never its figures or wall-clock time."""
 
@@ -28,7 +28,9 @@ def test_small_fleet_start_commit_restart(tmp_path: Path) -> None:
             "--ranks", "50",
             "--servers", "2",
             "--processes", "2",
-            "--scenarios", "cold", "commit", "restart",
+            "--scenarios", "cold", "commit", "restart", "ckptload",
+            "--ckpt-ranks", "8",
+            "--ckpt-mib", "4",
             "--dim", "16",
             "--step-s", "0.01",
             "--steps", "4",
@@ -47,12 +49,18 @@ def test_small_fleet_start_commit_restart(tmp_path: Path) -> None:
     assert checks["every_rank_resumed"] is True
     assert checks["resumed_at_committed"] is True
     rows = {r["scenario"]: r for r in result["scenarios"]}
-    assert list(rows) == ["cold", "commit", "restart"]
+    assert list(rows) == ["cold", "commit", "restart", "ckptload"]
     assert rows["cold"]["n"] == rows["restart"]["n"] == 50
     assert rows["commit"]["n"] == 50 * 2  # every rank committed twice (steps 2 and 4)
     # Every rank asked a server for the dataset and opened a stream, at the start and again at the restart.
     assert rows["cold"]["rpcs"]["DoGet"] >= 50 and rows["restart"]["rpcs"]["DoGet"] >= 50
     assert rows["cold"]["rpcs"]["GetDataset"] >= 50
+    # 8 ranks loaded the checkpoint, every chunk verified and the bytes' sha256 checked; the servers
+    # sent it 8 times and read it from the checkpoint root at most once each
+    assert checks["checkpoint_loaded_intact"] is True and checks["checkpoint_read_once_per_server"] is True
+    ck = rows["ckptload"]
+    assert ck["n"] == 8 and ck["errors"] == 0
+    assert ck["ckpt_served_mib"] >= 8 * 4 and 0 < ck["ckpt_storage_read_mib"] <= 2 * 4
 
 
 def test_rpc_delta_counts_a_restarted_server_from_zero() -> None:
