@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml shardstream/_kernels.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,torch]'
+	$(BIN)/pip install --quiet --no-deps torchtitan==0.3.0  # its deps would pull another torch (pyproject: extra torchtitan)
 	touch $(STAMP)
 
 demo: setup                ## end-to-end demo: ingest, 2 servers, 2 ranks train, resume on 3, exactly-once check
