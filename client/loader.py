@@ -31,7 +31,6 @@ from typing import Any
 from shardstream.errors import DataLossError, InvalidArgumentError
 from shardstream.order.cursor_math import NO_SPLIT, RankStream, WorkerSplit, cursor_after, is_last_step
 from shardstream.order.schedule import Schedule, job_position
-from shardstream.v1 import shardstream_pb2 as pb
 
 from . import metrics
 from .batch import BatchInfo
@@ -41,7 +40,7 @@ from .loader_state import LoaderState
 from .prefetch import Done, Producer
 from .schedule_state import LoaderSchedule
 from .step_timings import StepClock
-from .target import Target, normalize_dataset, resolve_target
+from .target import Target, dataset_refs, normalize_dataset, target_of
 from .transport.channel import normalize_endpoints
 from .transport.fleet import Fleet
 from .transport.stall_report import StallReporter
@@ -134,17 +133,16 @@ class Loader:
         return f"Loader({self.dataset!r}, rank={self.rank}/{self.world_size}, batch_size={self.batch_size})"
 
     # --- dataset -------------------------------------------------------------------------------
-    def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
-        """Asked of the endpoints in turn, from this rank's, on its streams' RetryPolicy (target.find_dataset)."""
-        return self._fleet.find_dataset(dataset, self.rank)
-
     @property
     def target(self) -> Target:
-        """What this loader reads — versions resolved once (first use), then pinned."""
+        """What this loader reads — versions resolved once (first use), then pinned: one GetDataset
+        per ref, asked of the endpoints in turn from this rank's on its streams' RetryPolicy
+        (Fleet.find_dataset); the endpoint that answers keeps the data port its Read streams dial."""
         if self._target is None:
-            self._target = resolve_target(
-                self._get_dataset,
+            infos = [self._fleet.find_dataset(ref, self.rank) for ref in dataset_refs(self.dataset)]
+            self._target = target_of(
                 self.dataset,
+                infos,
                 columns=self.options.columns,
                 seed=self.seed,
                 mixture_block=self.mixture_block,

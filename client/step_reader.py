@@ -10,7 +10,9 @@ The keyword options are a Loader's (`LoaderOptions`, loader_options.py): the rea
 `StreamSession` (transport/session.py: its retries and failover, on the options' RetryPolicy) that asks for one
 step (`num_steps = 1`) starting where a Loader whose state says (epoch, offset) starts: `state()` is
 that Loader state. A dataset is resolved once per (dataset, columns, seed, mixture options) and then
-pinned (`target`).
+pinned (`target`): its GetDataset asks the endpoints in turn on the same RetryPolicy as the read, with
+its backoff and budget (`Fleet.find_dataset`, as a Loader's); `list_datasets` asks each endpoint once,
+in the same loop (`Fleet.ask`: transport/fleet.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .decode import decode_message
 from .loader_options import LoaderOptions
 from .loader_state import LoaderState
 from .spec import RetryPolicy
-from .target import Target, normalize_dataset, resolve_target
+from .target import Target, dataset_refs, normalize_dataset, target_of
 from .transport.channel import normalize_endpoints
 from .transport.fleet import Fleet
 from .transport.session import CallRegistry, StreamSession
@@ -78,23 +80,17 @@ class StepReader:
         self._fleet.close()
 
     # --- what there is ---------------------------------------------------------------------------
-    def _first(self, call: Any) -> Any:
-        last: Exception | None = None
-        for endpoint in self.endpoints:
-            try:
-                return call(self._fleet.conn(endpoint))
-            except UnavailableError as exc:
-                last = exc
-        raise UnavailableError(f"no shardstream server reachable at {', '.join(self.endpoints)} ({last})")
-
     def list_datasets(self) -> list[pb.DatasetInfo]:
-        """Each dataset's latest version, as the first server that answers lists it (by name)."""
-        resp = self._first(lambda c: c.list_datasets(self.timeout_s))
+        """Each dataset's latest version, as the first server that answers lists it (by name). Each
+        endpoint is asked once, in turn, with the policy's backoff between them (Fleet.ask on a
+        one-pass policy): the visualizers' reachability check says a fleet that does not answer at once."""
+        one_pass = replace(self._fleet.retry, max_retries=len(self.endpoints) - 1, budget_s=0.0)
+        resp = self._fleet.ask(lambda c, _: c.list_datasets(self.timeout_s), retry=one_pass)
         return sorted(resp.datasets, key=lambda d: d.name)
 
     def dataset_info(self, ref: str) -> pb.DatasetInfo:
-        """GetDataset of the first server that answers."""
-        return self._first(lambda c: c.get_dataset(ref, self.timeout_s))
+        """GetDataset of the first server that answers, on the RetryPolicy (Fleet.find_dataset)."""
+        return self._fleet.find_dataset(ref, 0)
 
     def target(
         self,
@@ -111,9 +107,9 @@ class StepReader:
         with self._lock:
             found = self._targets.get(key)
         if found is None:
-            found = resolve_target(
-                self.dataset_info,
+            found = target_of(
                 normal,
+                [self.dataset_info(ref) for ref in dataset_refs(normal)],
                 columns=list(columns) if columns else None,
                 seed=seed,
                 mixture_block=mixture_block,

@@ -1,10 +1,14 @@
 """What a Loader reads: one pinned dataset version, a pinned weighted mixture of them, or mixture
-phases over pinned versions (a curriculum: shardstream/order/curriculum.py). Where it asks is the
-fleet session's (transport/fleet.py: find_dataset)."""
+phases over pinned versions (a curriculum: shardstream/order/curriculum.py).
+
+Pure, no I/O and no callbacks: `normalize_dataset` checks the argument once (the one
+`DatasetRef.parse` of each ref on the client), `dataset_refs` says which refs to look up, and
+`target_of` pins the target from the servers' answers. The look-ups themselves are the caller's
+(a Loader's or StepReader's Fleet: transport/fleet.py, find_dataset), one GetDataset per ref."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +24,7 @@ from shardstream.order.mixture import MixturePlan, SourceInfo, is_mixture, parse
 from shardstream.order.read_query import MixturePhase, ReadQuery, Source
 from shardstream.v1 import shardstream_pb2 as pb
 
-__all__ = ["Target", "normalize_dataset", "resolve_target"]
+__all__ = ["Target", "dataset_refs", "normalize_dataset", "target_of"]
 
 
 Phases = list[tuple[int, list[tuple[str, float]]]]
@@ -70,21 +74,32 @@ class Target:
         )
 
 
-def resolve_target(
-    get_dataset: Callable[[str], pb.DatasetInfo],
+def dataset_refs(dataset: str | list[tuple[str, float]] | Phases) -> list[str]:
+    """The refs a normalized dataset names, each once, in order (a mixture's sources; every source of
+    any phase, in order of first appearance): what `target_of` needs the DatasetInfo of."""
+    if isinstance(dataset, str):
+        return [dataset]
+    if isinstance(dataset[0][0], int):
+        return schedule_sources(dataset)[0]  # type: ignore[arg-type]
+    return [r for r, _ in dataset]  # type: ignore[misc]
+
+
+def target_of(
     dataset: str | list[tuple[str, float]] | Phases,
+    infos: Sequence[pb.DatasetInfo],
     *,
     columns: Sequence[str] | None,
     seed: int,
     mixture_block: int = 0,
     mixture_epoch_samples: int = 0,
 ) -> Target:
+    """The pinned target of a normalized `dataset`, from `infos`: the DatasetInfo of each of
+    `dataset_refs(dataset)`, in that order. Checks `columns` against every source."""
     phases = None
     if not isinstance(dataset, str) and isinstance(dataset[0][0], int):
-        refs, phases = schedule_sources(dataset)  # type: ignore[arg-type]
-    else:
-        refs = [dataset] if isinstance(dataset, str) else [r for r, _ in dataset]  # type: ignore[misc]
-    infos = [get_dataset(r) for r in refs]
+        phases = schedule_sources(dataset)[1]  # type: ignore[arg-type]
+    infos = list(infos)
+    assert len(infos) == len(dataset_refs(dataset)), "one DatasetInfo per ref of dataset_refs(dataset)"
     names = [f.name for f in infos[0].fields]
     for info in infos:
         have = [f.name for f in info.fields]

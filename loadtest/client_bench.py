@@ -16,8 +16,9 @@ round by round (A B, B A, ...) after a warm-up:
              (the header parsed from its bytes, `plain_batch`): the Loader's prefetch thread,
              StreamSession, decode (steps, provenance, the cursor), the queue and `__iter__`
 
-The Loader is a subclass whose `_get_dataset` answers from the prepared dataset and whose
-`_open_call` opens the in-memory call: everything else is the client as a trainer runs it.
+The Loader is a subclass whose fleet session (its `Fleet`, client/transport/fleet.py: the seam
+between the Loader and the wire) is a `MemoryFleet`: `find_dataset` answers from the prepared
+dataset and `open_read` opens the in-memory call; everything else is the client as a trainer runs it.
 `read_chunk` itself (the socket, gRPC, Arrow's IPC decode) costs both paths the same and is left
 out, so `loader - plain` is the Loader's own cost per message; add it to a plain reader's CPU per
 message through Flight (flight_bench: ~700 us for 2 MiB here) for the ratio flight_bench measures.
@@ -156,19 +157,33 @@ class MemoryCall:
         pass
 
 
-class MemoryLoader(Loader):
-    """A Loader whose dataset and Read calls are the prepared stream's (no channel is opened)."""
+class MemoryFleet:
+    """The Loader's side of a `Fleet` (client/transport/fleet.py) over the prepared stream: its
+    GetDataset and Read calls, and no channel."""
 
-    def __init__(self, stream: Stream, evict: Evict, **options: Any) -> None:
-        super().__init__(["127.0.0.1:1"], DATASET, **options)
+    connected = False
+
+    def __init__(self, stream: Stream, evict: Evict) -> None:
         self._stream = stream
         self._evict = evict
 
-    def _get_dataset(self, dataset: str) -> pb.DatasetInfo:
+    def find_dataset(self, dataset: str, first: int) -> pb.DatasetInfo:
         return self._stream.info()
 
-    def _open_call(self, endpoint: str, request: pb.ReadRequest) -> Any:
+    def open_read(self, endpoint: str, request: pb.ReadRequest, timeout_s: float | None = None) -> Any:
         return MemoryCall(self._stream, request, self._evict)
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryLoader(Loader):
+    """A Loader whose fleet is a `MemoryFleet`: its dataset and Read calls are the prepared stream's
+    (no channel is opened, no stall report sent)."""
+
+    def __init__(self, stream: Stream, evict: Evict, **options: Any) -> None:
+        super().__init__(["127.0.0.1:1"], DATASET, report_interval_s=0, **options)
+        self._fleet = MemoryFleet(stream, evict)  # type: ignore[assignment]
 
 
 def plain_pass(stream: Stream, epochs: int, evict: Evict) -> int:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shardstream.client.loader_options import LoaderOptions
 from shardstream.client.schedule_state import LoaderSchedule
-from shardstream.client.target import Target, resolve_target
+from shardstream.client.target import Target, dataset_refs, target_of
 from shardstream.errors import InvalidArgumentError
 from shardstream.order import read_query as rq
 from shardstream.order.cursor_math import WorkerSplit
@@ -115,9 +115,9 @@ def targets(draw: st.DrawFn) -> Target:
         dataset = [(start, [(n, draw(st.floats(0.5, 2))) for n in names]) for start in [0, *starts]]
         if len(dataset) == 1:
             dataset = dataset[0][1]
-    return resolve_target(
-        INFOS.__getitem__,
+    return target_of(
         dataset,
+        [INFOS[ref] for ref in dataset_refs(dataset)],
         columns=None,
         seed=draw(st.integers(0, 100)),
         mixture_block=draw(st.sampled_from([0, 256, 1024])),

@@ -143,7 +143,8 @@ class Connection:
         self._metadata = security.metadata or None  # the bearer token, on every call
         # The Flight data plane, once a GetDataset answer named its port (None: not asked yet). A
         # dns:/// target's streams go to one address of the name at a time (the next one after a
-        # failure): the one whose GetDataset named the port, and its grant, is the one dialled.
+        # failure): the one whose GetDataset named the port, and its grant, is the one dialled — a
+        # Loader's own GetDataset (get_dataset) included, so its first stream asks no second one.
         self._host, self._port = _host_of(target), int(target.rpartition(":")[2])
         self._dns = target.startswith("dns:")
         self._data_host = self._host
@@ -167,15 +168,32 @@ class Connection:
         )
 
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo:
+        """GetDataset; the answering server's data plane is remembered, so the next Read dials it
+        without asking again. A dns:/// name's is asked of one address of the name (the next one
+        when an address does not answer, each at most once): the address the Read then dials."""
+        request = pb.GetDatasetRequest(dataset=dataset)
         try:
-            info = self._get(
-                pb.GetDatasetRequest(dataset=dataset), timeout=timeout_s, metadata=self._metadata
-            )
+            if self._dns:
+                return self._ask_any_address(request, timeout_s)
+            info = self._get(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from exc
-        if not self._dns:  # a dns:/// name's answer may be any address's: streams ask their own
-            self._remember(info, self._host)
+        self._remember(info, self._host)
         return info
+
+    def _ask_any_address(self, request: pb.GetDatasetRequest, timeout_s: float) -> pb.DatasetInfo:
+        """GetDataset of the name's addresses in turn until one answers or says other than
+        UNAVAILABLE (as the round-robin channel skips the addresses that are down)."""
+        tried = 0
+        while True:
+            address, count = self._next_address()
+            tried += 1
+            try:
+                info, _ = self._ask_address(address, "GetDataset", request, pb.DatasetInfo, timeout_s)
+                return info  # type: ignore[no-any-return]
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or tried >= count:
+                    raise
 
     def list_datasets(self, timeout_s: float) -> pb.ListDatasetsResponse:
         try:
@@ -241,7 +259,12 @@ class Connection:
             call = self._get if method == "GetDataset" else self._list
             info = call(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
             return self._remember(info, self._host)
-        address = self._next_address()
+        address, _ = self._next_address()
+        return self._ask_address(address, method, request, answer, DISCOVERY_TIMEOUT_S)[1]
+
+    def _ask_address(self, address: str, method: str, request: Any, answer: Any, timeout_s: float) -> tuple[Any, int]:
+        """`method` of one address of a dns:/// name, on a channel of its own; the answer and the data
+        port it names, remembered with that address."""
         options = list(CHANNEL_OPTIONS)
         if self._security.tls and not self._security.server_name:  # the certificate names the name
             options.append(("grpc.ssl_target_name_override", self._host))
@@ -252,13 +275,14 @@ class Connection:
                 request_serializer=type(request).SerializeToString,
                 response_deserializer=answer.FromString,
             )
-            info = get(request, timeout=DISCOVERY_TIMEOUT_S, metadata=self._metadata)
+            info = get(request, timeout=timeout_s, metadata=self._metadata)
         finally:
             channel.close()
-        return self._remember(info, address)
+        return info, self._remember(info, address)
 
-    def _next_address(self) -> str:
-        """The next address of a dns:/// target's name, in turn (resolved anew each time)."""
+    def _next_address(self) -> tuple[str, int]:
+        """The next address of a dns:/// target's name, in turn (resolved anew each time), and how
+        many addresses the name has."""
         try:
             infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
@@ -266,7 +290,7 @@ class Connection:
         addresses = list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in infos))
         address = addresses[self._picks % len(addresses)]
         self._picks += 1
-        return f"[{address}]" if ":" in address else address
+        return (f"[{address}]" if ":" in address else address), len(addresses)
 
     def _remember(self, info: pb.DatasetInfo | pb.ListDatasetsResponse, host: str) -> int:
         """The data plane a GetDataset (or ListDatasets) answer names: its host and port, and the

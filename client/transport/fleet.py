@@ -7,6 +7,7 @@ call retries under, counted by `retry.Attempts` (jittered exponential backoff, a
 in a row and a time budget):
 
     find_dataset   GetDataset of the endpoints in turn, from a rank's own        (a Loader's target)
+    ask            any control-plane call so, e.g. a StepReader's ListDatasets (ask_in_turn)
     open_read      one Read stream on an endpoint; its session (session.py) resumes it elsewhere
     call           one checkpoint call on the data plane, on the next endpoint when it fails as a
                    stream would be resumed elsewhere (checkpoint/transport.py)
@@ -36,7 +37,7 @@ from .channel import Connection, DataPlane, normalize_endpoints
 from .flight_call import ReadCall
 from .retry import Attempts, Policy
 
-__all__ = ["Fleet", "find_dataset"]
+__all__ = ["Fleet", "ask_in_turn", "find_dataset"]
 
 log = logging.getLogger("shardstream.client")
 
@@ -45,6 +46,42 @@ T = TypeVar("T")
 
 class _Connection(Protocol):
     def get_dataset(self, dataset: str, timeout_s: float) -> pb.DatasetInfo: ...
+
+
+C = TypeVar("C")
+
+
+def ask_in_turn(
+    call: Callable[[C, float], T],
+    endpoints: Sequence[str],
+    first: int,
+    retry: Policy,
+    conn: Callable[[str], C],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`call(connection, timeout_s)` of the endpoints in turn (from the `first`-th: a rank's own) until
+    one answers, on the stream session's `RetryPolicy`: after a failure that says no server answered
+    (UnavailableError) the next endpoint is asked after the policy's jittered backoff, and "no server"
+    is said once more than max_retries failures in a row span at least budget_s (the Loader's
+    timeout_s) — a server that is still starting is waited for. Any other error is the caller's.
+    `timeout_s` is what is left of the budget (at least 0.1 s)."""
+    attempts = Attempts(retry, clock)
+    attempts.start()  # the budget counts from the first try: it may take the whole budget
+    last: ShardstreamError | None = None
+    for failures in itertools.count(1):
+        target = endpoints[(first + failures - 1) % len(endpoints)]
+        try:
+            return call(conn(target), max(0.1, retry.budget_s - attempts.failing_s))
+        except UnavailableError as exc:
+            last = exc
+        if not attempts.failed():
+            break
+        sleep(attempts.backoff_s())
+    raise UnavailableError(
+        f"no shardstream server reachable at {', '.join(endpoints)} within {retry.budget_s:g} s: "
+        f"is `shardstream serve` running there? (last error: {last})"
+    )
 
 
 def find_dataset(
@@ -56,27 +93,8 @@ def find_dataset(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> pb.DatasetInfo:
-    """Ask the endpoints in turn (from the `first`-th: a rank's own) until one answers, on the stream
-    session's `RetryPolicy`: after a failure that says no server answered (UnavailableError) the next
-    endpoint is asked after the policy's jittered backoff, and "no server" is said once more than
-    max_retries failures in a row span at least budget_s (the Loader's timeout_s) — a server that is
-    still starting is waited for. Any other error is the caller's."""
-    attempts = Attempts(retry, clock)
-    attempts.start()  # the budget counts from the first try: it may take the whole budget
-    last: ShardstreamError | None = None
-    for failures in itertools.count(1):
-        target = endpoints[(first + failures - 1) % len(endpoints)]
-        try:
-            return conn(target).get_dataset(dataset, max(0.1, retry.budget_s - attempts.failing_s))
-        except UnavailableError as exc:
-            last = exc
-        if not attempts.failed():
-            break
-        sleep(attempts.backoff_s())
-    raise UnavailableError(
-        f"no shardstream server reachable at {', '.join(endpoints)} within {retry.budget_s:g} s: "
-        f"is `shardstream serve` running there? (last error: {last})"
-    )
+    """GetDataset(`dataset`) of the endpoints in turn, on the RetryPolicy (ask_in_turn)."""
+    return ask_in_turn(lambda c, timeout_s: c.get_dataset(dataset, timeout_s), endpoints, first, retry, conn, clock, sleep)
 
 
 class Fleet:
@@ -132,8 +150,14 @@ class Fleet:
 
     # --- the calls ---------------------------------------------------------------------------------
     def find_dataset(self, dataset: str, first: int) -> pb.DatasetInfo:
-        """GetDataset of the endpoints in turn from the `first`-th, on the RetryPolicy (find_dataset)."""
+        """GetDataset of the endpoints in turn from the `first`-th, on the RetryPolicy (find_dataset).
+        The endpoint that answers remembers its data plane: a Read there asks no GetDataset again."""
         return find_dataset(dataset, self.endpoints, first, self.retry, self.conn, self._clock, self._sleep)
+
+    def ask(self, call: Callable[[Connection, float], T], first: int = 0, retry: Policy | None = None) -> T:
+        """`call(connection, timeout_s)` of the endpoints in turn from the `first`-th, on the
+        RetryPolicy (or `retry`) (ask_in_turn): a control-plane call any server of the fleet may answer."""
+        return ask_in_turn(call, self.endpoints, first, retry or self.retry, self.conn, self._clock, self._sleep)
 
     def open_read(self, endpoint: str, request: pb.ReadRequest, timeout_s: float | None = None) -> ReadCall:
         """One Read stream on `endpoint` (a `flight_call.ReadCall`); the stream session retries it."""

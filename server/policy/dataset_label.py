@@ -22,7 +22,7 @@ from shardstream.errors import ShardstreamError
 from shardstream.manifest import DatasetRef
 from shardstream.order.mixture import is_mixture, parse_mixture
 
-__all__ = ["MAX_DATASET_LABELS", "OTHER", "dataset_label", "dataset_name"]
+__all__ = ["MAX_DATASET_LABELS", "OTHER", "dataset_label", "dataset_name", "names_label"]
 
 MAX_DATASET_LABELS = 64  # distinct `dataset` values per process; the rest are OTHER
 OTHER = "_other"
@@ -45,6 +45,12 @@ def dataset_name(dataset: str, sources: list[str] | None = None) -> str:
     except (ShardstreamError, ValueError, TypeError):
         return ""
     return "+".join(sorted(names))
+
+
+def names_label(names: list[str]) -> str:
+    """The candidate value for a planned stream, from its manifests' names (valid already: not
+    parsed again): 'web', or a mixture's sorted and joined 'code+web'."""
+    return "+".join(sorted(set(names)))
 
 
 def dataset_label(name: str, *, admit: bool) -> str:

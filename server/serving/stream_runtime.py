@@ -28,7 +28,7 @@ from shardstream.registry import Registry
 from shardstream.v1 import shardstream_pb2 as pb
 
 from ..policy.auth import Authenticator, Principal
-from ..policy.dataset_label import dataset_label, dataset_name
+from ..policy.dataset_label import dataset_label, dataset_name, names_label
 from ..policy.grants import Grants, caller_principal
 from ..policy.redact import client_error
 from ..read.build import MessageBuilder
@@ -137,8 +137,8 @@ class StreamRuntime:
 
     def stream_started(self, stream: StreamLog, plan: ReadPlan, active: Any) -> Any:
         """A planned stream: its dataset label admitted, counted, logged; its active gauge's child."""
-        names = [r.manifest.name for r in plan.readers]
-        label = dataset_label(dataset_name(names[0], names if plan.mixture else None), admit=True)
+        # the manifests' names (the request's refs were parsed by the label before planning and by the plan)
+        label = dataset_label(names_label([r.manifest.name for r in plan.readers]), admit=True)
         if plan.pipeline:
             plan.pipeline.dataset = label
         STREAMS.labels(label).inc()
