@@ -5,7 +5,7 @@ exactly once. Every wait is on a condition (the ready file, a metric, counts), n
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,16 +18,18 @@ from .support.servers import scrape, wait_for
 
 RANKS = 8
 BATCH = 4
-ROWS = 16 * 64  # 16 distinct 256x256 noise PNGs (~2 ms each to decode), 64 times over
+ROWS = 16 * 32  # 16 distinct 256x256 noise PNGs (~2 ms each to decode), 32 times over
 SHARE = ROWS // RANKS  # samples of one rank in one epoch
-DECODE = [{"op": "image.decode", "column": "image", "size": [16, 16]}]
+# 48 KiB a step decoded: a stream is never far ahead of its slow trainer (the window holds a step or
+# two), so the drained worker has streams in flight
+DECODE = [{"op": "image.decode", "column": "image", "size": [64, 64]}]
 
 
 @pytest.fixture(scope="module")
 def slow_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("autoscale") / "root"
     pngs = [(f"noise-{i}", random_png(i, 256, 256)) for i in range(16)]
-    write_table(root, "slow", blob_table("image", pngs, repeat=64), row_group_rows=16, shard_rows=128)
+    write_table(root, "slow", blob_table("image", pngs, repeat=32), row_group_rows=16, shard_rows=128)
     return root
 
 
@@ -42,47 +44,86 @@ def auto_server(slow_root: Path, tmp_path: Path) -> Iterator[LocalServer]:
         server.stop()
 
 
-def _rank(server: LocalServer, rank: int, got: list[int], stop: threading.Event, errors: list[BaseException]) -> None:
-    """A training loop with no compute (it waits for data most of the time), until told to stop."""
+def _rank(
+    server: LocalServer, rank: int, got: list[int], stop: threading.Event, errors: list[BaseException], *, job: str, step_s: float
+) -> None:
+    """A training loop until told to stop: with no compute (it waits for data most of the time), or
+    `step_s` of simulated compute a batch (it hardly waits: the prefetch keeps up). It reports every
+    step or so (every 0.2 s at least): a report window with a whole number of steps in it."""
     try:
         with Loader([server.target], "slow@1", batch_size=BATCH, rank=rank, world_size=RANKS, shuffle=False,
-                    epochs=None, job="autoscale", cursor_store="memory://", report_interval_s=0.2, output="arrow",
+                    epochs=None, job=job, cursor_store="memory://", report_interval_s=max(0.2, step_s), output="arrow",
                     columns=["idx", "image"], transforms=DECODE) as loader:  # fmt: skip
             for batch in loader:
                 got.extend(batch.column("idx").to_pylist())
-                if stop.is_set():
+                if stop.wait(step_s):
                     return
     except BaseException as exc:  # handed to the test thread
         errors.append(exc)
 
 
-def test_stalled_trainers_grow_the_workers_and_every_sample_comes_once(auto_server: LocalServer, tmp_path: Path) -> None:
-    info = auto_server.info()
-    assert len(info["workers"]) == 1  # auto starts at one
-    assert scrape(auto_server)['shardstream_autoscale_decisions_total{reason="stall_above_target"}'] == 0
-    got: list[list[int]] = [[] for _ in range(RANKS)]
-    stop, errors = threading.Event(), []
-    threads = [threading.Thread(target=_rank, args=(auto_server, r, got[r], stop, errors)) for r in range(RANKS)]
-    for t in threads:
-        t.start()
+class _Trainers:
+    """RANKS training loops in threads; `stop()` ends them and hands back their first error."""
+
+    def __init__(self, server: LocalServer, job: str, step_s: float = 0.0) -> None:
+        self.got: list[list[int]] = [[] for _ in range(RANKS)]
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=_rank, args=(server, r, self.got[r], self._stop, self.errors), kwargs={"job": job, "step_s": step_s})
+            for r in range(RANKS)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def wait_for(self, cond: Callable[[], bool], what: str) -> None:
+        wait_for(lambda: bool(self.errors) or cond(), what, timeout_s=120)
+        assert not self.errors, self.errors
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        assert not self.errors, self.errors
+
+
+def _decisions(server: LocalServer, reason: str) -> float:
+    return scrape(server)[f'shardstream_autoscale_decisions_total{{reason="{reason}"}}']
+
+
+def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_losing_a_sample(
+    auto_server: LocalServer, tmp_path: Path
+) -> None:
+    assert len(auto_server.info()["workers"]) == 1  # auto starts at one
+    assert _decisions(auto_server, "stall_above_target") == 0
+    # 1. trainers that only wait for data: the stall grows the server to its most, 2 workers
+    fast = _Trainers(auto_server, "autoscale-fast")
     try:
-        wait_for(lambda: bool(errors) or len(auto_server.info()["workers"]) == 2, "a second worker", timeout_s=120)
-        assert not errors, errors
+        fast.wait_for(lambda: len(auto_server.info()["workers"]) == 2, "a second worker")
         m = scrape(auto_server)
         assert m['shardstream_autoscale_decisions_total{reason="stall_above_target"}'] == 1
         assert m["shardstream_workers"] == 2
-        assert m['shardstream_job_data_stall_ratio{job_name="autoscale"}'] > 0.05  # why it grew
-        # every rank reads its whole first epoch (counted, not timed)
-        wait_for(lambda: bool(errors) or min(len(g) for g in got) >= SHARE, "every rank's first epoch", timeout_s=120)
+        fast.wait_for(lambda: min(len(g) for g in fast.got) >= SHARE, "every rank's first epoch")  # counted
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-    assert not errors, errors
-    first_epoch = sorted(i for g in got for i in g[:SHARE])
-    assert first_epoch == list(range(ROWS))  # each sample exactly once over the ranks
+        fast.stop()
+    reference = [g[:SHARE] for g in fast.got]  # each rank's first epoch, in order
+    assert sorted(i for g in reference for i in g) == list(range(ROWS))  # each sample exactly once
+    assert _decisions(auto_server, "capacity_to_spare") == 0  # no flapping back while stalled
     log = (tmp_path / "server.log").read_text()
     assert "autoscale: 1 -> 2 workers (stall_above_target: stall" in log
-    m = scrape(auto_server)
-    assert m["shardstream_workers"] == 2  # at the most: never more, and no flapping back while stalled
-    assert m['shardstream_autoscale_decisions_total{reason="capacity_to_spare"}'] == 0
+    # 2. trainers that compute for a while each step (new ones: their connections spread over both
+    # workers): one worker carries them, so the other drains, and its ranks resume on the one left
+    slow = _Trainers(auto_server, "autoscale-slow", step_s=1.0)  # simulated compute, not a wait on a condition
+    try:
+        slow.wait_for(lambda: len(auto_server.info()["workers"]) == 1, "a worker drained")
+        assert _decisions(auto_server, "capacity_to_spare") == 1
+        # then a whole epoch more: past what any stream had sent ahead when its worker drained (the
+        # drained worker's ranks resumed, or opened their next epoch, on the worker left)
+        after = [len(g) for g in slow.got]
+        slow.wait_for(lambda: all(len(g) > n + SHARE for g, n in zip(slow.got, after, strict=True)), "an epoch more a rank")
+    finally:
+        slow.stop()
+    for r, g in enumerate(slow.got):  # the same samples in the same order as the first run: none lost or repeated
+        assert g[:SHARE] == reference[r] and g[SHARE : 2 * SHARE] == reference[r][: len(g) - SHARE], f"rank {r}"
+    log = (tmp_path / "server.log").read_text()
+    assert "autoscale: 2 -> 1 workers (capacity_to_spare: stall" in log and "drained, exit code 0" in log

@@ -69,4 +69,6 @@ class WorkerScaler:
         if decision.workers != workers:
             self.decisions.labels(decision.reason).inc()
             log.info("autoscale: %d -> %d workers (%s: %s)", workers, decision.workers, decision.reason, decision.why)
+        else:  # SHARDSTREAM_LOG_LEVEL=DEBUG: every tick
+            log.debug("autoscale: %d workers held (%s: %s)", workers, decision.reason, decision.why)
         return decision

@@ -2,9 +2,10 @@
 
 Every JSON Lines or Parquet file under PATH becomes a dataset named after the file, and every image
 folder (DIR/<class>/<image>) one named after DIR; they are ingested into a registry (a temporary one
-unless --root says where), served by one `shardstream serve` on loopback (the server the tests and
-the demo start: server/local_fleet.py) and shown by `shardstream web` in this process. It prints the
-endpoint, a Loader snippet for the first dataset and the web URL, and stops everything on Ctrl-C
+unless --root says where), served by one `shardstream serve --workers auto` on loopback (the server
+the tests and the demo start: server/local_fleet.py; one worker process, more while the trainers
+reading from it stall, up to the usable CPUs: worker i's data port is --port + 1 + i) and shown by
+`shardstream web` in this process. It prints the endpoint, a Loader snippet for the first dataset and the web URL, and stops everything on Ctrl-C
 (SIGINT) or SIGTERM: the web viewer, the server's process group, the temporary registry.
 """
 
@@ -96,6 +97,7 @@ def _snippet(endpoint: str, ref: str, columns: list[str]) -> str:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from shardstream.registry import Registry
     from shardstream.server.local_fleet import LocalServer
+    from shardstream.server.serving.supervisor import usable_cpus
     from shardstream.server.writing.ingest import IngestOptions, ingest
 
     if not common_need_web():
@@ -103,6 +105,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     inputs = find_inputs(Path(args.path))
     port = _free(args.port, "the server's control port", "--port")
     data_port = _free(args.port + 1, "the server's data port (--port + 1)", "--port") if args.port else 0
+    for i in range(1, usable_cpus() if data_port else 0):  # the workers --workers auto may add
+        _free(data_port + i, f"worker {i}'s data port (--port + {1 + i})", "--port")
     web_port = _free(args.web_port, "the web viewer", "--web-port")
     temporary = args.dev_root is None
     root = Path(tempfile.mkdtemp(prefix="shardstream-dev-")) if temporary else Path(args.dev_root)
@@ -125,7 +129,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             made.append((m, src, fmt))
         if not made:
             raise InvalidArgumentError(f"{args.path}: nothing could be ingested (each input's reason is above)")
-        server = LocalServer(root, metrics=True)
+        server = LocalServer(root, metrics=True, workers="auto")
         server.port, server.data_port = port, data_port
         server.start()
         _serve_web(args, root, server, web_port, made, Registry)
