@@ -45,13 +45,17 @@ __all__ = [
     "FORMAT",
     "MANIFEST_KIND",
     "MAX_RANKS",
+    "MAX_SAVE_ID",
     "MAX_STEP",
     "PART_KIND",
     "TensorRef",
     "check_hash",
     "check_job",
     "check_part",
+    "check_rank",
+    "check_save_id",
     "check_step",
+    "check_world_size",
     "chunk_hash",
     "chunks_of",
     "chunk_key",
@@ -79,6 +83,7 @@ CHUNK_SCHEMA = pa.schema([("hash", pa.string()), ("data", pa.binary())])
 CHUNK_TICKET_PREFIX = b"shardstream.checkpoint.chunks\n"
 MAX_STEP = (1 << 63) - 1
 MAX_RANKS = 1 << 20
+MAX_SAVE_ID = 256  # characters of the id every rank's part of one save carries
 _HASH_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _TENSOR_NAME_RE = re.compile(r"[0-9]{1,9}", re.ASCII)
 
@@ -97,6 +102,28 @@ def check_step(step: object) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
         raise InvalidArgumentError(f"a checkpoint step must be an int from 0 to {MAX_STEP}, got {excerpt(step)}")
     return step
+
+
+def check_rank(rank: object) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
+        raise InvalidArgumentError(f"a checkpoint rank must be an int from 0 to {MAX_RANKS - 1}, got {excerpt(rank)}")
+    return rank
+
+
+def check_world_size(world_size: object) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
+        raise InvalidArgumentError(
+            f"a checkpoint's world_size must be an int from 1 to {MAX_RANKS}, got {excerpt(world_size)}"
+        )
+    return world_size
+
+
+def check_save_id(save_id: object) -> str:
+    if not isinstance(save_id, str) or not 0 < len(save_id) <= MAX_SAVE_ID:
+        raise InvalidArgumentError(
+            f"a checkpoint's save_id must be a string of 1 to {MAX_SAVE_ID} characters, got {excerpt(save_id)}"
+        )
+    return save_id
 
 
 def check_hash(h: object) -> str:

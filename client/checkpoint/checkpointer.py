@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from shardstream.checkpoint_format import (
     CHUNK_BYTES,
@@ -59,15 +58,11 @@ from shardstream.checkpoint_format import (
     decode_value,
     encode_value,
 )
-from shardstream.errors import (
-    RETRYABLE_CODES,
-    InvalidArgumentError,
-    NotFoundError,
-    ShardstreamError,
-)
+from shardstream.errors import InvalidArgumentError, NotFoundError
 
 from ..credentials import ChannelSecurity, TlsOption
 from ..launcher import resolve_rank_world
+from ..spec import RetryPolicy
 from . import checkpoint_metrics as metrics
 from .chunks import ChunkStore
 from .state_tree import Staged, restore, stage
@@ -76,8 +71,6 @@ from .transport import GET_STREAMS, CheckpointSession
 __all__ = ["Checkpointer", "SaveHandle"]
 
 log = logging.getLogger("shardstream.client.checkpoint")
-
-T = TypeVar("T")
 
 FOLLOW_UNAVAILABLE_S = 300.0  # how long follow() keeps trying without reaching a server
 FOLLOW_BACKOFF_S = (0.1, 5.0)  # follow()'s first and longest wait between tries when it reaches none
@@ -273,10 +266,10 @@ class Checkpointer:
     # --- what is there -----------------------------------------------------------------------------
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""
-        return list(self._session.action("checkpoint.steps", {"job": self.job})["steps"])
+        return self._steps()
 
     def latest(self) -> int | None:
-        steps = self.steps()
+        steps = self._steps()
         return steps[-1] if steps else None
 
     def manifest(self, step: int | str = "latest") -> dict[str, Any]:
@@ -301,30 +294,29 @@ class Checkpointer:
 
         It rides out servers restarting or moving (a Kubernetes Service, a rolling update): a look
         that fails as a stream would be resumed elsewhere (UNAVAILABLE, a cut connection, an
-        overloaded server) is tried again — on the next endpoint, rediscovered — with a jittered
-        backoff up to FOLLOW_BACKOFF_S[1], for up to `unavailable_s` without an answer; then the
-        last error is raised."""
-        seen = start if start is not None else self._look(unavailable_s, lambda: self.latest())
-        return self._follow(-1 if seen is None else seen, poll_s, timeout_s, unavailable_s)
+        overloaded server) is tried again by the transport (Fleet.call, one retry layer) — on the
+        next endpoint, rediscovered — under a RetryPolicy of its own: a jittered backoff from
+        FOLLOW_BACKOFF_S[0] up to FOLLOW_BACKOFF_S[1], for up to `unavailable_s` without an answer
+        (where a save's calls give up after the Checkpointer's budget); then the last error is
+        raised. `poll_s` is no retry: it is how often an answered look is made again."""
+        retry = RetryPolicy(
+            max_retries=0,  # the budget alone decides: `unavailable_s` without an answer
+            budget_s=unavailable_s,
+            backoff_base_s=FOLLOW_BACKOFF_S[0],
+            backoff_max_s=FOLLOW_BACKOFF_S[1],
+        )
+        if start is None:
+            start = max(self._steps(retry), default=None)
+        return self._follow(-1 if start is None else start, poll_s, timeout_s, retry)
 
-    def _look(self, unavailable_s: float, fn: Callable[[], T]) -> T:
-        """fn(), tried again on a retryable error (see follow) for up to `unavailable_s`."""
-        deadline = time.monotonic() + unavailable_s
-        wait = FOLLOW_BACKOFF_S[0]
-        while True:
-            try:
-                return fn()
-            except ShardstreamError as exc:
-                if exc.status not in RETRYABLE_CODES or time.monotonic() + wait > deadline:
-                    raise
-                log.warning("checkpoint job %s: follow() could not look for new steps (%s): trying again", self.job, exc)
-            time.sleep(wait * (0.5 + random.random() / 2))
-            wait = min(wait * 2, FOLLOW_BACKOFF_S[1])
+    def _steps(self, retry: RetryPolicy | None = None) -> list[int]:
+        """Committed steps, oldest first; under `retry` when given (follow's), else the fleet's policy."""
+        return list(self._session.action("checkpoint.steps", {"job": self.job}, retry)["steps"])
 
-    def _follow(self, seen: int, poll_s: float, timeout_s: float | None, unavailable_s: float) -> Iterator[int]:
+    def _follow(self, seen: int, poll_s: float, timeout_s: float | None, retry: RetryPolicy) -> Iterator[int]:
         last_new = time.monotonic()
         while True:
-            new = [s for s in self._look(unavailable_s, self.steps) if s > seen]
+            new = [s for s in self._steps(retry) if s > seen]
             if new:
                 seen = new[-1]
                 last_new = time.monotonic()

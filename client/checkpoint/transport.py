@@ -2,7 +2,8 @@
 
 A `CheckpointSession` is the checkpoint calls over the client's one fleet session (transport/fleet.py):
 the fleet's connections find each server's data plane (the port its ListDatasets answer names, asked
-on the control port the Loader's endpoints name), keep its grant fresh and its Flight client built with
+on the control port the Loader's endpoints name with data_plane_only: no dataset listed, no manifest
+read), keep its grant fresh and its Flight client built with
 the same FLIGHT_OPTIONS as a Loader's Read streams (a silent server is noticed after the same ping
 timeout), and retry a call that fails as a Read stream would be resumed elsewhere (no server, a
 restart, a cut connection) on the next endpoint, under the same kind of RetryPolicy: jittered
@@ -84,14 +85,16 @@ class CheckpointSession:
         self.fleet.close()
 
     # --- the calls ---------------------------------------------------------------------------------
-    def action(self, kind: str, body: dict[str, Any]) -> Any:
+    def action(self, kind: str, body: dict[str, Any], retry: RetryPolicy | None = None) -> Any:
+        """One DoAction, under `retry` when given (follow()'s longer budget), else the fleet's policy."""
+        raw = encode_command(kind, body)
+
         def call(plane: DataPlane) -> Any:
-            raw = encode_command(kind, body)
             options = plane.options(signed_bytes(kind, raw), CALL_TIMEOUT_S)
             results = list(plane.client.do_action(flight.Action(kind, raw), options))
             return json.loads(results[0].body.to_pybytes()) if results else None
 
-        return self.fleet.call(call)
+        return self.fleet.call(call, retry)
 
     def put_chunks(self, job: str, chunks: Sequence[tuple[str, memoryview]]) -> dict[str, Any]:
         """Send chunks (name, bytes) in one DoPut (MAX_PUT_CHUNKS at most), one batch each, without

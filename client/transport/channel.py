@@ -245,7 +245,7 @@ class Connection:
         """GetDataset (or ListDatasets) from the server the next call will dial; its data port."""
         request: pb.GetDatasetRequest | pb.ListDatasetsRequest
         if dataset is None:
-            method, request, answer = "ListDatasets", pb.ListDatasetsRequest(), pb.ListDatasetsResponse
+            method, request, answer = "ListDatasets", pb.ListDatasetsRequest(data_plane_only=True), pb.ListDatasetsResponse
         else:
             method, request, answer = "GetDataset", pb.GetDatasetRequest(dataset=dataset), pb.DatasetInfo
         try:

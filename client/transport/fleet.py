@@ -163,13 +163,13 @@ class Fleet:
         """One Read stream on `endpoint` (a `flight_call.ReadCall`); the stream session retries it."""
         return self.conn(endpoint).read(request, timeout_s)
 
-    def call(self, fn: Callable[[DataPlane], T]) -> T:
+    def call(self, fn: Callable[[DataPlane], T], retry: Policy | None = None) -> T:
         """`fn(plane)` on the data plane of the current endpoint; when it (or its discovery) fails with
         a status a stream is resumed elsewhere for, again on the next endpoint after the RetryPolicy's
-        backoff, until its budget is spent (then the last error is raised). Only for idempotent calls:
-        every checkpoint call is (chunks are content addressed, a part is replaced whole, a commit is
-        create-if-absent)."""
-        attempts = Attempts(self.retry, self._clock)
+        backoff (`retry`'s, when given: a longer budget), until its budget is spent (then the last error
+        is raised). Only for idempotent calls: every checkpoint call is (chunks are content addressed,
+        a part is replaced whole, a commit is create-if-absent)."""
+        attempts = Attempts(retry or self.retry, self._clock)
         while True:
             pick = self._pick
             endpoint = self.endpoints[pick % len(self.endpoints)]

@@ -62,7 +62,6 @@ from shardstream.checkpoint_commands import decode_command, is_json_command
 from shardstream.checkpoint_format import (
     CHUNK_SCHEMA,
     CHUNK_TICKET_PREFIX,
-    MAX_RANKS,
     check_hash,
     check_job,
     check_step,
@@ -273,6 +272,8 @@ class CheckpointPlane:
     def _forget(self, job: str, hashes: list[str]) -> int:
         try:
             freed = self.store.forget(job, hashes)
+        except InvalidArgumentError:  # a name that is none (an abort's): the caller's error
+            raise
         except BaseException as exc:  # noqa: BLE001 — the call's own error is the one to report
             log.warning("checkpoint job %s: removing a failed save's %d chunk(s) failed: %s", job, len(hashes), exc)
             return 0
@@ -336,29 +337,20 @@ class CheckpointPlane:
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"checkpoint.has names at most {MAX_HASHES_PER_CALL} chunks")
             return {"present": store.has_chunks(job, hashes)}
+        # step, rank, world_size and save_id are the store's to check (store.py: the domain boundary)
         if kind == "checkpoint.put-part":
             job = self._check_job(principal, body.get("job"), write=True)
-            rank = body.get("rank")
-            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS:
-                raise InvalidArgumentError(f"checkpoint.put-part needs an int rank from 0 to {MAX_RANKS - 1}")
-            store.put_part(job, check_step(body.get("step")), rank, body.get("part"))  # type: ignore[arg-type]
+            store.put_part(job, body.get("step"), body.get("rank"), body.get("part"))  # type: ignore[arg-type]
             return {}
         if kind == "checkpoint.commit":
             job = self._check_job(principal, body.get("job"), write=True)
-            world = body.get("world_size")
-            save_id = body.get("save_id")
-            if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_RANKS:
-                raise InvalidArgumentError(f"checkpoint.commit needs an int world_size from 1 to {MAX_RANKS}")
-            if not isinstance(save_id, str) or not 0 < len(save_id) <= 256:
-                raise InvalidArgumentError("checkpoint.commit needs a save_id (a string of up to 256 characters)")
-            step = check_step(body.get("step"))
-            out = store.commit(job, step, world, save_id)
+            out = store.commit(job, body.get("step"), body.get("world_size"), body.get("save_id"))  # type: ignore[arg-type]
             if out.pop("new", False):  # this call wrote the manifest (every rank asks: one line)
                 manifest = out["manifest"]
                 COMMITS.inc()
                 log.info(
                     "checkpoint %s@%d committed: %d rank(s), %d bytes in %d chunks",
-                    job, step, manifest["world_size"], manifest["bytes"], manifest["chunks"],
+                    job, manifest["step"], manifest["world_size"], manifest["bytes"], manifest["chunks"],
                 )  # fmt: skip
             return {k: v for k, v in out.items() if k != "manifest"}
         if kind == "checkpoint.abort":
@@ -366,7 +358,7 @@ class CheckpointPlane:
             hashes = body.get("hashes")
             if not isinstance(hashes, list) or len(hashes) > MAX_HASHES_PER_CALL:
                 raise InvalidArgumentError(f"checkpoint.abort names at most {MAX_HASHES_PER_CALL} chunks")
-            return {"freed": self._forget(job, [check_hash(h) for h in hashes])}
+            return {"freed": self._forget(job, hashes)}  # the store checks the names
         if kind == "checkpoint.steps":
             return {"steps": self._steps(self._check_job(principal, body.get("job"), write=False))}
         if kind == "checkpoint.manifest":

@@ -1,7 +1,11 @@
 """Checkpoints under one root: chunks, parts, and the commit that makes a step exist (DESIGN §13).
 
 The layout and records are shardstream/checkpoint_format.py's. Every write goes through `Storage`
-(a local directory or `s3://`), so both kinds of root behave the same:
+(a local directory or `s3://`), so both kinds of root behave the same. The store is the domain
+boundary: each method checks the values it is given (job, step, rank, world size, save id, chunk
+names, part records: checkpoint_format's check_*) once, whoever calls it — the data plane
+(plane.py, which checks only what the wire alone knows: who may, and the bounds of one call), the
+`shardstream checkpoint` commands, gc — since its keys are storage paths.
 
 - `put_chunk` checks the bytes against their name (sha256) and writes them create-if-absent: a
   chunk is never rewritten, and one already there is not written again (incremental saves).
@@ -45,11 +49,13 @@ from prometheus_client import Counter
 from shardstream.checkpoint_format import (
     FORMAT,
     MANIFEST_KIND,
-    MAX_RANKS,
     check_hash,
     check_job,
     check_part,
+    check_rank,
+    check_save_id,
     check_step,
+    check_world_size,
     chunk_hash,
     chunk_key,
     chunks_of,
@@ -207,9 +213,8 @@ class CheckpointStore:
         return self._exists(manifest_key(job, step))
 
     def put_part(self, job: str, step: int, rank: int, part: dict[str, Any]) -> None:
-        check_job(job)
-        check_step(step)
-        record = check_part(part, job=job, step=step, rank=rank)
+        """Write `rank`'s part of `job@step` (replacing an earlier attempt's) unless the step is committed."""
+        record = check_part(part, job=check_job(job), step=check_step(step), rank=check_rank(rank))
         if self.is_committed(job, step):
             raise FailedPreconditionError(f"checkpoint {job}@{step} is committed already: a step is saved once")
         self.storage.put(part_key(job, step, rank), dumps(record))
@@ -230,11 +235,17 @@ class CheckpointStore:
     def commit(self, job: str, step: int, world_size: int, save_id: str) -> dict[str, Any]:
         """Commit `job@step` if every part of save `save_id` and their chunks are stored:
         {"committed": True, "manifest": ..., "new": whether this call wrote it} or
-        {"committed": False, "waiting_for": [ranks], "missing": [chunk names]}."""
+        {"committed": False, "waiting_for": [ranks], "missing": [chunk names]}.
+
+        Every chunk the parts name is looked for again here, though `has` or a DoPut saw it moments
+        ago: a gc (reclaim.py: a chunk only a removed step named goes at once) or another save's
+        abort (`forget` spares only what committed steps name) may have removed it since, and a
+        commit never names a chunk that is not stored. One HEAD per chunk where this process
+        verified it (has_chunks' marks); it is re-read and hashed only where it did not."""
         check_job(job)
         check_step(step)
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_RANKS:
-            raise InvalidArgumentError(f"a checkpoint's world size must be an int from 1 to {MAX_RANKS}, got {world_size!r}")
+        check_world_size(world_size)
+        check_save_id(save_id)
         key = manifest_key(job, step)
         existing = self._manifest_or_none(job, step)
         if existing is not None:

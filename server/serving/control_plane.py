@@ -9,7 +9,9 @@ caller it authenticated by its client certificate it gives a grant bound to that
 parse is INVALID_ARGUMENT); anything else is logged and leaves as INTERNAL, its text redacted.
 
 ListDatasets lists every dataset it can read and skips the bad entries (server/transforms/ops.py): each is logged
-once per process, with its detail, and `shardstream_registry_bad_entries` counts them.
+once per process, with its detail, and `shardstream_registry_bad_entries` counts them. Asked with
+`data_plane_only` (a Checkpointer finding the data plane) it lists none and reads no manifest: the
+data port and a certificate caller's grant only.
 
 Every call is authenticated first (policy/auth.py: a bearer token or a client certificate's subject, when
 the server has `--auth`) and every dataset it names is checked against the caller's patterns;
@@ -167,7 +169,8 @@ class ShardStreamService:
         principal: Principal = OPEN,
         context: grpc.aio.ServicerContext | None = None,
     ) -> pb.ListDatasetsResponse:
-        del request
+        if request.data_plane_only:  # a Checkpointer's discovery: the data plane, no manifest read
+            return self._with_grant(pb.ListDatasetsResponse(data_port=self.runtime.data_port), principal, context)
         listing = await asyncio.to_thread(self.registry.listing)
         REGISTRY_BAD_ENTRIES.set(len(listing.bad))
         for bad in listing.bad:
@@ -176,6 +179,11 @@ class ShardStreamService:
         response = pb.ListDatasetsResponse(
             datasets=[dataset_info(m, self.runtime.data_port) for m in readable], data_port=self.runtime.data_port
         )
+        return self._with_grant(response, principal, context)
+
+    def _with_grant(
+        self, response: pb.ListDatasetsResponse, principal: Principal, context: grpc.aio.ServicerContext | None
+    ) -> pb.ListDatasetsResponse:
         grant = self._grant(principal, context)  # a certificate's caller: for the checkpoint calls
         if grant is not None:
             response.data_grant = grant

@@ -14,8 +14,10 @@ class GetDatasetRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class ListDatasetsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("data_plane_only",)
+    DATA_PLANE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    data_plane_only: bool
+    def __init__(self, data_plane_only: _Optional[bool] = ...) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
     __slots__ = ("datasets", "data_port", "data_grant", "data_grant_ttl_s")

@@ -57,7 +57,7 @@ class ShardStreamServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListDatasets(self, request, context):
-        """Every dataset with its latest version.
+        """Every dataset with its latest version (with data_plane_only: none, only the data plane).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
