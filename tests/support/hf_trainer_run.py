@@ -7,20 +7,26 @@ one JSON line per micro-batch trained to `log`, {"step": global step it belongs 
 (flushed). After global step `kill_at` it kills itself with SIGKILL: no handler, no cleanup runs.
 A run that ends writes {"end": sha256 of the final parameters, "read": batches its DataLoader read}.
 Nothing is downloaded: the model is built from a GPT2Config with a 64-token vocabulary.
+
+`start_ranks` runs it as W data-parallel ranks (one process each, gloo on CPU, all in one process
+group): each rank logs to `log` with "{rank}" replaced by its rank, and after `kill_at` rank 0 kills
+the whole group with SIGKILL, every rank wherever it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["start_run"]
+__all__ = ["finish_ranks", "start_ranks", "start_run"]
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -34,13 +40,14 @@ def main() -> None:
     from shardstream.client.integrations.hf_trainer import ShardStreamTrainer, TrainingStream
 
     c = json.loads(sys.argv[1])
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)  # the same sums in every run: resumed parameters equal the whole run's
     set_seed(0)
     config = GPT2Config(
         vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
     )
     model = GPT2LMHeadModel(config)
-    log = open(c["log"], "a")  # noqa: SIM115 — open until the process ends or is killed
+    log = open(c["log"].replace("{rank}", str(rank)), "a")  # noqa: SIM115 — open until the process ends or is killed
     read = [0]
 
     def tokens(batch: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +65,9 @@ def main() -> None:
 
     class KillAt(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.global_step == c["kill_at"]:
+            if state.global_step == c["kill_at"] and rank == 0:
+                if world > 1:
+                    os.killpg(os.getpgid(0), signal.SIGKILL)  # every rank at once (start_ranks: one group)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     args = TrainingArguments(
@@ -97,6 +106,53 @@ def start_run(config: dict[str, Any]) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start_ranks(config: dict[str, Any], world: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """This module as `world` data-parallel ranks, as torchrun would start them (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT on a free port; gloo on loopback), all in one new process group, the group of
+    rank 0's pid (so that rank 0, or a test, kills them all with one killpg). Each rank's output goes to
+    `logs`/rank{r}.out (files: no pipe fills while another rank is waited on)."""
+    from .servers import unused_port
+
+    env = {
+        **os.environ, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(unused_port()), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+    }  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for r in range(world):
+            with open(logs / f"rank{r}.out", "ab") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.hf_trainer_run", json.dumps(config)],
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                    process_group=0 if r == 0 else procs[0].pid,
+                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                ))  # fmt: skip
+    except BaseException:
+        finish_ranks(procs, 0.0)
+        raise
+    return procs
+
+
+def finish_ranks(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
+    """Wait for every rank until `timeout_s` has passed in all; then kill whatever of their process
+    group is still running. Their return codes (None: killed here, it had not ended)."""
+    deadline = time.monotonic() + timeout_s
+    codes: list[int | None] = []
+    try:
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        if procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(procs[0].pid, signal.SIGKILL)
+        for p in procs:
+            p.wait()
+    return codes
 
 
 if __name__ == "__main__":
