@@ -24,7 +24,16 @@ the commit() call for commit), errors (exceptions out of the Loader: its own ret
 errors), server CPU and RSS, rank processes' CPU, Redis ops/s, commands per rank and memory (INFO),
 control-plane calls/s (GetDataset and the other grpcio methods) and DoGets. Figures only; the exit
 status is 1 when a correctness check failed (errors, a rank without its first batch, a commit not
-in Redis, a rank resumed elsewhere).
+in Redis, a rank resumed elsewhere, a sample lost, duplicated or not the plan's, a replayed step
+with other samples than the first time).
+
+Samples, as the chaos runs check them (loadtest/scale_samples.py): every rank answers the `id`s of
+every batch it took, by job step, in every scenario but ckptload; the driver checks each global step
+the run took against the plan the servers compute (no sample lost, none duplicated across ranks,
+each rank's the plan's), that every epoch wholly taken holds each row once (the default --steps take
+several), and that the steps replayed after the restart and scaleout resumes hold the same samples
+as the first time, none skipped (checks `samples_exactly_once`, `samples_replays_identical`; the
+figures in the result's `samples`).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from shardstream.client.checkpoint import Checkpointer
 
 from .driver import LoadConfig, dataset_name, ensure_dataset
 from .scale_fleet import SERVER_COUNTERS, ScaleFleet, Snapshot, rpc_delta, server_rpcs
+from .scale_samples import SampleLog
 
 __all__ = ["SCENARIOS", "main", "run_scale"]
 
@@ -164,9 +174,12 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     lcfg = LoadConfig(rows=rows, dim=args.dim)
     root = args.root or str(workdir / "root")
     Path(root).mkdir(parents=True, exist_ok=True)
-    ensure_dataset(lcfg, root, workdir)
+    manifest, _ = ensure_dataset(lcfg, root, workdir)
     rows_out: list[dict[str, Any]] = []
     checks: dict[str, Any] = {}
+    # the Loaders' seed and shuffle (scale_ranks.py)
+    samples = SampleLog(manifest, world, batch, seed=0, shuffle="block")
+    sample_report: dict[str, Any] = {}
     fleet = ScaleFleet(root, workdir, args.servers)
     try:
         cfg = {
@@ -195,6 +208,8 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
             log(f"scale: {name} …")
             answers = fleet.command(cmd, during)
             row = _row(name, fleet, before, answers, key)
+            row["answer_kib"] = sum(w.answer_bytes for w in fleet.workers) / 1024
+            samples.add(answers)
             log(
                 f"scale: {name}: p50 {row['p50_ms'] or 0:.1f} ms, p99 {row['p99_ms'] or 0:.1f} ms, "
                 f"max {row['max_ms'] or 0:.1f} ms, {row['errors']} errors"
@@ -269,6 +284,15 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
             row, ok = _checkpoint_fanout(args, fleet, phase)
             checks["checkpoint_loaded_intact"] = ok and row["n"] == min(args.ckpt_ranks, world) and row["errors"] == 0
             checks["checkpoint_read_once_per_server"] = row["ckpt_storage_read_mib"] <= row["ckpt_mib"] * len(fleet.servers) + 1
+        judged = samples.judge()
+        sample_report = judged.as_dict()
+        log(
+            f"scale: samples: {judged.steps} steps, {judged.samples} samples ({judged.replayed} batches "
+            f"replayed), {judged.lost} lost, {judged.duplicated} duplicated, {judged.wrong} wrong, "
+            f"{judged.whole_epochs} whole epochs, {judged.replay_mismatches} replays differing"
+        )
+        checks["samples_exactly_once"] = judged.exactly_once
+        checks["samples_replays_identical"] = judged.replays_identical
         checks["errors"] = sum(r["errors"] for r in rows_out)
     finally:
         fleet.close()
@@ -278,6 +302,7 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
         "config": {**vars(args), "json": str(args.json), "rows": rows},
         "versions": versions("grpcio", "redis"),
         "scenarios": rows_out,
+        "samples": sample_report,
         "checks": checks,
     }
 
@@ -334,6 +359,16 @@ def report(result: dict[str, Any]) -> None:
                 f"{r['ckpt_served_mib']:.0f} MiB sent ({r['ckpt_load_mb_per_s']:.0f} MB/s), "
                 f"{r['ckpt_storage_read_mib']:.0f} MiB read from the checkpoint root"
             )
+    s = result.get("samples") or {}
+    if s:
+        print(
+            f"samples: {s['steps']} global steps, {s['samples']} samples taken ({s['replayed']} batches replayed "
+            f"after resumes), {s['lost']} lost, {s['duplicated']} duplicated, {s['wrong']} not the plan's, "
+            f"{s['whole_epochs']} whole epochs each row once: {s['epochs_exactly_once']}, "
+            f"{s['replay_mismatches']} replays differing, {s['gaps']} ranks with skipped steps"
+        )
+        for p in s["problems"]:
+            print("  ", p)
     print("checks:", ", ".join(f"{k}={v}" for k, v in result["checks"].items()))
 
 

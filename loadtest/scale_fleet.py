@@ -118,6 +118,7 @@ class RankWorker:
                 cwd=Path(__file__).resolve().parent.parent,
                 env={**os.environ, "MALLOC_ARENA_MAX": "2"},  # hundreds of threads: cap glibc's arenas
             )
+        self.answer_bytes = 0  # the last answer's size, JSON line (the driver reports it per scenario)
         self.answer()  # {"ready": true}
 
     def send(self, cmd: dict[str, Any]) -> None:
@@ -131,6 +132,7 @@ class RankWorker:
         if not line:
             tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
             raise RuntimeError(f"rank process {self.index} exited ({self.proc.poll()}):\n" + "\n".join(tail))
+        self.answer_bytes = len(line)
         out: dict[str, Any] = json.loads(line)
         return out
 

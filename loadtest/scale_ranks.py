@@ -28,7 +28,12 @@ process answers one JSON line on stdout when all have finished:
     {"op": "exit"}
 
 Answers hold per-rank figures: latencies (seconds), errors (repr, none expected beyond the
-Loader's own retries), the first batch's (epoch, position) and `resumed_from`, failovers.
+Loader's own retries), the first batch's (epoch, position) and `resumed_from`, failovers; and, for
+`open` and `steps`, the samples taken: `ids` (the `id`s of each batch, a list a batch) from the job's
+step `first_step` (1: the job's first batch; a Loader resumed from step S takes S + 1 first), which
+the driver checks for exactly once and identical replays (loadtest/scale_samples.py). Answers are
+compact JSON (no spaces); measured: 99 KiB in all for the 4 answers of a 10-step phase at 200
+ranks, about half of it ids (~5 bytes an id): ~0.5 MiB at 1,000 ranks (`answer_kib` in scale's rows).
 """
 
 from __future__ import annotations
@@ -69,6 +74,12 @@ COUNTERS = {
     "failovers": "shardstream_client_failovers",
     "commit_failures": "shardstream_client_cursor_commit_failures",
 }
+
+
+def _ids(batch: dict[str, Any]) -> list[int]:
+    """The `id`s of a batch (the Loader's numpy output: a dict of columns)."""
+    ids: list[int] = np.asarray(batch["id"]).tolist()
+    return ids
 
 
 class RankSet:
@@ -122,7 +133,7 @@ class RankSet:
             )
             self.loaders[r] = loader
             it = self.iters[r] = iter(loader)
-            next(it)
+            batch = next(it)
             latency = time.perf_counter() - t0
             info = loader.last_batch
             assert info is not None
@@ -132,6 +143,8 @@ class RankSet:
                 "epoch": info.epoch,
                 "position": info.position_start,
                 "resumed_from": loader.resumed_from,
+                "first_step": self.steps[r],
+                "ids": [_ids(batch)],
             }
 
         return self._all(one)
@@ -143,17 +156,20 @@ class RankSet:
             it, loader = self.iters[r], self.loaders[r]
             waits: list[float] = []
             commits: list[float] = []
+            ids: list[list[int]] = []
+            first = self.steps[r] + 1
             for _ in range(steps):
                 t0 = time.perf_counter()
-                next(it)
+                batch = next(it)
                 waits.append(time.perf_counter() - t0)
+                ids.append(_ids(batch))
                 self.steps[r] += 1
                 time.sleep(step_s)
                 if commit_every and self.steps[r] % commit_every == 0:
                     t0 = time.perf_counter()
                     loader.commit(self.steps[r])  # the step of the checkpoint saved after it
                     commits.append(time.perf_counter() - t0)
-            return {"waits_s": waits, "commits_s": commits, "step": self.steps[r]}
+            return {"waits_s": waits, "commits_s": commits, "step": self.steps[r], "first_step": first, "ids": ids}
 
         return self._all(one)
 
@@ -228,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         else:
             answer = {"error": f"unknown op {op!r}"}
-        print(json.dumps(answer), file=out, flush=True)
+        print(json.dumps(answer, separators=(",", ":")), file=out, flush=True)
     ranks.pool.shutdown()
     return 0
 

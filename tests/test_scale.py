@@ -1,7 +1,8 @@
 """The rank simulator (`python -m loadtest.scale`), small: 50 ranks of one job over 2 servers and a
 real redis-server, cold start, commits, a restart storm and 8 ranks loading one checkpoint at once. Correctness only — no errors, every
 rank got its first batch, the commits landed in Redis, every rank resumed at the committed step at
-its own first sample — never its figures or wall-clock time."""
+its own first sample, every step's samples exactly once (the plan's, a whole epoch each row once) and
+the step replayed after the restart the same samples — never its figures or wall-clock time."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def test_small_fleet_start_commit_restart(tmp_path: Path) -> None:
     assert checks["restart_step"] == 4  # 4 steps after the first batch's step 1, committed every 2 (step 4)
     assert checks["every_rank_resumed"] is True
     assert checks["resumed_at_committed"] is True
+    # Steps 1..5 (the cold start's, the commit phase's 4) are one whole epoch of 50 x 4 x 5 rows; the
+    # restart resumed from step 4 and took step 5 again, each rank the same 4 samples as before.
+    assert checks["samples_exactly_once"] is True and checks["samples_replays_identical"] is True
+    samples = result["samples"]
+    assert samples["steps"] == 5 and samples["whole_epochs"] == 1 and samples["samples"] == 50 * 4 * 6
+    assert samples["replayed"] == 50 and samples["replay_mismatches"] == 0
+    assert samples["lost"] == samples["duplicated"] == samples["wrong"] == samples["gaps"] == 0
     rows = {r["scenario"]: r for r in result["scenarios"]}
     assert list(rows) == ["cold", "commit", "restart", "ckptload"]
     assert rows["cold"]["n"] == rows["restart"]["n"] == 50
