@@ -29,6 +29,8 @@ from shardstream.server.checkpoints import open_checkpoint_store
 from shardstream.server.serving.control_plane import ShardStreamService
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .support.fake_clock import Clock
+
 
 # --- discovery ------------------------------------------------------------------------------------
 def _service(listed: list[str]) -> ShardStreamService:
@@ -115,17 +117,6 @@ def test_a_commit_finds_a_chunk_removed_since_has_said_it_was_there(tmp_path: Pa
 
 
 # --- follow(): the transport's one retry layer -------------------------------------------------------
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, down: int) -> list[str]:

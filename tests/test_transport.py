@@ -34,22 +34,8 @@ from shardstream.client.transport.retry import Attempts
 from shardstream.errors import PermissionDeniedError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 
+from .support.fake_clock import Clock
 from .support.servers import Servers, data_port_behind, unused_port
-
-
-class Clock:
-    """A fake monotonic clock that moves only when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class Recorder(ChannelSecurity):

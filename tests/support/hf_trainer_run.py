@@ -16,7 +16,6 @@ the whole group with SIGKILL, every rank wherever it is.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -28,7 +27,8 @@ from typing import Any
 
 __all__ = ["finish_ranks", "start_ranks", "start_run"]
 
-REPO = Path(__file__).resolve().parents[2]
+from .training_runs import REPO, parameters_sha256, start_module_run
+
 VOCAB = 64
 SEQ = 8
 
@@ -88,24 +88,14 @@ def main() -> None:
     stream = TrainingStream(c["endpoints"], "toy@1", batch_size=c["batch_size"], columns=["id"], epochs=None, seed=3)
     trainer = LoggedTrainer(model=model, args=args, train_dataset=stream, data_collator=tokens, callbacks=[KillAt()])
     trainer.train(resume_from_checkpoint=True if c["resume"] else None)
-    digest = hashlib.sha256()
-    for _, p in sorted(model.state_dict().items()):
-        digest.update(p.detach().contiguous().numpy().tobytes())
-    log.write(json.dumps({"end": digest.hexdigest(), "read": read[0]}) + "\n")
+    log.write(json.dumps({"end": parameters_sha256(model), "read": read[0]}) + "\n")
     log.close()
     stream.close()
 
 
 def start_run(config: dict[str, Any]) -> subprocess.Popen[str]:
     """This module as a process in its own session (so a test can kill its whole group)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.hf_trainer_run", json.dumps(config)],
-        start_new_session=True,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module_run("tests.support.hf_trainer_run", config)
 
 
 def start_ranks(config: dict[str, Any], world: int, logs: Path) -> list[subprocess.Popen[bytes]]:

@@ -11,18 +11,16 @@ ends writes {"end": sha256 of the final parameters}.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 __all__ = ["start_run"]
 
-REPO = Path(__file__).resolve().parents[2]
+from .training_runs import parameters_sha256, start_module_run
 
 
 def main() -> None:
@@ -74,23 +72,13 @@ def main() -> None:
     model = Tiny()
     data = ShardStreamDataModule(c["endpoints"], "toy@1", batch_size=c["batch_size"], columns=["id"], epochs=None, seed=5)
     trainer.fit(model, datamodule=data, ckpt_path=c["resume"])
-    digest = hashlib.sha256()
-    for _, p in sorted(model.state_dict().items()):
-        digest.update(p.detach().contiguous().numpy().tobytes())
-    log.write(json.dumps({"end": digest.hexdigest()}) + "\n")
+    log.write(json.dumps({"end": parameters_sha256(model)}) + "\n")
     log.close()
 
 
 def start_run(config: dict[str, Any]) -> subprocess.Popen[str]:
     """This module as a process in its own session (so a test can kill its whole group)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.lightning_run", json.dumps(config)],
-        start_new_session=True,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module_run("tests.support.lightning_run", config)
 
 
 if __name__ == "__main__":

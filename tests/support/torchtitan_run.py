@@ -11,7 +11,6 @@ handler, no cleanup runs. A run that ends writes {"end": sha256 of the final par
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -19,12 +18,12 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 __all__ = ["start_run"]
 
-REPO = Path(__file__).resolve().parents[2]
+from .training_runs import parameters_sha256, start_module_run
+
 SEQ = 6  # tokens per sample: SEQ - 1 inputs, shifted labels
 
 
@@ -105,23 +104,13 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
     data.close()
-    digest = hashlib.sha256()
-    for _, p in sorted(model.state_dict().items()):
-        digest.update(p.detach().contiguous().numpy().tobytes())
-    log.write(json.dumps({"end": digest.hexdigest()}) + "\n")
+    log.write(json.dumps({"end": parameters_sha256(model)}) + "\n")
     log.close()
 
 
 def start_run(config: dict[str, Any]) -> subprocess.Popen[str]:
     """This module as a process in its own session (so a test can kill its whole group)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.torchtitan_run", json.dumps(config)],
-        start_new_session=True,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_module_run("tests.support.torchtitan_run", config)
 
 
 if __name__ == "__main__":
