@@ -4,6 +4,7 @@ exactly once. Every wait is on a condition (the ready file, a metric, counts), n
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,3 +128,38 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         assert g[:SHARE] == reference[r] and g[SHARE : 2 * SHARE] == reference[r][: len(g) - SHARE], f"rank {r}"
     log = (tmp_path / "server.log").read_text()
     assert "autoscale: 2 -> 1 workers (capacity_to_spare: stall" in log and "drained, exit code 0" in log
+
+
+def _two_free_ports() -> int:
+    """A port P with P + 1 free too (--data-port P: worker 1 serves P + 1)."""
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            try:
+                b.bind(("127.0.0.1", a.getsockname()[1] + 1))
+            except OSError:
+                continue
+            return int(a.getsockname()[1])
+    raise AssertionError("no two free ports in a row")
+
+
+def test_a_worker_that_cannot_be_added_leaves_the_server_serving(slow_root: Path, tmp_path: Path) -> None:
+    server = LocalServer(slow_root, metrics=True, workers="auto", log_path=tmp_path / "server.log",
+                         extra_args=("--max-workers", "2", "--autoscale-interval", "0.2", "--transform-threads", "1"))  # fmt: skip
+    server.data_port = _two_free_ports()
+    log = tmp_path / "server.log"
+    try:
+        server.start()  # worker 1's data port is checked free here, then taken by someone else
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", server.data_port + 1))
+            other.listen()
+            fast = _Trainers(server, "autoscale-blocked")
+            try:
+                fast.wait_for(lambda: "did not serve" in log.read_text(), "the failed start logged")
+            finally:
+                fast.stop()
+        assert "staying at 1 workers" in log.read_text()
+        assert len(server.info()["workers"]) == 1 and scrape(server)["shardstream_workers"] == 1
+        assert server.proc is not None and server.proc.poll() is None  # still serving
+    finally:
+        server.stop()

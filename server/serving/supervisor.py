@@ -185,6 +185,7 @@ class _Worker:
     spawned_s: float
     ready: bool = False
     data_port: int | None = None  # its data plane's, from its ready file
+    added: bool = False  # by the autoscaler: if it never serves, the server stays at the count it had
 
 
 class Supervisor:
@@ -312,8 +313,14 @@ class Supervisor:
         next_scale = time.monotonic() + self.cfg.autoscale_interval_s
         while not self._stop.is_set():
             self._reap_drained()
+            failed_to_add: list[_Worker] = []
             for i, w in enumerate(self._workers):
                 code = w.proc.poll()
+                if w.added and not w.ready and (
+                    code is not None or time.monotonic() - w.spawned_s > WORKER_START_TIMEOUT_S
+                ):
+                    failed_to_add.append(w)
+                    continue
                 if code is not None:
                     if announced is None:
                         return f"worker {w.proc.pid} exited with code {code} before serving"
@@ -337,6 +344,8 @@ class Supervisor:
                         w.data_port = _data_port_of(w.ready_path)
                     elif time.monotonic() - w.spawned_s > WORKER_START_TIMEOUT_S:
                         return f"worker {w.proc.pid} not serving after {WORKER_START_TIMEOUT_S:g} s"
+            for w in failed_to_add:
+                self._drop_added(w)
             serving = [w.proc.pid for w in self._workers if w.ready]
             self._live.set(len(serving))
             if len(serving) == len(self._workers) and serving != announced:
@@ -357,7 +366,9 @@ class Supervisor:
             if not free:  # every slot busy: a drained worker still finishing its streams
                 log.info("autoscale: no free slot until a draining worker exits")
                 return
-            self._workers.append(self._spawn(free[0]))
+            w = self._spawn(free[0])
+            w.added = True
+            self._workers.append(w)
             self._workers.sort(key=lambda w: w.slot)
         elif n < len(self._workers):
             w = max(self._workers, key=lambda w: w.slot)
@@ -365,6 +376,20 @@ class Supervisor:
             log.info("autoscale: draining worker %d (slot %d): %.1f s grace for its streams", w.proc.pid, w.slot, self.cfg.grace_s)
             w.proc.send_signal(signal.SIGTERM)
             self._draining.append(w)
+
+    def _drop_added(self, w: _Worker) -> None:
+        """An added worker that did not come to serve (its data port taken since the start, a crash):
+        the server stays at the count it had (the autoscaler may try again after its cooldown)."""
+        if w.proc.poll() is None:
+            w.proc.kill()
+        code = w.proc.wait()
+        mark_process_dead(w.proc.pid, str(self.metrics_dir))
+        self._workers.remove(w)
+        port = f"data port {self.data_port + w.slot}" if self.data_port else "its data port"
+        log.error(
+            "autoscale: the worker added in slot %d (pid %d) did not serve (exit code %s; is %s free?): "
+            "staying at %d workers", w.slot, w.proc.pid, code, port, len(self._workers),
+        )  # fmt: skip
 
     def _reap_drained(self) -> None:
         """Forget the drained workers that have exited (their slots are free again)."""
