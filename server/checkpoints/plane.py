@@ -46,7 +46,6 @@ the same words whether it exists or not. Errors leave as the data plane's do (er
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import threading
@@ -90,8 +89,6 @@ __all__ = [
     "CHUNK_TICKET_PREFIX",
     "CheckpointPlane",
     "Call",
-    "may_read",
-    "may_write",
 ]
 
 log = logging.getLogger("shardstream.server.checkpoints")
@@ -120,19 +117,6 @@ class Call(Protocol):
     headers: dict[str, list[Any]]
 
     def metadata(self) -> list[tuple[str, str]]: ...
-
-
-def _matches(job: str, patterns: tuple[str, ...] | None) -> bool:
-    return patterns is None or any(fnmatch.fnmatchcase(job, p) for p in patterns)
-
-
-def may_write(principal: Principal, job: str) -> bool:
-    return _matches(job, getattr(principal, "checkpoints", None))
-
-
-def may_read(principal: Principal, job: str) -> bool:
-    read = getattr(principal, "checkpoints_read", None)
-    return may_write(principal, job) or (read is not None and _matches(job, read))
 
 
 class CheckpointPlane:
@@ -175,7 +159,7 @@ class CheckpointPlane:
 
     def _check_job(self, principal: Principal, job: object, *, write: bool) -> str:
         name = check_job(job)
-        if not (may_write(principal, name) if write else may_read(principal, name)):
+        if not (principal.may_write_checkpoints(name) if write else principal.may_read_checkpoints(name)):
             raise PermissionDeniedError(
                 f"checkpoint job {excerpt(name)} is not {'writable' if write else 'readable'} with the credentials "
                 f"of principal {principal.name!r} (or does not exist): the server's --auth file lists the "
@@ -428,7 +412,7 @@ class CheckpointPlane:
             if criteria:
                 jobs = [self._check_job(principal, criteria.decode("utf-8", "replace"), write=False)]
             else:
-                jobs = [j for j in self.store.jobs() if may_read(principal, j)]
+                jobs = [j for j in self.store.jobs() if principal.may_read_checkpoints(j)]
             infos = []
             for job in jobs:
                 for step in self.store.steps(job):

@@ -118,9 +118,19 @@ class Principal:
         return [p for p in self.patterns if fnmatch.fnmatchcase(name, p.partition("@")[0])]
 
     def may_read(self, name: str, version: int) -> bool:
+        """Whether dataset `name@version` is readable."""
         if self.patterns is None:
             return True
         return any(not v or int(v) == version for _, _, v in (p.partition("@") for p in self._matching(name)))
+
+    def may_write_checkpoints(self, job: str) -> bool:
+        """Whether the checkpoints of training job `job` may be saved (and loaded)."""
+        return self.checkpoints is None or any(fnmatch.fnmatchcase(job, p) for p in self.checkpoints)
+
+    def may_read_checkpoints(self, job: str) -> bool:
+        """Whether the checkpoints of training job `job` may be loaded."""
+        read = self.checkpoints_read
+        return self.may_write_checkpoints(job) or (read is not None and any(fnmatch.fnmatchcase(job, p) for p in read))
 
     def check(self, ref: DatasetRef, what: str = "") -> None:
         """PERMISSION_DENIED unless some pattern may cover `ref` (decided on the reference alone)."""
