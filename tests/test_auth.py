@@ -65,6 +65,25 @@ def test_patterns(patterns: tuple[str, ...], name: str, version: int, allowed: b
             p.check_version(name, version)
 
 
+@pytest.mark.parametrize(
+    ("write", "read", "job", "may_write", "may_read"),
+    [
+        (None, None, "run-1", True, True),  # no checkpoints: key, every job
+        (("run-*",), None, "run-1", True, True),
+        (("run-*",), None, "eval-1", False, False),
+        ((), ("run-*",), "run-1", False, True),  # load only
+        (("a",), ("run-*",), "a", True, True),
+        ((), (), "run-1", False, False),
+    ],
+)
+def test_checkpoint_patterns(
+    write: tuple[str, ...] | None, read: tuple[str, ...] | None, job: str, may_write: bool, may_read: bool
+) -> None:
+    p = Principal("p", checkpoints=write, checkpoints_read=read)
+    assert p.may_write_checkpoints(job) is may_write
+    assert p.may_read_checkpoints(job) is may_read
+
+
 def test_a_reference_is_judged_before_it_is_resolved() -> None:
     p = principal("web@3", "code*")
     p.check(DatasetRef("web"))  # latest or a tag: decided on the version it resolves to
