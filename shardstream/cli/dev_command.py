@@ -5,8 +5,9 @@ folder (DIR/<class>/<image>) one named after DIR; they are ingested into a regis
 unless --root says where), served by one `shardstream serve --workers auto` on loopback (the server
 the tests and the demo start: server/local_fleet.py; one worker process, more while the trainers
 reading from it stall, up to the usable CPUs: worker i's data port is --port + 1 + i) and shown by
-`shardstream web` in this process. It prints the endpoint, a Loader snippet for the first dataset and the web URL, and stops everything on Ctrl-C
-(SIGINT) or SIGTERM: the web viewer, the server's process group, the temporary registry.
+`shardstream web` in this process. It prints the endpoint, a Loader snippet for the first dataset and
+the web URL, and stops everything on Ctrl-C (SIGINT) or SIGTERM: the web viewer, the server's process
+group, the temporary registry.
 """
 
 from __future__ import annotations
