@@ -128,6 +128,19 @@ def test_the_default_rules_on_a_saturated_fleet_learn_its_capacity() -> None:
     assert len(grew) == 2 and "stall" in grew[0].why
 
 
+def test_the_busiest_worker_says_the_capacity_when_the_load_is_uneven() -> None:
+    """Ranks pinned to one of two workers: the mean per worker is half a worker's capacity, the busiest
+    worker's rate is all of it (and demand that one worker carries with headroom shrinks the fleet)."""
+    policy = AutoscalePolicy(min_workers=1, max_workers=2, down_ticks=2, cooldown_ticks=0)
+    stalled = Signal(stall=0.5, consumption=100.0, ranks=8, sent=100.0, busiest=100.0)
+    _, state = decide(policy, AutoscaleState(), stalled, 2)
+    assert state.capacity == 100.0  # not 50
+    calm = Signal(stall=0.0, consumption=70.0, ranks=4, sent=70.0, busiest=70.0)
+    d1, state = decide(policy, state, calm, 2)
+    d2, _ = decide(policy, state, calm, 2)
+    assert (d1.workers, d2.workers, d2.reason) == (2, 1, "capacity_to_spare")
+
+
 def test_no_reports_hold_the_count() -> None:
     policy = AutoscalePolicy(min_workers=1, max_workers=4, down_ticks=1, cooldown_ticks=0)
     d, _ = decide(policy, AutoscaleState(capacity=100.0), Signal(stall=0.0, consumption=0.0, ranks=0, sent=0.0), 3)

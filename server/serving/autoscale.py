@@ -13,9 +13,10 @@ rules, with their hysteresis:
   show what the new size does: a report covers the last report interval);
 - no reporting ranks: no move (a fleet whose trainers do not report keeps its size).
 
-A worker's capacity is learned from what the workers sent: while the trainers stall, the workers are
-saturated and what each sent *is* its capacity (the estimate is set to it); otherwise what each sent
-is only a lower bound (the estimate is raised to it, never lowered). A fleet that grew because it
+A worker's capacity is learned from what the workers sent (the mean, or the busiest worker's when
+more): while the trainers stall, the workers are saturated and what each sent *is* its capacity (the
+estimate is set to it); otherwise it is only a lower bound (the estimate is raised to it, never
+lowered). A fleet that grew because it
 was saturated at n workers with consumption C thus learned capacity C / n, and shrinks back only
 once consumption is below C x headroom: a steady signal never makes it flap.
 
@@ -81,12 +82,14 @@ class AutoscalePolicy:
 @dataclass(frozen=True)
 class Signal:
     """One tick's observation: the trainers' mean stall (0-1) and consumption (samples/s), how many
-    ranks report, and the samples per second all the workers sent together."""
+    ranks report, the samples per second all the workers sent together and the most one of them sent
+    (0: not known; ranks stay on the worker they first reached, so the load can be uneven)."""
 
     stall: float
     consumption: float
     ranks: int
     sent: float
+    busiest: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def decide(policy: AutoscalePolicy, state: AutoscaleState, signal: Signal, worke
     if workers > p.max_workers:
         return Decision(p.max_workers, "above_max", f"{workers} workers, the most is {p.max_workers}"), state
     stalled = signal.stall > p.stall_target
-    per_worker = signal.sent / workers if workers else 0.0
+    per_worker = max(signal.sent / workers if workers else 0.0, signal.busiest)
     if signal.ranks and per_worker > 0:  # saturated: this is what a worker does; else a lower bound
         capacity = per_worker if stalled else max(state.capacity, per_worker)
     else:

@@ -44,7 +44,20 @@ def signal_from_metrics(metrics_dir: Path) -> Signal:
                 jobs.setdefault(sample.labels.get("job_name", ""), [0.0, 0.0, 0.0])[columns[sample.name]] = sample.value
     ranks = sum(int(r) for _, _, r in jobs.values())
     stall = sum(s * r for s, _, r in jobs.values()) / ranks if ranks else 0.0
-    return Signal(stall=stall, consumption=sum(c for _, c, _ in jobs.values()), ranks=ranks, sent=sent)
+    consumption = sum(c for _, c, _ in jobs.values())
+    return Signal(stall=stall, consumption=consumption, ranks=ranks, sent=sent, busiest=_busiest(metrics_dir))
+
+
+def _busiest(metrics_dir: Path) -> float:
+    """The most samples/s one live worker sent: its own value of the summed gauge, read from the
+    per-process files before they are summed (prometheus_client's `_read_metrics`, the step of
+    `collect` that keeps each process apart; 0 where that changes)."""
+    files = [str(f) for f in metrics_dir.glob("gauge_livesum_*.db")]
+    try:
+        metric = MultiProcessCollector._read_metrics(files).get(_SENT)  # noqa: SLF001
+    except (AttributeError, TypeError, ValueError):
+        return 0.0
+    return max((sample.value for sample in metric.samples), default=0.0) if metric is not None else 0.0
 
 
 class WorkerScaler:
