@@ -353,7 +353,9 @@ def test_the_charts_autoscaler_scales_on_the_desired_servers(tmp_path: Path) -> 
     from .support.chart import CHART, NAMESPACE, kube_versions, load_values, render, validate_object
 
     assert (CHART / "files" / "scaling.yaml").read_text() == SCALING.read_text(), "copy deploy/prometheus/scaling.yaml over"
-    r = render(load_values(CHART / "ci" / "stall-hpa-values.yaml"))
+    values = load_values(CHART / "ci" / "stall-hpa-values.yaml")
+    values["prometheusRule"] = {**values.get("prometheusRule", {}), "runbookUrl": "https://runbooks.example/shardstream"}
+    r = render(values)
     (hpa,) = r.of_kind("HorizontalPodAutoscaler")
     server = r.server["metadata"]["name"]
     assert hpa["spec"]["metrics"] == [
@@ -373,10 +375,12 @@ def test_the_charts_autoscaler_scales_on_the_desired_servers(tmp_path: Path) -> 
     validate_object(hpa, kube_versions()[-1])
     spec = r.one("PrometheusRule")["spec"]
     (scaling,) = [g for g in spec["groups"] if g["name"] == "shardstream.scaling"]
-    assert [rule["record"] for rule in scaling["rules"]][-1] == "shardstream_fleet_desired_servers"
+    assert [rule["record"] for rule in scaling["rules"] if "record" in rule][-1] == "shardstream_fleet_desired_servers"
     selector = f'job="{server}", namespace="{NAMESPACE}"'
     assert all(rule["expr"].count('job="') == rule["expr"].count(selector) for rule in scaling["rules"])
-    assert sum(selector in rule["expr"] for rule in scaling["rules"]) == 3  # every server selector is the release's
+    assert sum(selector in rule["expr"] for rule in scaling["rules"]) == 4  # every server selector is the release's
+    (too_small,) = [rule for rule in scaling["rules"] if rule.get("alert") == "ShardstreamFleetTooSmall"]
+    assert too_small["annotations"]["runbook_url"] == "https://runbooks.example/shardstream#shardstreamfleettoosmall"
     if PROMTOOL is not None:
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
         done = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
