@@ -84,7 +84,7 @@ def s3_faults(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
 
 def blackhole(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
     """Rank 0 reads through a TCP proxy in front of one server's data plane (its GetDataset names the
-    proxy's port); half-way through the first of two epochs
+    proxy's port); a quarter into rank 0's first of two epochs
     the proxy goes silent (accepts, sends nothing): what the server had sent may still arrive from
     buffers, the second epoch's stream cannot. Keepalive or the idle watchdog must move it on."""
     s = ctx.sizes
@@ -105,12 +105,18 @@ def blackhole(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
     )
     stack.callback(job.kill)
     phase = job.start(ctx.groups(2))
-    phase.wait(lambda: phase.progress() >= 0.25, "25% of the job")
+    # Rank 0's own progress, not the job's: its second epoch's stream must open after the proxy went
+    # silent (once open, a small epoch fits in gRPC's window and arrives whole from buffers: a wait on
+    # the slowest rank let a fast rank 0 reach its second epoch first, on a busy machine).
+    epoch_steps = -(-s.rows // (2 * s.batch))  # global steps in an epoch (world 2)
+    phase.wait(lambda: (phase.step(0) or 0) >= epoch_steps // 4, "rank 0 a quarter into its first epoch")
     proxy.blackhole()
     silent_at = phase.step(0)
     phase.wait_exit()
     t = job.tally()
     schedule = [] if t.failovers else ["no failover: the blackhole was never noticed"]
+    if silent_at is not None and silent_at >= epoch_steps:
+        schedule.append(f"the proxy went silent at rank 0's step {silent_at}, after its second epoch's stream opened")
     load = (
         f"2 ranks x 2 epochs of {s.rows:,} rows, rank 0 behind the proxy, silent from its step {silent_at}; "
         f"idle timeout {s.idle_timeout_s:g} s, keepalive 10 s + 5 s"
