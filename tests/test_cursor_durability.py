@@ -546,3 +546,39 @@ def test_a_generation_of_a_lost_run_state_is_claimed_again_not_refused_as_stale(
         store.close()
         if kind == "memory":
             MemoryStore.clear()
+
+
+def test_a_read_that_times_out_is_asked_again_and_a_write_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart storm's reads (1,000 ranks at once against one Redis thread) time out now and then:
+    a read is asked again (READ_ATTEMPTS in all, backoff), then UNAVAILABLE naming the attempts; a
+    write that timed out is reported at once (its retry is the committer's, which knows the record)."""
+    from shardstream.client.cursors import redis_store
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(redis_store.time, "sleep", sleeps.append)
+    store = RedisStore("redis://127.0.0.1:1/0")  # never connects: the calls below are scripted
+    calls = 0
+
+    def flaky(fail: int) -> object:
+        def fn() -> object:
+            nonlocal calls
+            calls += 1
+            if calls <= fail:
+                raise redis.TimeoutError("Timeout reading from socket")
+            return [b"7"]
+
+        return fn
+
+    assert store._read(flaky(redis_store.READ_ATTEMPTS - 1)) == [b"7"]
+    assert calls == redis_store.READ_ATTEMPTS and len(sleeps) == redis_store.READ_ATTEMPTS - 1
+    assert sleeps == sorted(sleeps) and sleeps[0] >= redis_store.READ_BACKOFF_S
+    calls = 0
+    with pytest.raises(UnavailableError, match=f"{redis_store.READ_ATTEMPTS} attempts"):
+        store._read(flaky(redis_store.READ_ATTEMPTS))
+    calls = 0
+    with pytest.raises(UnavailableError):
+        store._call(flaky(1))
+    assert calls == 1
+    monkeypatch.setattr(store._client, "zrevrange", lambda *a: flaky(2)())
+    calls = 0
+    assert store.latest("job") == 7  # latest() is such a read
