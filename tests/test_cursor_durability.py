@@ -548,10 +548,10 @@ def test_a_generation_of_a_lost_run_state_is_claimed_again_not_refused_as_stale(
             MemoryStore.clear()
 
 
-def test_a_read_that_times_out_is_asked_again_and_a_write_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A restart storm's reads (1,000 ranks at once against one Redis thread) time out now and then:
-    a read is asked again (READ_ATTEMPTS in all, backoff), then UNAVAILABLE naming the attempts; a
-    write that timed out is reported at once (its retry is the committer's, which knows the record)."""
+def test_a_call_that_times_out_is_asked_again_when_repeating_it_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storm's calls (1,000 ranks at once against one Redis thread) time out now and then: a read or
+    a record's write is asked again (READ_ATTEMPTS in all, backoff), then UNAVAILABLE naming the
+    attempts; a call that is not idempotent (`_call`: the claim) is reported at once."""
     from shardstream.client.cursors import redis_store
 
     sleeps: list[float] = []
@@ -569,12 +569,12 @@ def test_a_read_that_times_out_is_asked_again_and_a_write_is_not(monkeypatch: py
 
         return fn
 
-    assert store._read(flaky(redis_store.READ_ATTEMPTS - 1)) == [b"7"]
+    assert store._idempotent(flaky(redis_store.READ_ATTEMPTS - 1)) == [b"7"]
     assert calls == redis_store.READ_ATTEMPTS and len(sleeps) == redis_store.READ_ATTEMPTS - 1
     assert sleeps == sorted(sleeps) and sleeps[0] >= redis_store.READ_BACKOFF_S
     calls = 0
     with pytest.raises(UnavailableError, match=f"{redis_store.READ_ATTEMPTS} attempts"):
-        store._read(flaky(redis_store.READ_ATTEMPTS))
+        store._idempotent(flaky(redis_store.READ_ATTEMPTS))
     calls = 0
     with pytest.raises(UnavailableError):
         store._call(flaky(1))

@@ -57,9 +57,11 @@ __all__ = ["REDIS_TIMEOUT_S", "WAITAOF_TIMEOUT_MS", "Persistence", "RedisStore"]
 log = logging.getLogger("shardstream.client")
 
 REDIS_TIMEOUT_S = 2.0  # per Redis operation: a commit never hangs the committer thread for long
-# A read that timed out changes nothing and is asked again, after a jittered backoff (0.05-0.1 s,
-# then x4): in a restart storm 1,000 ranks read at once and one Redis thread answers them in turn
-# (loadtest.scale: 20 of 1,000 ranks' resumes timed out at 2 s with one attempt). Writes are not retried here.
+# A call that timed out and changes nothing when repeated (a read; a record's write script, whose HSETs
+# and ZADDs give the same state twice) is asked again after a jittered backoff (0.05-0.1 s, then x4): in
+# a storm 1,000 ranks call at once and one Redis thread answers them in turn (loadtest.scale: 20 of
+# 1,000 resumes, and in another run the last commit of some ranks, timed out at 2 s with one attempt,
+# so no step was committed by every rank). The claim (a counter) is not retried here.
 READ_ATTEMPTS = 4
 READ_BACKOFF_S = 0.05
 WAITAOF_TIMEOUT_MS = 1500  # below REDIS_TIMEOUT_S; appendfsync everysec fsyncs within ~1 s
@@ -148,8 +150,9 @@ class RedisStore:
         except self._redis.RedisError as exc:
             raise UnavailableError(f"cursor store {self.url}: {type(exc).__name__}: {exc}") from exc
 
-    def _read(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        """`_call` of a read: asked again when it times out (READ_ATTEMPTS in all, jittered backoff)."""
+    def _idempotent(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """`_call` of a call that changes nothing when repeated (a read; the record's write script; SADD):
+        asked again when it times out (READ_ATTEMPTS in all, jittered backoff)."""
         delay = READ_BACKOFF_S
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:
@@ -192,22 +195,22 @@ class RedisStore:
         version: tuple[int, ...] = ()
         run_id = ""
         try:
-            info = self._read(node.info, "server")
+            info = self._idempotent(node.info, "server")
             version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:3] if p.isdigit())
             run_id = str(info.get("run_id", ""))
         except UnavailableError as exc:
             if not isinstance(exc.__cause__, ResponseError):
                 raise
         try:
-            aof = self._read(node.config_get, "appendonly").get("appendonly")
-            fsync = self._read(node.config_get, "appendfsync").get("appendfsync")
-            save = self._read(node.config_get, "save").get("save")
+            aof = self._idempotent(node.config_get, "appendonly").get("appendonly")
+            fsync = self._idempotent(node.config_get, "appendfsync").get("appendfsync")
+            save = self._idempotent(node.config_get, "save").get("save")
             return Persistence(aof == "yes", fsync, save, version, run_id=run_id)
         except UnavailableError as exc:
             if not isinstance(exc.__cause__, ResponseError):  # CONFIG disabled (managed Redis): ask INFO
                 raise
         try:
-            info = self._read(node.info, "persistence")
+            info = self._idempotent(node.info, "persistence")
             return Persistence(
                 bool(int(info.get("aof_enabled", 0))), None, None, version, "INFO persistence", run_id
             )
@@ -271,12 +274,12 @@ class RedisStore:
         return int(gen)
 
     def run(self, job: str) -> Run | None:
-        world = self._read(self._client.hget, self._key(job, "run"), "world_size")
+        world = self._idempotent(self._client.hget, self._key(job, "run"), "world_size")
         if world is None:
             return None
         raw = {
             k.decode(): v.decode()
-            for k, v in self._read(self._client.hgetall, self._key(job, "slots")).items()
+            for k, v in self._idempotent(self._client.hgetall, self._key(job, "slots")).items()
         }
         slots = {
             int(r): Slot(int(g), raw.get(f"{r}:by", ""), float(raw.get(f"{r}:at", 0) or 0))
@@ -353,7 +356,7 @@ class RedisStore:
             if not fsynced:  # no WAITAOF after all (a proxy, a fork): the next best thing
                 how = "aof-written"
         else:
-            out = self._call(self._write_script, keys, args)
+            out = self._idempotent(self._write_script, keys, args)  # the same HSETs and ZADDs again
         if isinstance(out, list) and int(out[0]) == -2:
             raise UnclaimedError(
                 f"cursor store {self.url} holds no run of job {job!r} that issued generation {gen}"
@@ -366,7 +369,7 @@ class RedisStore:
             )
         if how == "aof-written":
             self._wait_aof_written(job, deadline)
-        self._call(self._client.sadd, f"{_PREFIX}:jobs", job)
+        self._idempotent(self._client.sadd, f"{_PREFIX}:jobs", job)
         return bool(out)
 
     def _write_waitaof(self, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
@@ -398,39 +401,39 @@ class RedisStore:
         return out, True
 
     def read(self, job: str, step: int) -> dict[int, bytes]:
-        key = self._read(self._client.hget, self._key(job, "committed-key"), str(step))
+        key = self._idempotent(self._client.hget, self._key(job, "committed-key"), str(step))
         if key is None:
             return {}
-        raw = self._read(self._client.hgetall, self._key(job, "step", step, key.decode()))
+        raw = self._idempotent(self._client.hgetall, self._key(job, "step", step, key.decode()))
         return {int(k): bytes(v) for k, v in raw.items()}
 
     def read_ranks(self, job: str, step: int, ranks: Sequence[int]) -> dict[int, bytes]:
-        key = self._read(self._client.hget, self._key(job, "committed-key"), str(step))
+        key = self._idempotent(self._client.hget, self._key(job, "committed-key"), str(step))
         if key is None or not ranks:
             return {}
         fields = [str(r) for r in ranks]
-        raw = self._read(self._client.hmget, self._key(job, "step", step, key.decode()), fields)
+        raw = self._idempotent(self._client.hmget, self._key(job, "step", step, key.decode()), fields)
         return {int(f): bytes(v) for f, v in zip(fields, raw, strict=True) if v is not None}
 
     def committed(self, job: str) -> list[int]:
-        return sorted(int(s) for s in self._read(self._client.zrange, self._key(job, "committed"), 0, -1))
+        return sorted(int(s) for s in self._idempotent(self._client.zrange, self._key(job, "committed"), 0, -1))
 
     def latest(self, job: str) -> int | None:
-        top = self._read(self._client.zrevrange, self._key(job, "committed"), 0, 0)
+        top = self._idempotent(self._client.zrevrange, self._key(job, "committed"), 0, 0)
         return int(top[0]) if top else None
 
     def steps(self, job: str) -> dict[int, int]:
-        raw = self._read(self._client.hgetall, self._key(job, "ranks-written"))
+        raw = self._idempotent(self._client.hgetall, self._key(job, "ranks-written"))
         return {int(s): int(n) for s, n in sorted(raw.items(), key=lambda kv: int(kv[0]))}
 
     def jobs(self) -> list[str]:
-        return sorted(j.decode() for j in self._read(self._client.smembers, f"{_PREFIX}:jobs"))
+        return sorted(j.decode() for j in self._idempotent(self._client.smembers, f"{_PREFIX}:jobs"))
 
     def set_migration(self, job: str, record: bytes) -> None:
         self._call(self._client.set, self._key(job, "migration"), record)
 
     def get_migration(self, job: str) -> bytes | None:
-        raw = self._read(self._client.get, self._key(job, "migration"))
+        raw = self._idempotent(self._client.get, self._key(job, "migration"))
         return bytes(raw) if raw is not None else None
 
     def close(self) -> None:
