@@ -41,7 +41,7 @@ from shardstream.client import Loader
 from shardstream.server.local_fleet import LocalServer
 from shardstream.server.writing.ingest import IngestOptions, ingest
 
-from .common import bench_main, bench_parser
+from .common import bench_main, bench_parser, results_path
 
 BATCH = 4
 DECODE = [{"op": "image.decode", "column": "image", "size": [64, 64]}]
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=2, help="serve --max-workers (2)")
     parser.add_argument("--interval-s", type=float, default=1.0, help="serve --autoscale-interval (1 s)")
     parser.add_argument("--steady-s", type=float, default=60.0, help="seconds of the steady phase (60; the issue's is 600)")
-    return bench_main(parser, argv, run, json_default=None, report=report, failed=lambda r: not r["in_order_once"] or bool(r["errors"]))
+    return bench_main(parser, argv, run, json_default=results_path("autoscale_bench"), report=report, failed=lambda r: not r["in_order_once"] or bool(r["errors"]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from loadtest.common import RESULTS, bench_main, bench_parser, results_path
 
 BENCHMARKS = [
     "loadtest.ab_commits",
+    "loadtest.autoscale_bench",
     "loadtest.balance_bench",
     "loadtest.balance_train",
     "loadtest.bench",
