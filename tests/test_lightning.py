@@ -10,7 +10,6 @@ and both killed ones, then both resumed ones with one from a checkpoint stripped
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,18 +22,13 @@ from shardstream.client.checkpoint import Checkpointer
 from .support.lightning_run import start_run
 from .support.processes import finish_group
 from .support.servers import Servers
+from .support.training_runs import read_run_log
 
 torch = pytest.importorskip("torch")
 
 BATCH, MAX_STEPS, EVERY, KILL_AT = 4, 12, 4, 10
 LAST = KILL_AT // EVERY * EVERY  # the newest checkpoint when the fit is killed
 RUN_TIMEOUT_S = 240.0
-
-
-def _lines(log: Path) -> tuple[list[dict[str, Any]], str | None]:
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    ends = [r["end"] for r in rows if "end" in r]
-    return [r for r in rows if "step" in r], (ends[0] if ends else None)
 
 
 def _run_all(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -68,7 +62,7 @@ def fits(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
         runs = {"whole": config("whole"), "files": config("files"), "fleet": config("fleet", job="lightning-fleet")}
         _run_all({"whole": runs["whole"], **{k: {**runs[k], "kill_at": KILL_AT} for k in ("files", "fleet")}})
-        killed = {k: _lines(tmp / f"{k}.jsonl")[0] for k in ("files", "fleet")}
+        killed = {k: read_run_log(tmp / f"{k}.jsonl")[0] for k in ("files", "fleet")}
         # the checkpoint file without the DataModule's state: refused, never trained from the data's start
         ckpt_file = tmp / "files" / f"epoch=0-step={LAST}.ckpt"
         bare = torch.load(ckpt_file, weights_only=True)
@@ -86,11 +80,11 @@ def fits(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def _check_resumed(fits: dict[str, Any], name: str) -> None:
-    expected, whole_end = _lines(Path(fits["runs"]["whole"]["log"]))
+    expected, whole_end = read_run_log(Path(fits["runs"]["whole"]["log"]))
     assert whole_end is not None and [r["step"] for r in expected] == list(range(1, MAX_STEPS + 1))
     first = fits["killed"][name]
     assert [r["step"] for r in first] == list(range(1, KILL_AT + 1))
-    rows, end = _lines(Path(fits["runs"][name]["log"]))
+    rows, end = read_run_log(Path(fits["runs"][name]["log"]))
     resumed = rows[len(first):]
     assert [r["step"] for r in resumed] == list(range(LAST + 1, MAX_STEPS + 1))
     # steps 1..LAST of the killed fit, then the resumed fit's: the uninterrupted fit's samples

@@ -10,7 +10,6 @@ from a config. The uninterrupted and the killed run go side by side, then the re
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,18 +22,13 @@ from shardstream.client.checkpoint import Checkpointer
 from .support.processes import finish_group
 from .support.servers import Servers
 from .support.torchtitan_run import start_run
+from .support.training_runs import read_run_log
 
 pytest.importorskip("torchtitan")
 
 BATCH, STEPS, INTERVAL, KILL_AT = 4, 12, 4, 10
 LAST = KILL_AT // INTERVAL * INTERVAL  # the newest commit when the run is killed
 RUN_TIMEOUT_S = 240.0
-
-
-def _lines(log: Path) -> tuple[list[dict[str, Any]], str | None]:
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    ends = [r["end"] for r in rows if "end" in r]
-    return [r for r in rows if "step" in r], (ends[0] if ends else None)
 
 
 def _run_all(configs: dict[str, dict[str, Any]]) -> None:
@@ -64,7 +58,7 @@ def runs(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             return {**base, **kw}
 
         _run_all({"whole": config("whole"), "killed": config("killed", kill_at=KILL_AT)})
-        killed = _lines(tmp / "killed.jsonl")[0]
+        killed = read_run_log(tmp / "killed.jsonl")[0]
         with Checkpointer([server.target], "titan-killed") as ckpt:
             committed_at_kill = ckpt.steps()
             manifest = ckpt.manifest(LAST)
@@ -81,11 +75,11 @@ def runs(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def test_a_killed_run_resumes_on_the_uninterrupted_runs_samples(runs: dict[str, Any]) -> None:
-    expected, whole_end = _lines(runs["tmp"] / "whole.jsonl")
+    expected, whole_end = read_run_log(runs["tmp"] / "whole.jsonl")
     assert whole_end is not None and [r["step"] for r in expected] == list(range(1, STEPS + 1))
     first = runs["killed"]
     assert [r["step"] for r in first] == list(range(1, KILL_AT + 1))
-    rows, end = _lines(runs["tmp"] / "killed.jsonl")
+    rows, end = read_run_log(runs["tmp"] / "killed.jsonl")
     resumed = rows[len(first) :]
     assert [r["step"] for r in resumed] == list(range(LAST + 1, STEPS + 1))
     # steps 1..LAST of the killed run, then the resumed run's: the uninterrupted run's samples

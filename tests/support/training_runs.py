@@ -1,4 +1,5 @@
-"""What the framework runs (tests/support/*_run.py) share: start one as a process, fingerprint its model."""
+"""What the framework runs (tests/support/*_run.py) share: start one as a process, fingerprint its model,
+read its log back."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def parameters_sha256(model: Any) -> str:
     for _, p in sorted(model.state_dict().items()):
         digest.update(p.detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def read_run_log(log: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """A run's JSON-lines log: its step rows, and the parameters' sha256 it ended on (None: killed)."""
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    ends = [r["end"] for r in rows if "end" in r]
+    return [r for r in rows if "step" in r], (ends[0] if ends else None)
