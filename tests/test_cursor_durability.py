@@ -279,6 +279,82 @@ def test_managed_redis_without_config_is_checked_through_info(
     assert "has no append-only file (INFO persistence: aof_enabled 0; CONFIG is disabled" in warning
 
 
+def sent_commands(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """What this process sends to Redis, one entry a round trip (a pipeline is one), each the names
+    of its commands ("CONFIG GET", "EVALSHA", ...)."""
+    sent: list[list[str]] = []
+    send = redis.connection.Connection.send_packed_command
+
+    def counting(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        names = []
+        for request in packed.split(b"\r\n*"):  # *<n> $<len> NAME $<len> SUBCOMMAND-or-argument ...
+            parts = request.split(b"\r\n")
+            names.append(" ".join(p.decode().upper() for p in parts[2:5:2] if p.isalpha()))
+        sent.append(names)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
+    return sent
+
+
+def test_a_rank_start_checks_persistence_in_one_round_trip(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 ranks start at once against one Redis thread: after the connection's handshake (HELLO,
+    CLIENT SETINFO: redis-py's, per connection) a rank's start is 2 round trips: the persistence check
+    (INFO server and CONFIG GET, pipelined) and the claim script. It was 5 (INFO, 3 CONFIG GET, claim)."""
+    open_store(redis_server.url).claim("rt", 0, 2, "T0")  # rank 0 loads the claim script
+    sent = sent_commands(monkeypatch)
+    store = open_store(redis_server.url)
+    gen = store.claim("rt", 1, 2, "T1")
+    handshake = {"HELLO", "CLIENT", "AUTH", "SELECT"}
+    after_handshake = [names for names in sent if names[0].split()[0] not in handshake]
+    assert after_handshake == [["INFO SERVER", "CONFIG GET"], ["EVALSHA"]], sent
+    assert store.persistence().source == "CONFIG GET" and store.persistence().aof is False
+    started = len(sent)
+    store.write("rt", 1, "k", 1, 2, b"r", gen=gen, durable=True)
+    assert not any("CONFIG GET" in names for names in sent[started:]), "asked once per store"
+    store.close()
+
+
+class _RedisBefore7:
+    """A Redis before 7.0 as the persistence check sees it: one parameter a CONFIG GET (more is
+    'wrong number of arguments'), and redis_version 6.2.14. The installed Redis answers the rest."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def pipeline(self, transaction: bool) -> _RedisBefore7:
+        self.pipe = self.client.pipeline(transaction=transaction)
+        return self
+
+    def info(self, section: str) -> None:
+        self.pipe.info(section)
+
+    def config_get(self, *names: str) -> None:
+        if len(names) > 1:
+            self.pipe.execute_command("CONFIG", "GET")  # refused as 6.2 refuses several parameters
+        else:
+            self.pipe.config_get(*names)
+
+    def execute(self, raise_on_error: bool) -> list[object]:
+        out = self.pipe.execute(raise_on_error=raise_on_error)
+        return [{**a, "redis_version": "6.2.14"} if isinstance(a, dict) and "redis_version" in a else a for a in out]
+
+
+def test_a_redis_before_7_is_asked_one_config_parameter_at_a_time(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", persistent=True, appendfsync="everysec").start()
+    try:
+        store = RedisStore(server.url)
+        old = store._ask_persistence(_RedisBefore7(store._client))
+        assert old == dataclasses.replace(store.persistence(), version=(6, 2, 14))
+        assert (old.aof, old.appendfsync, old.source, old.durability) == (True, "everysec", "CONFIG GET", "aof-written")
+        store.close()
+    finally:
+        server.kill()
+
+
 def test_persistence_settings_say_what_a_durable_write_waits_for() -> None:
     cases = [
         (Persistence(True, "always", "", (7, 0, 15)), "fsync", None),

@@ -17,7 +17,8 @@ Stores written before runs existed have no run, slots or step-gen keys: their re
 always did, and a job gets a run at its first claim.
 
 What `commit(wait=True)` waits for depends on how Redis persists (checked once per store at its
-first claim or write, with CONFIG GET — or INFO persistence where a managed Redis disables CONFIG):
+first claim or write, with INFO server and CONFIG GET in one round trip — or INFO persistence where a
+managed Redis disables CONFIG):
 
     appendonly yes, appendfsync always   Redis answers after the AOF is fsynced: nothing more to wait for
     appendonly yes, everysec, Redis 7.2+ WAITAOF 1 0: the AOF is fsynced (survives a host crash)
@@ -191,33 +192,48 @@ class RedisStore:
         return self._client.get_redis_connection(node)
 
     def _ask_persistence(self, node: Any) -> Persistence:
+        """One round trip (INFO server and CONFIG GET in one pipeline): a rank's start is one of W at once.
+        A Redis before 7.0 takes one parameter a CONFIG GET (a second round trip asks them one by one);
+        a Redis that refuses CONFIG (managed services) is asked INFO persistence instead."""
         ResponseError = self._redis.ResponseError
         version: tuple[int, ...] = ()
         run_id = ""
-        try:
-            info = self._idempotent(node.info, "server")
+        info, config = self._pipelined(
+            node, ("info", "server"), ("config_get", "appendonly", "appendfsync", "save")
+        )
+        if not isinstance(info, ResponseError):
             version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:3] if p.isdigit())
             run_id = str(info.get("run_id", ""))
-        except UnavailableError as exc:
-            if not isinstance(exc.__cause__, ResponseError):
-                raise
-        try:
-            aof = self._idempotent(node.config_get, "appendonly").get("appendonly")
-            fsync = self._idempotent(node.config_get, "appendfsync").get("appendfsync")
-            save = self._idempotent(node.config_get, "save").get("save")
+        if isinstance(config, ResponseError) and version < (7,):  # maybe one parameter a CONFIG GET
+            config = self._pipelined(node, *(("config_get", name) for name in ("appendonly", "appendfsync", "save")))
+            refused = [c for c in config if isinstance(c, ResponseError)]
+            config = refused[0] if refused else {k: v for c in config for k, v in c.items()}
+        if not isinstance(config, ResponseError):
+            aof, fsync, save = (config.get(name) for name in ("appendonly", "appendfsync", "save"))
             return Persistence(aof == "yes", fsync, save, version, run_id=run_id)
-        except UnavailableError as exc:
-            if not isinstance(exc.__cause__, ResponseError):  # CONFIG disabled (managed Redis): ask INFO
-                raise
-        try:
-            info = self._idempotent(node.info, "persistence")
+        # CONFIG disabled (managed Redis): ask INFO
+        (info,) = self._pipelined(node, ("info", "persistence"))
+        if not isinstance(info, ResponseError):
             return Persistence(
                 bool(int(info.get("aof_enabled", 0))), None, None, version, "INFO persistence", run_id
             )
-        except UnavailableError as exc:
-            if not isinstance(exc.__cause__, ResponseError):
-                raise
         return Persistence(None, None, None, version, "nothing", run_id)
+
+    def _pipelined(self, node: Any, *commands: tuple[str, ...]) -> list[Any]:
+        """Read-only commands, (client method, *args), in one round trip (`_idempotent`: asked again on a
+        timeout); the answer of each, or the ResponseError it got (refused, unknown: the caller decides)."""
+
+        def ask() -> list[Any]:
+            pipe = node.pipeline(transaction=False)
+            for method, *args in commands:
+                getattr(pipe, method)(*args)
+            return list(pipe.execute(raise_on_error=False))
+
+        answers = self._idempotent(ask)
+        for answer in answers:  # a connection lost in the pipeline: as `_idempotent` reports it
+            if isinstance(answer, self._redis.RedisError) and not isinstance(answer, self._redis.ResponseError):
+                raise UnavailableError(f"cursor store {self.url}: {type(answer).__name__}: {answer}") from answer
+        return answers
 
     def _wait_aof_written(self, job: str, deadline: float) -> None:
         """Until the AOF buffer is empty: every write acknowledged so far is in the file."""
