@@ -163,6 +163,7 @@ class ReadSpec:
             transforms=tuple(Transform(t.op, t.params_json) for t in self.transforms),
             on_error=self.on_error if self.transforms else "",
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
+            movable=True,  # a stream ended UNAVAILABLE asks GetDataset again (transport/flight_call.py)
             balance=self.balance.mode,
             pad_rows=self.pad_rows,
             balance_column=self.balance.column or "",

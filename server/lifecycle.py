@@ -45,6 +45,7 @@ from .serving.config import ServerConfig
 from .serving.control_plane import SERVICE_NAME, ShardStreamService
 from .serving.data_plane_server import DataPlane
 from .serving.log_format import configure_logging
+from .serving.placement import Placement
 from .serving.process_metrics import disable_created_series, register_build_info
 from .serving.ready import write_ready_file
 from .serving.rpc_metrics import RpcMetrics
@@ -148,6 +149,8 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         raise InvalidArgumentError(f"cannot listen on {address} (is the port in use?)")
     service.port = port
     data_plane = DataPlane.start(cfg, runtime)
+    if cfg.placement_file:  # a supervisor's worker: streams go to the least busy worker (placement.py)
+        runtime.placement = Placement(cfg.placement_file, cfg.worker_slot, runtime.data_port)
     metrics_port = None
     status = Health()  # what /healthz and /readyz answer
     if cfg.metrics_port is not None:

@@ -88,6 +88,11 @@ class _Trainers:
         assert not self.errors, self.errors
 
 
+def _streams_per_worker(server: LocalServer) -> list[int]:
+    m = scrape(server)
+    return [int(m.get(f'shardstream_worker_streams{{worker="{slot}"}}', -1)) for slot in (0, 1)]
+
+
 def _decisions(server: LocalServer, reason: str) -> float:
     return scrape(server)[f'shardstream_autoscale_decisions_total{{reason="{reason}"}}']
 
@@ -104,6 +109,11 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         m = scrape(auto_server)
         assert m['shardstream_autoscale_decisions_total{reason="stall_above_target"}'] == 1
         assert m["shardstream_workers"] == 2
+        # the running ranks' streams spread over both: the first worker hands some back at a step
+        # boundary, and their clients resume on the new one (server/serving/placement.py)
+        fast.wait_for(lambda: _streams_per_worker(auto_server) == [RANKS // 2] * 2, "the streams spread over both workers")
+        m = scrape(auto_server)
+        assert m["shardstream_rebalance_rounds_total"] >= 1 and m["shardstream_streams_rebalanced_total"] >= RANKS // 2
         fast.wait_for(lambda: min(len(g) for g in fast.got) >= SHARE, "every rank's first epoch")  # counted
     finally:
         fast.stop()
@@ -112,6 +122,7 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
     assert _decisions(auto_server, "capacity_to_spare") == 0  # no flapping back while stalled
     log = (tmp_path / "server.log").read_text()
     assert "autoscale: 1 -> 2 workers (stall_above_target: stall" in log
+    assert "rebalance: streams per worker slot {0: 8, 1: 0}; asking slot 0 to hand back 4" in log
     # 2. trainers that compute for a while each step (new ones: their connections spread over both
     # workers): one worker carries them, so the other drains, and its ranks resume on the one left
     slow = _Trainers(auto_server, "autoscale-slow", step_s=1.0)  # simulated compute, not a wait on a condition

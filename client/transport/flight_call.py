@@ -74,7 +74,7 @@ class FlightCall:
         target: str = "",
     ) -> None:
         self._target = target  # the server's control address, as errors name it
-        self._on_unreachable = on_unreachable  # the data port refused the call: ask for it again
+        self._on_unreachable = on_unreachable  # UNAVAILABLE: ask for the data port again (_unavailable)
         # The reader uses its client's C++ channel: the client must outlive it (a Connection that
         # moves to another server, or closes, lets go of its client; this call keeps it).
         self._client = client
@@ -115,6 +115,14 @@ class FlightCall:
         error.stream_id = self._stream_id
         return error
 
+    def _unavailable(self, error: ShardstreamError) -> ShardstreamError:
+        """`error`; when it is UNAVAILABLE (no server at the data port, a restart, a drain, a stream its
+        worker handed to a less busy one: server/serving/placement.py), the data port is asked for
+        again before the next stream."""
+        if error.status == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
+            self._on_unreachable()
+        return error
+
     def _status(self, code: grpc.StatusCode, details: str) -> ShardstreamError:
         return status_error(code, details, target=self._target, stream_id=self._stream_id)
 
@@ -124,17 +132,14 @@ class FlightCall:
         if self._cancelled:
             raise self._status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
         if self._error is not None:
-            error = self._failed(self._error)
-            if error.status == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
-                self._on_unreachable()
-            raise error from self._error
+            raise self._unavailable(self._failed(self._error)) from self._error
         assert self._reader is not None
         try:
             chunk = self._reader.read_chunk()  # StopIteration at the stream's end
         except pa.ArrowException as exc:  # FlightError, or a stream that broke while decoding
             if self._cancelled:
                 raise self._status(grpc.StatusCode.CANCELLED, "the stream was cancelled") from exc
-            raise self._failed(exc) from exc
+            raise self._unavailable(self._failed(exc)) from exc
         meta = chunk.app_metadata
         if meta is None:
             raise self._status(grpc.StatusCode.DATA_LOSS, "a Flight message without its ReadHeader")

@@ -75,6 +75,7 @@ class ReadPlan:
     # per-sample (per_sample), else cut from the built step's rows.
     message_cap_bytes: int = 1 << 62
     split_steps: bool = False
+    movable: bool = False  # its worker may end it for a less busy one to take (serving/placement.py)
     per_sample: bool = True
     sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
 
@@ -221,6 +222,7 @@ class ReadPlanner:
             pipeline=pipeline,
             message_cap_bytes=cap,
             split_steps=q.split_steps,
+            movable=q.movable,
             per_sample=pipeline is None or pipeline.per_sample,
             sample_bytes=_sample_bytes(readers, columns, pipeline),
         )

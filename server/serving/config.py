@@ -63,6 +63,8 @@ class ServerConfig:
     autoscale_interval_s: float = 5.0
     read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
     reuse_port: bool = False  # set by the supervisor for its workers only
+    worker_slot: int = 0  # likewise: the worker's slot (its data port: data_port + slot)
+    placement_file: str = ""  # likewise: every worker's streams, for GetDataset and rebalancing (placement.py)
     cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
     cache_dir_bytes: int = DEFAULT_SPILL_BYTES
     transform_threads: int = 1  # per-sample transform work (server/transforms/)

@@ -145,7 +145,8 @@ class ShardStreamService:
         context: grpc.aio.ServicerContext | None = None,
     ) -> pb.DatasetInfo:
         manifest = await asyncio.to_thread(self.runtime.planner.resolve, request.dataset, principal)
-        info = dataset_info(manifest, self.runtime.data_port)
+        placement = self.runtime.placement  # a supervisor's worker names the least busy worker's port
+        info = dataset_info(manifest, placement.data_port() if placement is not None else self.runtime.data_port)
         grant = self._grant(principal, context)
         if grant is not None:
             info.data_grant = grant  # the data plane cannot see the certificate

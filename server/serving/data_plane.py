@@ -60,6 +60,7 @@ from shardstream.errors import (
     ResourceExhaustedError,
     ShardstreamError,
     UnauthenticatedError,
+    UnavailableError,
     to_flight_error,
 )
 from shardstream.v1 import shardstream_pb2 as pb
@@ -73,6 +74,7 @@ from .admission import Ticket
 from .audit import StreamAudit
 from .build_pool import BuildPool, Pending
 from .job_reports import MAX_REPORT_BYTES, REPORT_ACTION, count_sent, job_reports
+from .placement import REBALANCED
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -253,6 +255,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             read.active = svc.stream_started(stream, plan, active)
             read.messages = _Messages(self, plan, admitted, context.is_cancelled)
             read.conform = plan.pipeline is not None
+            read.movable = plan.movable
             first = read.messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
@@ -274,6 +277,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         message: Message | None = first
         key, writing = self.reaper.watch(stream)
         held = HeldThreadState()
+        placement = self.runtime.placement if read.movable else None
         try:
             while message is not None:
                 batch = message.batch
@@ -293,6 +297,9 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 if message.holds:  # Flight asked for the next: this one is written
                     admitted.release(message.holds)
                 del batch, metadata
+                if placement is not None and _ends_a_step(message) and placement.shed_one():
+                    messages.cancel()  # at a step boundary: a less busy worker takes it from the next step
+                    raise UnavailableError(REBALANCED)
                 message = messages.next()
             outcome = stream.outcome = "OK"
             stream.reason = ""
@@ -332,6 +339,7 @@ class _Stream:
     active: Any
     messages: _Messages | None = None
     conform: bool = False  # its messages may differ from its first in their columns (transforms)
+    movable: bool = False  # its client follows it to another worker (ReadRequest.movable)
 
     def end(self, outcome: str) -> None:
         self.admitted.close()
@@ -452,6 +460,12 @@ class _Messages:
     def cancel(self) -> None:
         if self._pending is not None and self._pending.cancel():
             self._admitted.release(self._pending_reserved)  # it never ran
+
+
+def _ends_a_step(message: Message) -> bool:
+    """Whether the client has whole steps once `message` is in (its last step is not cut in parts)."""
+    steps = message.header.steps
+    return not (steps and steps[-1].more_parts)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -38,6 +38,7 @@ from ..read.reader import RowGroupCache
 from ..read.request_limits import RequestLimits
 from .admission import Admission
 from .config import DEFAULT_WRITE_TIMEOUT_S
+from .placement import Placement
 from .rpc_metrics import code_name
 from .stream_log import StreamLog, new_stream_id
 
@@ -92,6 +93,7 @@ class StreamRuntime:
         self.data_port = 0  # the Flight data plane's port (data_plane_server.py), once bound: GetDataset names it
         self.grants: Grants | None = None  # with a data plane: what vouches for certificate callers
         self.checkpoints: Any = None  # `serve --checkpoint-root`: the checkpoint plane (server/checkpoints/)
+        self.placement: Placement | None = None  # a supervisor's worker: where streams go (placement.py)
         self.read_ahead = ReadAhead(read_ahead, cache)  # each stream's next row groups, fetched ahead
         self._logged: set[str] = set()  # what was logged once already (bad entries, data-loss messages)
 

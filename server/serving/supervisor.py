@@ -73,6 +73,7 @@ from ..policy.grants import new_key
 from ..read.spill import SpillTier
 from .autoscale import AutoscalePolicy
 from .config import ServerConfig
+from .placement import PLACEMENT_FILE, PlacementWriter, SlotOf
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .status_http import Health, start_status_server
@@ -215,6 +216,8 @@ class Supervisor:
             if cfg.autoscale_max_workers > 1
             else None
         )
+        # every worker's streams, for GetDataset and rebalancing (placement.py)
+        self.placement = PlacementWriter(self._tmp / PLACEMENT_FILE, self.metrics_dir, self.registry)
         self._restart_times: deque[float] = deque()
         self._spawned = 0
         self._restart_count = 0
@@ -288,6 +291,8 @@ class Supervisor:
             metrics_port=None,
             ready_file=str(ready),
             reuse_port=True,
+            worker_slot=slot,
+            placement_file=str(self.placement.path),
             **self.cfg.worker_shares(self.cfg.worker_slots),  # the server's memory stays as sized
         )
         # The config (the grant key with it) goes through the worker's stdin, never its command line
@@ -351,6 +356,8 @@ class Supervisor:
             if len(serving) == len(self._workers) and serving != announced:
                 self._announce(serving, first=announced is None)
                 announced = serving
+            if self.placement.due():
+                self._publish_placement()
             if self.scaler is not None and time.monotonic() >= next_scale:
                 next_scale = time.monotonic() + self.cfg.autoscale_interval_s
                 if len(serving) == len(self._workers):  # decide on serving workers only
@@ -376,6 +383,14 @@ class Supervisor:
             log.info("autoscale: draining worker %d (slot %d): %.1f s grace for its streams", w.proc.pid, w.slot, self.cfg.grace_s)
             w.proc.send_signal(signal.SIGTERM)
             self._draining.append(w)
+
+    def _publish_placement(self) -> None:
+        """Every serving worker's streams and data port (placement.py); a shed round only while every
+        worker serves and none drains."""
+        serving = [w for w in self._workers if w.ready and w.proc.poll() is None]
+        advertised = self.cfg.advertised_data_port
+        slots = [SlotOf(w.slot, w.proc.pid, advertised + w.slot if advertised else w.data_port or 0) for w in serving]
+        self.placement.publish(slots, settled=len(serving) == len(self._workers) and not self._draining)
 
     def _drop_added(self, w: _Worker) -> None:
         """An added worker that did not come to serve (its data port taken since the start, a crash):

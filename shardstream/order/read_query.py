@@ -126,6 +126,7 @@ class ReadQuery:
     on_error: str = ""
     max_message_bytes: int = 0  # 0: the server's default
     split_steps: bool = False
+    movable: bool = False  # the client follows a stream its worker hands to a less busy one
     # balanced steps (balance.py): None or "tokens"; pad_rows pads a rank's rows to the step's largest
     balance: str | None = None  # None, "tokens", "attention" or "cost"
     pad_rows: bool = False
@@ -160,6 +161,7 @@ def encode(query: ReadQuery) -> pb.ReadRequest:
         transforms=[pb.Transform(op=t.op, params_json=t.params_json) for t in query.transforms],
         on_error=query.on_error,
         split_steps=query.split_steps,
+        movable=query.movable,
     )
     if query.balance is not None or query.pad_rows:
         req.balance.CopyFrom(
@@ -218,6 +220,7 @@ def decode(req: pb.ReadRequest) -> ReadQuery:
         on_error=req.on_error,
         max_message_bytes=req.max_message_bytes,
         split_steps=req.split_steps,
+        movable=req.movable,
         balance=_BALANCE_NAMES[req.balance.mode],
         pad_rows=req.balance.pad_rows,
         balance_column=req.balance.cost_column,

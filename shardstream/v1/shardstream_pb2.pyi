@@ -84,7 +84,7 @@ class MixtureSource(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases", "balance")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases", "balance", "movable")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class ReadRequest(_message.Message):
     SKIP_FIELD_NUMBER: _ClassVar[int]
     MIXTURE_PHASES_FIELD_NUMBER: _ClassVar[int]
     BALANCE_FIELD_NUMBER: _ClassVar[int]
+    MOVABLE_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -135,7 +136,8 @@ class ReadRequest(_message.Message):
     skip: _containers.RepeatedCompositeFieldContainer[SkipRange]
     mixture_phases: _containers.RepeatedCompositeFieldContainer[MixturePhase]
     balance: Balance
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ...) -> None: ...
+    movable: bool
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ..., movable: _Optional[bool] = ...) -> None: ...
 
 class Balance(_message.Message):
     __slots__ = ("mode", "pad_rows", "cost_column")

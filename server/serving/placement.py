@@ -1,0 +1,219 @@
+"""A supervisor's placement file: every worker's Read streams, published by the supervisor, read by its
+workers, so that streams spread over workers added or restarted while ranks read (rules: rebalance.py).
+
+The supervisor (`PlacementWriter`, supervisor.py) counts each serving worker's streams every
+PUBLISH_INTERVAL_S from the multiprocess metric files it already sums for /metrics
+(`shardstream_streams_active`, kept per process there) and writes `placement.json` in its private
+directory, atomically: a generation, and for each serving worker its slot, the data port GetDataset
+names for it, its streams and the streams it is asked to hand back (`rebalance.plan_shed`; a round at
+most every SHED_COOLDOWN_S, none while a worker starts or drains: the counts must first settle).
+Each round is logged and counted (`shardstream_rebalance_rounds_total` at the supervisor, beside
+`shardstream_worker_streams{worker=SLOT}`).
+
+Each worker (`Placement`; ServerConfig.placement_file and worker_slot, set by the supervisor only) reads
+the file when it changed, at most every READ_INTERVAL_S: its GetDataset names the data port
+`rebalance.pick_slot` picks (its own while none is less busy), and its streams end themselves, as
+many as it was asked to hand back in that generation, at the next step boundary with UNAVAILABLE
+(`shardstream_streams_rebalanced_total`). A client resumes such a stream at the first step it has not
+received, after asking GetDataset again (client/transport/flight_call.py): on the less busy worker.
+A single server process has no placement: GetDataset names its own port, no stream is ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from .ready import write_ready_file
+from .rebalance import pick_slot, plan_shed
+
+__all__ = [
+    "PLACEMENT_FILE",
+    "REBALANCED",
+    "STREAMS_REBALANCED",
+    "Placement",
+    "PlacementWriter",
+    "SlotOf",
+    "streams_by_pid",
+]
+
+log = logging.getLogger("shardstream.server.serving.placement")
+
+PLACEMENT_FILE = "placement.json"
+PUBLISH_INTERVAL_S = 1.0  # the supervisor's count of every worker's streams
+SHED_COOLDOWN_S = 5.0  # between shed rounds: the moved streams show in a count first
+READ_INTERVAL_S = 0.5  # a worker looks at the file at most this often
+REBALANCED = (
+    "rebalanced: this server's worker carries more streams than another; the stream resumes on a less busy one"
+)
+_ACTIVE = "shardstream_streams_active"
+
+STREAMS_REBALANCED = Counter(
+    "shardstream_streams_rebalanced_total",
+    "Read streams a worker ended at a step boundary so that a less busy worker of its server takes them (placement.py)",
+)
+
+
+@dataclass(frozen=True)
+class SlotOf:
+    """A serving worker as the supervisor publishes it."""
+
+    slot: int
+    pid: int
+    data_port: int  # the port GetDataset names for it (advertised, else bound)
+
+
+def streams_by_pid(metrics_dir: Path) -> dict[int, int]:
+    """Each live worker's Read streams, from its own multiprocess file (the livesum gauge before it is
+    summed: prometheus_client's `_read_metrics`, which labels each value with its process's pid)."""
+    files = [str(f) for f in metrics_dir.glob("gauge_livesum_*.db")]
+    try:
+        metric = MultiProcessCollector._read_metrics(files).get(_ACTIVE)  # noqa: SLF001
+    except (AttributeError, TypeError, ValueError, OSError):
+        return {}
+    out: Tally[int] = Tally()
+    for sample in metric.samples if metric is not None else ():
+        labels = dict(sample.labels)
+        try:
+            out[int(labels["pid"])] += int(sample.value)
+        except (KeyError, ValueError):
+            continue
+    return dict(out)
+
+
+class PlacementWriter:
+    """The supervisor's side: counts, plans a shed round when due, writes the file."""
+
+    def __init__(
+        self, path: Path, metrics_dir: Path, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.path = path
+        self.metrics_dir = metrics_dir
+        self._clock = clock
+        self.generation = 0
+        self._next_publish = 0.0
+        self._last_shed = -SHED_COOLDOWN_S
+        self.rounds = Counter(
+            "shardstream_rebalance_rounds_total",
+            "Rounds in which busy workers were asked to hand streams to less busy ones (placement.py)",
+            registry=registry,
+        )
+        self.streams = Gauge(
+            "shardstream_worker_streams", "Read streams each worker process carries, by slot (placement.py)", ["worker"], registry=registry
+        )
+        self._labelled: set[int] = set()
+
+    def due(self) -> bool:
+        return self._clock() >= self._next_publish
+
+    def publish(self, workers: Sequence[SlotOf], *, settled: bool) -> dict[str, Any]:
+        """Count and write; a shed round only when `settled` (every worker serving, none draining)
+        and the last round is SHED_COOLDOWN_S old. The published placement."""
+        now = self._clock()
+        self._next_publish = now + PUBLISH_INTERVAL_S
+        by_pid = streams_by_pid(self.metrics_dir)
+        streams = {w.slot: by_pid.get(w.pid, 0) for w in workers}
+        for slot in self._labelled - set(streams):  # a worker gone (drained, or being replaced)
+            self.streams.remove(str(slot))
+        for slot, n in streams.items():
+            self.streams.labels(str(slot)).set(n)
+        self._labelled = set(streams)
+        shed: dict[int, int] = {}
+        if settled and now - self._last_shed >= SHED_COOLDOWN_S:
+            shed = plan_shed(streams)
+            if shed:
+                self._last_shed = now
+                self.rounds.inc()
+                log.info(
+                    "rebalance: streams per worker slot %s; asking %s to hand back %s",
+                    dict(sorted(streams.items())),
+                    "slot " + ", ".join(str(s) for s in sorted(shed)),
+                    ", ".join(str(shed[s]) for s in sorted(shed)),
+                )
+        self.generation += 1
+        placement = {
+            "generation": self.generation,
+            "workers": [
+                {"slot": w.slot, "data_port": w.data_port, "streams": streams[w.slot], "shed": shed.get(w.slot, 0)}
+                for w in workers
+            ],
+        }
+        write_ready_file(str(self.path), placement)  # atomic: a worker reads all of it or the previous
+        return placement
+
+
+class Placement:
+    """A worker's side: the data port a GetDataset names, and whether a stream should end now."""
+
+    def __init__(self, path: str, slot: int, own_port: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.slot = slot
+        self.own_port = own_port
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_read = 0.0
+        self._stamp: tuple[int, int] | None = None  # the file's (mtime_ns, size) last read
+        self.generation = -1
+        self._streams: dict[int, int] = {}
+        self._ports: dict[int, int] = {}
+        self._shed: dict[int, int] = {}
+        self._given: Tally[int] = Tally()  # streams sent to each slot since the count
+        self._to_shed = 0  # this worker's streams still to end in this generation
+
+    def _refresh(self) -> None:
+        """Read the file if it changed (at most every READ_INTERVAL_S); a missing or torn file keeps
+        what was read before."""
+        now = self._clock()
+        with self._lock:
+            if now < self._next_read:
+                return
+            self._next_read = now + READ_INTERVAL_S
+            try:
+                st = self.path.stat()
+                if (st.st_mtime_ns, st.st_size) == self._stamp:
+                    return
+                data = json.loads(self.path.read_text())
+                generation = int(data["generation"])
+                workers = [(int(w["slot"]), int(w["data_port"]), int(w["streams"]), int(w["shed"])) for w in data["workers"]]
+            except (OSError, ValueError, KeyError, TypeError):
+                return
+            self._stamp = (st.st_mtime_ns, st.st_size)
+            if generation == self.generation:
+                return
+            self.generation = generation
+            self._ports = {slot: port for slot, port, _, _ in workers if port}
+            self._streams = {slot: n for slot, port, n, _ in workers if port}
+            self._shed = {slot: k for slot, _, _, k in workers if k}
+            self._given.clear()
+            self._to_shed = self._shed.get(self.slot, 0)
+
+    def data_port(self) -> int:
+        """The data port to name in a GetDataset answer (rebalance.pick_slot), counted as given."""
+        self._refresh()
+        with self._lock:
+            slot = pick_slot(self._streams, self.slot, self._shed, self._given)
+            self._given[slot] += 1
+            return self._ports.get(slot, self.own_port)
+
+    def shed_one(self) -> bool:
+        """Whether the calling stream should end now to be taken by a less busy worker (then counted).
+        Per message of every stream: a clock read while there is nothing to hand back."""
+        if self._to_shed <= 0 and self._clock() < self._next_read:
+            return False
+        self._refresh()
+        with self._lock:
+            if self._to_shed <= 0:
+                return False
+            self._to_shed -= 1
+        STREAMS_REBALANCED.inc()
+        return True
