@@ -38,7 +38,10 @@ between 1 and autoscale_max_workers (the usable CPUs by default). A worker added
 free slot (its data port: data_port + slot; every slot's port is checked at start); a worker removed
 is the highest slot, drained as on SIGTERM (health NOT_SERVING, its streams get the grace, then
 their clients resume on another worker at the first position not yet received) and not restarted;
-its slot is free again once it has exited. Each worker's share of the cache, streams and buffer is
+its slot is free again once it has exited. Streams follow the workers (with a fixed count too):
+every PUBLISH_INTERVAL_S the supervisor publishes each serving worker's streams (placement.py), so
+GetDataset names the least busy worker's data port and a worker above its fair share hands streams
+back at a step boundary (rules: rebalance.py). Each worker's share of the cache, streams and buffer is
 sized for the most workers, so the server's memory stays as sized at any count.
 """
 
