@@ -1,6 +1,6 @@
 """The dashboards and rules of deploy/, proven against a real Prometheus scraping a real fleet.
 
-Two servers (one with 2 workers under a supervisor, one single process; both with one
+Two servers (one a supervisor of `--workers auto`, one single process; both with one
 `--checkpoint-root`) and a trainer process (a balanced Loader with a job, a transform and cursor commits, and a
 Checkpointer saving every 50 steps and loading once, exposing its client metrics with
 `start_metrics_server`) are scraped every second by the Debian `prometheus` binary, configured from
@@ -252,7 +252,8 @@ def test_every_panel_and_recording_rule_returns_data(tmp_path: Path) -> None:
     with Servers(root) as fleet:
         checkpoints = ("--checkpoint-root", str(tmp_path / "checkpoints"))  # one root: either server commits
         (tmp_path / "checkpoints").mkdir()
-        a = fleet.start(metrics=True, workers=2, extra_args=checkpoints)
+        # a supervisor that autoscales (the decisions panel): one worker, a second when its trainers stall
+        a = fleet.start(metrics=True, workers="auto", extra_args=(*checkpoints, "--max-workers", "2"))
         b = fleet.start(metrics=True, workers=1, extra_args=checkpoints)
         bad_request(a)  # one stream error, so the errors-by-dataset panel has a series
         out = tmp_path / "trainer"
