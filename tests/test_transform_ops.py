@@ -77,6 +77,80 @@ def test_pack_reports_null_documents_as_bad_samples() -> None:
     assert to_numpy(res.batch)["input_ids"].reshape(-1).tolist() == [1, 2, 0, 3, 0, 0, 0, 0]
 
 
+def _reference_pack(
+    docs: list[list[int] | None], steps: list[int], positions: list[int], seq_len: int, eos: int, pad: int
+) -> tuple[dict[str, list[list[int]]], list[int]]:
+    """Per-rank packing token by token: each step's documents (nulls skipped), each followed by EOS,
+    cut into rows of seq_len, the step's last row padded; each row's input row is that of its first
+    token's document."""
+    out: dict[str, list[list[int]]] = {k: [] for k in ("input_ids", "labels", "position_ids", "document_ids")}
+    index: list[int] = []
+    for step in sorted(set(steps)):
+        ids: list[int] = []
+        labels: list[int] = []
+        pos: list[int] = []
+        doc: list[int] = []
+        row_of: list[int] = []
+        for i, d in enumerate(docs):
+            if steps[i] != step or d is None:
+                continue
+            ids += [*d, eos]
+            labels += [*d[1:], eos][: len(d)] + [IGNORE_INDEX]  # the next token of the document; EOS: none
+            pos += range(len(d) + 1)
+            doc += [positions[i]] * (len(d) + 1)
+            row_of += [i] * (len(d) + 1)
+        pad_n = -len(ids) % seq_len
+        padded = {
+            "input_ids": ids + [pad] * pad_n,
+            "labels": labels + [IGNORE_INDEX] * pad_n,
+            "position_ids": pos + [0] * pad_n,
+            "document_ids": doc + [-1] * pad_n,
+        }
+        for k, flat in padded.items():
+            out[k].extend(flat[r : r + seq_len] for r in range(0, len(flat), seq_len))
+        index.extend(row_of[r] for r in range(0, len(ids), seq_len))
+    return out, index
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["list", "large_list", "fixed_size_list", "sliced"]),
+    st.integers(0, 40),
+    st.lists(st.one_of(st.none(), st.lists(st.integers(0, 50), max_size=40)), max_size=12),
+    st.integers(1, 17),
+    st.sampled_from([None, 98]),
+    st.data(),
+)
+def test_pack_equals_a_token_by_token_packer(
+    kind: str, width: int, docs: list[list[int] | None], seq_len: int, pad_id: int | None, data: st.DataObject
+) -> None:
+    """Every output of per-rank packing (ids, labels, positions, document ids, padding, row and
+    document boundaries, each row's provenance) over list, large-list, fixed-size and sliced columns
+    with null documents among them, against the plainest packer."""
+    if kind == "fixed_size_list":  # every document has `width` tokens
+        docs = [None if d is None else [d[j % len(d)] if d else 7 for j in range(width)] for d in docs]
+        col = pa.array(docs, pa.list_(pa.int32(), width))
+    elif kind == "sliced":  # a slice of a larger column: offsets into values that start elsewhere
+        col = pa.array([[1, 2, 3], *docs, [4]], pa.list_(pa.int32())).slice(1, len(docs))
+    else:
+        col = pa.array(docs, pa.large_list(pa.int32()) if kind == "large_list" else pa.list_(pa.int32()))
+    steps = list(np.cumsum([data.draw(st.integers(0, 1)) for _ in docs]))
+    positions = [data.draw(st.integers(0, 10_000)) for _ in docs]
+    params: dict = {"column": "tokens", "seq_len": seq_len, "eos_id": 99}
+    if pad_id is not None:
+        params["pad_id"] = pad_id
+    batch = pa.record_batch({"tokens": col})
+    res = Pack(Params("text.pack", params), batch.schema).apply(
+        batch, BatchContext(0, 0, np.array(positions, np.int64), np.array(steps, np.int64))
+    )
+    want, index = _reference_pack(docs, steps, positions, seq_len, 99, 99 if pad_id is None else pad_id)
+    assert [i for i, _ in res.errors] == [i for i, d in enumerate(docs) if d is None]
+    got = to_numpy(res.batch)
+    for k, rows in want.items():
+        assert got[k].reshape(-1, seq_len).tolist() == rows, k
+    assert res.index.tolist() == index
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(-10, 10, width=32), min_size=1, max_size=40),

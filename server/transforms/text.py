@@ -270,6 +270,7 @@ class Pack(Transform):
         out_labels = np.empty(total, np.int32)
         out_pos = np.empty(total, np.int32)
         out_doc = np.empty(total, np.int64)
+        offsets, values = _list_values(col)
         index: list[np.ndarray] = []
         spans: list[list[dict[str, int]]] = []
         at = 0
@@ -277,11 +278,12 @@ class Pack(Transform):
             end = at + rows * L
             index.append(
                 self._pack_step(
-                    col,
+                    offsets[docs],
+                    values,
                     docs,
                     lengths[docs],
                     ctx.positions,
-                    (out_ids[at:end], out_labels[at:end], out_pos[at:end], out_doc[at:end]),
+                    [out_ids[at:end], out_labels[at:end], out_pos[at:end], out_doc[at:end]],
                 )
             )
             if self.documents:
@@ -304,7 +306,7 @@ class Pack(Transform):
         stream they make are each of its rows — rows of the whole step's packing, so the labels and
         positions of a document cut between ranks are those of the whole document (the label of a
         row's last token is the next token of its document, which another rank's row starts with:
-        each prediction is counted once). Only the tokens of its rows are made (`_window_tokens`),
+        each prediction is counted once). Only the tokens of its rows are made (`_fill_rows`),
         from whole documents or from the values the reader took of each (the window's starts/stops)."""
         if errors:  # a null document would move every rank's rows: on_error is "fail" under balance
             raise InvalidArgumentError(f"text.pack: {errors[0][1]} (balance packs every document)")
@@ -334,7 +336,8 @@ class Pack(Transform):
         out = [np.empty(total, dt) for dt in (np.int32, np.int32, np.int32, np.int64)]  # the message's rows
         at = 0
         for window, docs, origin, rows in plans:
-            self._window_tokens(window, origin, values, ctx.positions[docs], [a[at : at + rows * L] for a in out])
+            rows_out = [a[at : at + rows * L] for a in out]
+            self._fill_rows(window.segments, window.sizes, origin, values, ctx.positions[docs], rows_out)
             at += rows * L
             ends = np.cumsum(window.sizes)
             # each row's first document (a padding row's: the last)
@@ -351,20 +354,30 @@ class Pack(Transform):
         idx = np.concatenate(index).astype(np.int64) if index else np.empty(0, np.int64)
         return Result(out_batch, idx, [])
 
-    def _window_tokens(
-        self, window: Any, origin: np.ndarray, values: np.ndarray, doc_ids: np.ndarray, out: list[np.ndarray]
-    ) -> None:
-        """`out` <- (input_ids, labels, position_ids, document_ids) of a window's rows, flat: row k is
-        tokens segments[k] of its documents' stream (a whole row but for the step's last), then
-        padding. Token o of document d (its EOS is token n_d) is value `origin[d] + o` of `values`,
-        its label the next value (EOS for its last value, none for the EOS). Made piece by piece —
-        a row's run of one document is a run of `values`: a few slice copies a piece, whose count is
-        about the rows plus the documents (not a pass a token per array: a step's tokens are many)."""
+    def _fill_rows(
+        self,
+        segments: np.ndarray,
+        sizes: np.ndarray,
+        origin: np.ndarray,
+        values: np.ndarray,
+        doc_ids: np.ndarray,
+        out: list[np.ndarray],
+    ) -> np.ndarray:
+        """`out` <- (input_ids, labels, position_ids, document_ids) of packed rows, flat: row k is
+        tokens `segments[k]` [start, end) of the stream the documents make (document d: `sizes[d]`
+        tokens, its EOS included; a whole row but for the last), then padding. Token o of document d
+        (its EOS is token n_d) is value `origin[d] + o` of `values`, its label the next value (EOS for
+        its last value, none for the EOS). Returns each segment's first document (an index into
+        `sizes`). Both paths fill with it: per-rank packing (rows of the rank's own stream) and
+        balanced windows (rows of the whole step's stream, of which the rank makes its own).
+
+        Made piece by piece — a row's run of one document is a run of `values`: a few slice copies a
+        piece, whose count is about the rows plus the documents (not a pass a token per array: a
+        step's tokens are many)."""
         L = self.seq_len
         ids, labels, pos, doc = out
-        seg = window.segments
+        seg = segments
         assert (seg[:-1, 1] - seg[:-1, 0] == L).all()  # whole rows: the rows, in order, are the segments'
-        sizes = window.sizes
         ends = np.cumsum(sizes)
         begins = ends - sizes
         # the pieces: each segment's runs of one document
@@ -399,42 +412,25 @@ class Pack(Transform):
         labels[taken:] = ignore
         pos[taken:] = 0
         doc[taken:] = -1
+        return first
 
     def _pack_step(
         self,
-        col: pa.Array,
+        origin: np.ndarray,
+        values: np.ndarray,
         docs: np.ndarray,
         lengths: np.ndarray,
         positions: np.ndarray,
-        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        out: list[np.ndarray],
     ) -> np.ndarray:
-        """Pack one step's documents (input rows `docs`) into `out` (input_ids, labels, position_ids,
-        document_ids: flat, whole rows); return each row's first document as an input row index."""
+        """Pack one step's documents (input rows `docs`, document d's tokens are values `origin[d]`
+        on) into `out` (input_ids, labels, position_ids, document_ids: flat, whole rows); return each
+        row's first document as an input row index. Row k is tokens [k L, (k + 1) L) of the stream
+        the documents make, the last row cut at its end and padded."""
         L = self.seq_len
-        ids, labels, pos, doc_ids = out
         sizes = lengths + 1  # + EOS
         total = int(sizes.sum())
-        ends = np.cumsum(sizes)
-        starts = ends - sizes
-        eos_at = ends - 1
-        if len(docs) and docs[-1] - docs[0] + 1 == len(docs):  # contiguous rows: a slice, no take
-            part = col.slice(int(docs[0]), len(docs))
-        else:
-            part = col.take(pa.array(docs))
-        values = part.flatten().to_numpy(zero_copy_only=False)
-        mask = np.ones(total, bool)
-        mask[eos_at] = False
-        ids[:total][mask] = values
-        ids[eos_at] = self.eos_id
-        ids[total:] = self.pad_id
-        doc = np.repeat(np.arange(len(docs)), sizes)
-        pos[:total] = np.arange(total) - np.repeat(starts, sizes)
-        pos[total:] = 0
-        labels[:total] = IGNORE_INDEX
-        labels[total:] = IGNORE_INDEX
-        same = doc[1:] == doc[:-1]
-        labels[: total - 1][same] = ids[1:total][same]
-        doc_ids[:total] = positions[docs][doc]
-        doc_ids[total:] = -1
-        nrows = len(ids) // L
-        return docs[doc[np.arange(nrows) * L]].astype(np.int64)
+        lo = np.arange(0, total, L, dtype=np.int64)
+        segments = np.stack([lo, np.minimum(lo + L, total)], axis=1)
+        first = self._fill_rows(segments, sizes, origin, values, positions[docs], out)
+        return docs[first].astype(np.int64)
