@@ -103,6 +103,8 @@ def _sample(server: LocalServer) -> tuple[float, int, dict[str, float]]:
         if line.startswith("shardstream_autoscale_decisions_total{"):
             key, _, value = line.rpartition(" ")
             moves[key.split('"')[1]] = float(value)
+        elif line.startswith("shardstream_rebalance_rounds_total "):
+            moves["rebalance_rounds"] = float(line.rpartition(" ")[2])
     return r.stall, len(server.info()["workers"]), moves
 
 
@@ -124,7 +126,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autoscale-bench-") as tmp:
         root = Path(tmp) / "root"
         _dataset(root, rows)
-        common = ("--transform-threads", "1", "--grace", "5")
+        # each worker pinned to a CPU: a worker is one core's worth (unpinned, one worker's build
+        # threads already spread over every core, and a second adds nothing: serving/cpus.py)
+        common = ("--transform-threads", "1", "--grace", "5", "--pin-workers")
         # 1. one worker's capacity, trainers that never compute
         with LocalServer(root, metrics=True, workers=1, extra_args=common) as one:
             ranks = _Ranks(one, args.ranks, "calibrate", 0.0)
@@ -151,7 +155,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             steady = _watch(auto, lambda: False, args.steady_s, log, "steady")
             after = _sample(auto)[2]
             result["steady"] = {"s": args.steady_s, "stall_mean": _mean(steady), "stall_p90": _p90(steady),
-                                "moves": sum(after.values()) - sum(before.values()), "workers": len(auto.info()["workers"])}  # fmt: skip
+                                "moves": _moves(after) - _moves(before), "workers": len(auto.info()["workers"]),
+                                "rebalance_rounds": after.get("rebalance_rounds", 0) - before.get("rebalance_rounds", 0)}  # fmt: skip
             half = range(args.ranks // 2, args.ranks)  # 4. half leave
             ranks.stop(half)
             t_half = time.monotonic()
@@ -164,6 +169,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["in_order_once"] = all(g[: len(ref)] == ref[: len(g)] for g, ref in zip(ranks.got, reference, strict=True))
     result["log"] = log
     return result
+
+
+def _moves(counts: dict[str, float]) -> float:
+    """Worker count changes (autoscale decisions), not rebalance rounds."""
+    return sum(v for k, v in counts.items() if k != "rebalance_rounds")
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -43,6 +43,7 @@ from .serving import security
 from .serving.admission import Admission
 from .serving.config import ServerConfig
 from .serving.control_plane import SERVICE_NAME, ShardStreamService
+from .serving.cpus import cpu_of_slot, pin
 from .serving.data_plane_server import DataPlane
 from .serving.log_format import configure_logging
 from .serving.placement import Placement
@@ -230,6 +231,8 @@ def run(cfg: ServerConfig) -> None:
 
         supervise(cfg)
         return
+    if cfg.pin_workers:  # before any thread starts: they inherit it (serving/cpus.py)
+        pin(cfg.worker_cpu if cfg.worker_cpu >= 0 else cpu_of_slot(0))
     allocator.tune()  # fewer fresh-page faults per message (see shardstream/allocator.py)
     _arrow_memory_pool()
     try:

@@ -286,7 +286,7 @@ def test_cache_prefetch_then_get_is_one_read_and_a_hit() -> None:
 
 
 def test_usable_cpus_is_the_affinity_at_most() -> None:
-    from shardstream.server.serving.supervisor import usable_cpus
+    from shardstream.server.serving.cpus import usable_cpus
 
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
 
@@ -466,3 +466,23 @@ def test_a_killed_supervisors_temporary_directory_is_removed_by_the_next_one() -
         assert not gone.exists() and kept.exists()
     finally:
         kept.rmdir()
+
+
+def _threads_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets every thread of process `pid` may run on."""
+    return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_pinned_workers_each_run_on_one_cpu_of_their_own(server_factory: Factory) -> None:
+    """--pin-workers: worker slot i and every thread it started run on the i-th usable CPU only (in
+    turn past the last), so a worker is one core's worth; the supervisor itself is not pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    server = server_factory(workers=2, extra_args=("--pin-workers",))
+    info = server.info()
+    for slot, pid in enumerate(info["workers"]):  # the ready file lists the workers by slot
+        assert _threads_cpus(pid) == {frozenset({cpus[slot % len(cpus)]})}, f"worker {slot}"
+    assert _threads_cpus(info["pid"]) == {frozenset(cpus)}
+    # and it serves as an unpinned server does
+    assert sum(b.num_rows for b in delivered(server.target, batch_size=64)) == N_ROWS
+    single = server_factory(workers=1, extra_args=("--pin-workers",))
+    assert _threads_cpus(single.info()["pid"]) == {frozenset({cpus[0]})}

@@ -61,9 +61,12 @@ class ServerConfig:
     # (server/serving/autoscale.py), deciding every autoscale_interval_s; 0: a fixed `workers`
     autoscale_max_workers: int = 0
     autoscale_interval_s: float = 5.0
+    # worker i runs on the i-th usable CPU only (a single process: the first): a worker is one core's worth
+    pin_workers: bool = False
     read_ahead: int = DEFAULT_READ_AHEAD_MESSAGES  # messages per stream whose row groups are read ahead
     reuse_port: bool = False  # set by the supervisor for its workers only
     worker_slot: int = 0  # likewise: the worker's slot (its data port: data_port + slot)
+    worker_cpu: int = -1  # likewise, with pin_workers: the CPU it runs on
     placement_file: str = ""  # likewise: every worker's streams, for GetDataset and rebalancing (placement.py)
     cache_dir: str | None = None  # local-disk tier under the memory cache, shared by the workers
     cache_dir_bytes: int = DEFAULT_SPILL_BYTES

@@ -51,7 +51,6 @@ import dataclasses
 import errno
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -76,13 +75,14 @@ from ..policy.grants import new_key
 from ..read.spill import SpillTier
 from .autoscale import AutoscalePolicy
 from .config import ServerConfig
+from .cpus import cpu_of_slot
 from .placement import PLACEMENT_FILE, PlacementWriter, SlotOf
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .status_http import Health, start_status_server
 from .worker_scaling import WorkerScaler
 
-__all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise", "usable_cpus"]
+__all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise"]
 
 log = logging.getLogger("shardstream.server.serving.supervisor")
 
@@ -92,18 +92,6 @@ WORKER_START_TIMEOUT_S = 120.0  # from spawn to its ready file
 STOP_MARGIN_S = 10.0  # beyond the grace period, before a draining worker is killed
 TICK_S = 0.05  # supervisor loop period
 TMP_PREFIX = "shardstream-workers-"  # + supervisor pid: ready files and metrics of its workers
-
-
-def usable_cpus() -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (Kubernetes limits)."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
 
 
 def _remove_dead_supervisors_dirs() -> None:
@@ -295,6 +283,7 @@ class Supervisor:
             ready_file=str(ready),
             reuse_port=True,
             worker_slot=slot,
+            worker_cpu=cpu_of_slot(slot) if self.cfg.pin_workers else -1,
             placement_file=str(self.placement.path),
             **self.cfg.worker_shares(self.cfg.worker_slots),  # the server's memory stays as sized
         )

@@ -98,7 +98,7 @@ def _snippet(endpoint: str, ref: str, columns: list[str]) -> str:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from shardstream.registry import Registry
     from shardstream.server.local_fleet import LocalServer
-    from shardstream.server.serving.supervisor import usable_cpus
+    from shardstream.server.serving.cpus import usable_cpus
     from shardstream.server.writing.ingest import IngestOptions, ingest
 
     if not common_need_web():

@@ -31,7 +31,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """The ServerConfig the parsed `serve` arguments ask for."""
     from shardstream.server.checkpoints.limits import CheckpointLimits
     from shardstream.server.serving.config import ServerConfig
-    from shardstream.server.serving.supervisor import usable_cpus
+    from shardstream.server.serving.cpus import usable_cpus
 
     auto = args.workers == "auto"
     if not auto and (args.max_workers is not None or args.autoscale_interval is not None):
@@ -48,6 +48,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         workers=1 if auto else args.workers or usable_cpus(),
         autoscale_max_workers=(args.max_workers or usable_cpus()) if auto else 0,
         autoscale_interval_s=args.autoscale_interval or 5.0,
+        pin_workers=args.pin_workers,
         # remote roots have latency to hide; local reads are CPU-bound (loadtest/README.md)
         read_ahead=args.read_ahead if args.read_ahead is not None else int(args.root.startswith("s3://")),
         cache_dir=args.cache_dir,
@@ -139,6 +140,13 @@ def add_commands(sub: Any) -> None:
         help="server processes sharing the port (default: the usable CPUs, affinity and cgroup "
         "quota; 1 = a single process); auto: from 1 up to --max-workers, on the trainers' stall "
         "(shardstream_autoscale_decisions_total{reason} counts each move, one log line says why)",
+    )
+    sp.add_argument(
+        "--pin-workers",
+        action="store_true",
+        help="pin worker i to the i-th usable CPU (a single process: to the first), so that a worker is "
+        "one core's worth, as --workers auto sizes them; without it a worker's build and transform "
+        "threads use every core",
     )
     sp.add_argument(
         "--max-workers",
