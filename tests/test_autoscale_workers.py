@@ -122,7 +122,7 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
     assert _decisions(auto_server, "capacity_to_spare") == 0  # no flapping back while stalled
     log = (tmp_path / "server.log").read_text()
     assert "autoscale: 1 -> 2 workers (stall_above_target: stall" in log
-    assert "rebalance: streams per worker slot {0: 8, 1: 0}; asking slot 0 to hand back 4" in log
+    assert "rebalance: streams per worker slot {0: 8, 1: 0} (mean of the last 5 counts); asking slot 0 to hand back 4" in log
     # 2. trainers that compute for a while each step (new ones: their connections spread over both
     # workers): one worker carries them, so the other drains, and its ranks resume on the one left
     slow = _Trainers(auto_server, "autoscale-slow", step_s=1.0)  # simulated compute, not a wait on a condition

@@ -22,7 +22,7 @@ from shardstream.client.transport.flight_call import FlightCall
 from shardstream.errors import to_flight_error
 from shardstream.server.serving.placement import (
     READ_INTERVAL_S,
-    SHED_COOLDOWN_S,
+    SHED_WINDOW,
     Placement,
     PlacementWriter,
     SlotOf,
@@ -120,7 +120,7 @@ def _worker_with_streams(metrics: Path, n: int) -> int:
     return int(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout)
 
 
-def test_the_supervisors_writer_counts_each_worker_and_sheds_only_when_settled_and_spaced(tmp_path: Path) -> None:
+def test_the_supervisors_writer_counts_each_worker_and_sheds_on_settled_means(tmp_path: Path) -> None:
     clock = _Clock()
     metrics = tmp_path / "metrics"
     metrics.mkdir()
@@ -129,21 +129,24 @@ def test_the_supervisors_writer_counts_each_worker_and_sheds_only_when_settled_a
     registry = CollectorRegistry()
     w = PlacementWriter(tmp_path / "placement.json", metrics, registry, clock)
     workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
-    placement = w.publish(workers, settled=False)  # a worker starting or draining: counted, none shed
-    assert [(x["streams"], x["shed"]) for x in placement["workers"]] == [(6, 0), (0, 0)]
-    assert json.loads((tmp_path / "placement.json").read_text()) == placement
-    assert not w.due()
-    clock.t += 1.0
-    assert w.due()
-    assert [x["shed"] for x in w.publish(workers, settled=True)["workers"]] == [3, 0]
-    clock.t += SHED_COOLDOWN_S - 1.0
-    assert [x["shed"] for x in w.publish(workers, settled=True)["workers"]] == [0, 0]  # spaced
-    clock.t += 1.0
-    assert [x["shed"] for x in w.publish(workers, settled=True)["workers"]] == [3, 0]
-    assert registry.get_sample_value("shardstream_rebalance_rounds_total") == 2
+
+    def sheds(settled: bool = True, on: list[SlotOf] = workers) -> list[int]:
+        clock.t += 1.0
+        assert w.due()
+        placement = w.publish(on, settled=settled)
+        assert json.loads((tmp_path / "placement.json").read_text()) == placement
+        return [x["shed"] for x in placement["workers"]]
+
+    assert [sheds() for _ in range(SHED_WINDOW - 1)] == [[0, 0]] * (SHED_WINDOW - 1)  # counting
+    assert sheds(settled=False) == [0, 0]  # a worker starts or drains: the window starts again
+    assert [sheds() for _ in range(SHED_WINDOW - 1)] == [[0, 0]] * (SHED_WINDOW - 1)
+    assert sheds() == [3, 0]  # SHED_WINDOW settled counts of 6 and 0
+    assert [sheds() for _ in range(SHED_WINDOW - 1)] == [[0, 0]] * (SHED_WINDOW - 1)  # a fresh window
+    assert sheds(on=workers[:1]) == [0]  # another set of workers: counted anew
+    assert registry.get_sample_value("shardstream_rebalance_rounds_total") == 1
     assert registry.get_sample_value("shardstream_worker_streams", {"worker": "0"}) == 6
-    w.publish(workers[1:], settled=True)  # slot 0 gone: its series too
-    assert registry.get_sample_value("shardstream_worker_streams", {"worker": "0"}) is None
+    assert registry.get_sample_value("shardstream_worker_streams", {"worker": "1"}) is None  # gone: its series too
+    assert not w.due()
 
 
 def test_a_stream_ended_unavailable_mid_way_asks_for_the_data_port_again() -> None:

@@ -5,8 +5,10 @@ The supervisor (`PlacementWriter`, supervisor.py) counts each serving worker's s
 PUBLISH_INTERVAL_S from the multiprocess metric files it already sums for /metrics
 (`shardstream_streams_active`, kept per process there) and writes `placement.json` in its private
 directory, atomically: a generation, and for each serving worker its slot, the data port GetDataset
-names for it, its streams and the streams it is asked to hand back (`rebalance.plan_shed`; a round at
-most every SHED_COOLDOWN_S, none while a worker starts or drains: the counts must first settle).
+names for it, its streams and the streams it is asked to hand back (`rebalance.plan_shed` over each
+worker's mean of the last SHED_WINDOW counts, so that streams ending and starting — a new epoch is a
+new stream — do not look like an imbalance; the window starts again after a round and whenever a
+worker starts or drains: a round only on counts that settled).
 Each round is logged and counted (`shardstream_rebalance_rounds_total` at the supervisor, beside
 `shardstream_worker_streams{worker=SLOT}`).
 
@@ -26,6 +28,7 @@ import logging
 import threading
 import time
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +54,7 @@ log = logging.getLogger("shardstream.server.serving.placement")
 
 PLACEMENT_FILE = "placement.json"
 PUBLISH_INTERVAL_S = 1.0  # the supervisor's count of every worker's streams
-SHED_COOLDOWN_S = 5.0  # between shed rounds: the moved streams show in a count first
+SHED_WINDOW = 5  # counts (one a PUBLISH_INTERVAL_S) a shed round looks at: 5 s between rounds at least
 READ_INTERVAL_S = 0.5  # a worker looks at the file at most this often
 REBALANCED = (
     "rebalanced: this server's worker carries more streams than another; the stream resumes on a less busy one"
@@ -102,7 +105,7 @@ class PlacementWriter:
         self._clock = clock
         self.generation = 0
         self._next_publish = 0.0
-        self._last_shed = -SHED_COOLDOWN_S
+        self._window: deque[dict[int, int]] = deque(maxlen=SHED_WINDOW)  # the last counts, same workers
         self.rounds = Counter(
             "shardstream_rebalance_rounds_total",
             "Rounds in which busy workers were asked to hand streams to less busy ones (placement.py)",
@@ -118,7 +121,7 @@ class PlacementWriter:
 
     def publish(self, workers: Sequence[SlotOf], *, settled: bool) -> dict[str, Any]:
         """Count and write; a shed round only when `settled` (every worker serving, none draining)
-        and the last round is SHED_COOLDOWN_S old. The published placement."""
+        for the last SHED_WINDOW counts, on their means. The published placement."""
         now = self._clock()
         self._next_publish = now + PUBLISH_INTERVAL_S
         by_pid = streams_by_pid(self.metrics_dir)
@@ -128,15 +131,21 @@ class PlacementWriter:
         for slot, n in streams.items():
             self.streams.labels(str(slot)).set(n)
         self._labelled = set(streams)
+        if not settled or (self._window and self._window[-1].keys() != streams.keys()):
+            self._window.clear()  # a worker starts, drains or was replaced: count again
+        if settled:
+            self._window.append(streams)
         shed: dict[int, int] = {}
-        if settled and now - self._last_shed >= SHED_COOLDOWN_S:
-            shed = plan_shed(streams)
+        if len(self._window) == SHED_WINDOW:
+            means = {slot: round(sum(c[slot] for c in self._window) / SHED_WINDOW) for slot in streams}
+            shed = {slot: min(k, streams[slot]) for slot, k in plan_shed(means).items() if streams[slot]}
             if shed:
-                self._last_shed = now
+                self._window.clear()  # the next round looks at counts made after this one
                 self.rounds.inc()
                 log.info(
-                    "rebalance: streams per worker slot %s; asking %s to hand back %s",
-                    dict(sorted(streams.items())),
+                    "rebalance: streams per worker slot %s (mean of the last %d counts); asking %s to hand back %s",
+                    dict(sorted(means.items())),
+                    SHED_WINDOW,
                     "slot " + ", ".join(str(s) for s in sorted(shed)),
                     ", ".join(str(shed[s]) for s in sorted(shed)),
                 )

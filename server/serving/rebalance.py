@@ -15,8 +15,8 @@ every worker's streams; each worker reads them), move streams onto it:
   with UNAVAILABLE. Their clients resume at the first step they have not received (exactly once, as
   after any failover); their new GetDataset names a less busy worker's port (`pick_slot`).
 
-The caller spaces shed rounds (the streams' new places must show in a count before the next round),
-so a steady load never makes streams move back and forth.
+The caller spaces shed rounds and smooths the counts they look at (placement.py: the mean of the
+last counts, a fresh window after each round), so a steady load never makes streams move back and forth.
 """
 
 from __future__ import annotations
