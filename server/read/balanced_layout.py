@@ -73,6 +73,7 @@ class _Step:
 
     gs: int  # its first position
     values: np.ndarray  # per sample: token count (+ EOS, packed modes) or cost
+    ends: np.ndarray  # packed modes: where each document ends in the step's stream (cumsum of values)
     owner: np.ndarray  # per row (packed) or per sample ("cost"): the rank that gets it
     rank_cost: np.ndarray  # per rank: Σ chunk length² of its rows (packed modes) or of its costs
     num_rows: int
@@ -157,11 +158,11 @@ class BalancedLayout:
             packed = pack_step(sizes, self.seq_len)
             owner = deal_tokens(packed.num_rows, world) if self.mode == "tokens" else deal_attention(packed.row_cost, world)
             cost = np.bincount(owner, weights=packed.row_cost, minlength=world)
-            planned = _Step(gs, sizes, owner, cost, packed.num_rows)
+            planned = _Step(gs, sizes, np.cumsum(sizes), owner, cost, packed.num_rows)
         else:
             owner = partition_costs(values, world)
             cost = np.bincount(owner, weights=values, minlength=world)
-            planned = _Step(gs, np.asarray(values, dtype=np.float64), owner, cost, 0)
+            planned = _Step(gs, np.asarray(values, dtype=np.float64), np.empty(0, np.int64), owner, cost, 0)
         with self._lock:
             self._steps[step] = planned
             while len(self._steps) > STEPS_KEPT:
@@ -189,44 +190,50 @@ class BalancedLayout:
         return _Share(planned.gs + np.nonzero(planned.owner == rank)[0].astype(np.int64), None)
 
     def _packed_share(self, planned: _Step, rank: int) -> _Share:
-        L, sizes = self.seq_len, planned.values
-        ends = np.cumsum(sizes)
+        L, sizes, ends = self.seq_len, planned.values, planned.ends
         total = int(ends[-1]) if len(ends) else 0
-        rows = np.nonzero(planned.owner == rank)[0]
-        lo, hi = rows * L, np.minimum((rows + 1) * L, total)
+        rows = np.flatnonzero(planned.owner == rank)
+        pad_to = -(-planned.num_rows // self.base.world_size) if self.pad_rows else 0
+        if not len(rows):
+            none = np.empty(0, np.int64)
+            window = TokenWindow(np.empty((0, 2), np.int64), none, pad_to, 0, total - len(sizes))
+            if self.slices is not None:
+                window = TokenWindow(window.segments, none, pad_to, 0, total - len(sizes), none, none.copy())
+            return _Share(planned.gs + none, window)
+        lo = rows * L
+        hi = np.minimum(lo + L, total)
         first = np.searchsorted(ends, lo, side="right")  # the document of each row's first token
         last = np.searchsorted(ends, hi, side="left")  # of its last
-        # the documents its rows touch: the runs first..last of each row, merged (sorted, once each)
+        # the (row, document) pairs, row by row: the documents first..last of each. The rows are in
+        # order and a row's documents end where the next row's start, so the pairs are sorted and a
+        # document's pairs (the rows it spans) are neighbours: its documents are where pair changes.
         counts = last - first + 1
-        steps = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        pair = np.repeat(first, counts) + steps  # (row, document) pairs: the document of each
-        docs, inverse = np.unique(pair, return_inverse=True) if len(rows) else (np.empty(0, np.int64), pair)
-        local = np.cumsum(sizes[docs]) - sizes[docs]  # where each of its documents starts in its stream
-        at = local[np.searchsorted(docs, first)] + (lo - (ends[first] - sizes[first])) if len(rows) else lo
-        eos = ends - 1  # each document's EOS has no label
-        labels = int((hi - lo).sum()) - int((np.searchsorted(eos, hi) - np.searchsorted(eos, lo)).sum())
+        run = np.cumsum(counts) - counts  # each row's first pair
+        pair = np.arange(int(run[-1] + counts[-1]), dtype=np.int64) + np.repeat(first - run, counts)
+        new = np.empty(len(pair), bool)
+        new[0] = True
+        np.not_equal(pair[1:], pair[:-1], out=new[1:])
+        docs = pair[new]
+        mine = sizes[docs]
+        local = np.cumsum(mine) - mine  # where each of its documents starts in its stream
+        at = local[np.cumsum(new)[run] - 1] + (lo - (ends[first] - sizes[first]))
+        # each document's EOS (its last token, ends - 1) has no label: those in [lo, hi)
+        labels = int((hi - lo).sum()) - int((np.searchsorted(ends, hi, side="right") - first).sum())
         starts = stops = None
         if self.slices is not None:
-            # each document's tokens its rows hold, [a, b) of the document (its EOS is token n)
-            begin = ends[pair] - sizes[pair]
-            a = np.full(len(docs), np.iinfo(np.int64).max, np.int64)
-            b = np.zeros(len(docs), np.int64)
-            np.minimum.at(a, inverse, np.maximum(np.repeat(lo, counts), begin) - begin)
-            np.maximum.at(b, inverse, np.minimum(np.repeat(hi, counts), ends[pair]) - begin)
-            n = sizes[docs] - 1
+            # each document's tokens its rows hold, [a, b) of the document (its EOS is token n): from
+            # its first pair's row to its last's (later rows start and end later)
+            begin = ends[docs] - mine
+            a = np.maximum(np.repeat(lo, counts)[new], begin) - begin
+            b = np.minimum(np.repeat(hi, counts)[np.append(new[1:], True)], ends[docs]) - begin
+            n = mine - 1
             starts = np.minimum(a, n)
             stops = np.minimum(b + 1, n)  # the value after its last token: that token's label
             stops[stops == n] += 1  # one past the end: a document longer than its count shows
         window = TokenWindow(
-            np.stack([at, at + hi - lo], axis=1).astype(np.int64).reshape(-1, 2),
-            sizes[docs],
-            -(-planned.num_rows // self.base.world_size) if self.pad_rows else 0,
-            labels,
-            total - len(sizes),
-            starts,
-            stops,
+            np.stack([at, at + hi - lo], axis=1), mine, pad_to, labels, total - len(sizes), starts, stops
         )
-        return _Share(planned.gs + docs.astype(np.int64), window)
+        return _Share(planned.gs + docs, window)
 
     # --- what the builder asks ------------------------------------------------------------------------
     def rank_positions(self, step: int, rank: int) -> np.ndarray:

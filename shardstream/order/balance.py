@@ -106,13 +106,15 @@ class PackedStep:
 
 
 def _pieces(sizes: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, length) of every document chunk of the packed stream: documents cut at row ends."""
+    """(row, length) of every document chunk of the packed stream: documents cut at row ends. A
+    document that ends at a row's end is cut there twice: the second chunk has length 0 (and costs
+    nothing), which spares a sort of unique cuts."""
     ends = np.cumsum(sizes, dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
-    cuts = np.union1d(ends, np.arange(seq_len, total, seq_len, dtype=np.int64))
-    cuts = cuts[cuts > 0]
-    starts = np.concatenate([[0], cuts[:-1]]).astype(np.int64)
-    return starts // seq_len, cuts - starts
+    cuts = np.concatenate([ends, np.arange(seq_len, total, seq_len, dtype=np.int64)])
+    cuts.sort()
+    length = np.diff(cuts, prepend=0)
+    return (cuts - length) // seq_len, length
 
 
 def pack_step(sizes: np.ndarray | list[int], seq_len: int) -> PackedStep:
