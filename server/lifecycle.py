@@ -138,7 +138,7 @@ async def _serve(cfg: ServerConfig, registry: Registry) -> None:
         )
     address = f"{cfg.host}:{cfg.port}"
     if cfg.port and not cfg.reuse_port:  # one clear line, before grpc logs its own about the bind
-        from .serving.supervisor import reserve_port
+        from .serving.ports import reserve_port
 
         reserve_port(cfg.host, cfg.port, hold=False)
     creds = security.credentials(cfg)

@@ -54,7 +54,7 @@ class DataPlane:
     def start(cls, cfg: ServerConfig, runtime: StreamRuntime) -> DataPlane:
         runtime.grants = Grants(cfg.grant_key or new_key())
         if cfg.data_port:  # one clear line, before Flight logs its own about the bind
-            from .supervisor import reserve_port
+            from .ports import reserve_port
 
             reserve_port(cfg.host, cfg.data_port, hold=False)
         dp = cls(cfg, runtime)

@@ -48,13 +48,11 @@ sized for the most workers, so the server's memory stays as sized at any count.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,7 +66,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from shardstream import kernels
-from shardstream.errors import InvalidArgumentError, UnavailableError
+from shardstream.errors import UnavailableError
 
 from ..backends.roots import open_registry
 from ..policy.grants import new_key
@@ -77,12 +75,13 @@ from .autoscale import AutoscalePolicy
 from .config import ServerConfig
 from .cpus import cpu_of_slot
 from .placement import PLACEMENT_FILE, PlacementWriter, SlotOf
+from .ports import reserve_port
 from .process_metrics import WorkerProcessCollector, register_build_info
 from .ready import write_ready_file
 from .status_http import Health, start_status_server
 from .worker_scaling import WorkerScaler
 
-__all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "reserve_port", "supervise"]
+__all__ = ["MAX_RESTARTS", "RESTART_WINDOW_S", "supervise"]
 
 log = logging.getLogger("shardstream.server.serving.supervisor")
 
@@ -106,67 +105,6 @@ def _remove_dead_supervisors_dirs() -> None:
             shutil.rmtree(d, ignore_errors=True)
         except (ValueError, OSError):
             continue
-
-
-def reserve_port(host: str, port: int, *, hold: bool = True) -> tuple[int, list[socket.socket]]:
-    """Check that `host:port` is free and (`hold`) hold it for workers that bind it with SO_REUSEPORT.
-
-    Returns the port (chosen here when 0) and the held sockets (close them to release it).
-    """
-    where = f"{host}:{port}"
-    try:
-        name = host.strip("[]") or None  # "[::]" as grpc takes it
-        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise InvalidArgumentError(f"cannot listen on {where}: {exc.strerror}") from exc
-    held: list[socket.socket] = []
-    seen = set()
-    try:
-        for family, _, _, _, sockaddr in infos:
-            if (family, sockaddr[0]) in seen:
-                continue
-            seen.add((family, sockaddr[0]))
-            addr = (sockaddr[0], port, *sockaddr[2:])
-            # 1. The probe: anyone listening there (or holding it without SO_REUSEADDR) makes this fail.
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
-                try:
-                    probe.bind(addr)
-                except OSError as exc:
-                    raise InvalidArgumentError(
-                        f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
-                    ) from exc
-                port = probe.getsockname()[1]
-            if hold:
-                held.append(_hold(family, (sockaddr[0], port, *sockaddr[2:]), f"{host}:{port}"))
-    except BaseException:
-        for s in held:
-            s.close()
-        raise
-    return port, held
-
-
-def _hold(family: int, addr: tuple[object, ...], where: str) -> socket.socket:
-    """A socket bound to `addr`, never listening (it gets no connections), beside which only
-    SO_REUSEPORT sockets of this user may bind. Without SO_REUSEADDR, another server's probe fails on
-    it too; but connections in TIME_WAIT left by a server without SO_REUSEPORT (a killed single
-    process) refuse such a bind, so then it takes SO_REUSEADDR (the probe above still saw no listener).
-    """
-    for reuse_addr in (False, True):
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if reuse_addr:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-            return s
-        except OSError as exc:
-            s.close()
-            if reuse_addr or exc.errno != errno.EADDRINUSE:
-                raise InvalidArgumentError(
-                    f"cannot listen on {where}: {exc.strerror} (is the port in use?)"
-                ) from exc
-    raise AssertionError("unreachable")
 
 
 @dataclass
