@@ -3,16 +3,15 @@
     python -m loadtest.autoscale_bench [--ranks 8] [--max-workers 2] [--interval-s 1] [--steady-s 60]
 
 One dataset of 256x256 noise PNGs (~2 ms each to decode: `image.decode` to 64x64 is the cost), one
-`shardstream serve --workers auto --max-workers M --transform-threads 1` (a worker is one core's
+`shardstream serve --workers auto --max-workers M --transform-threads 1 --pin-workers` (a worker is one core's
 worth). Phases, each a fresh set of `--ranks` Loaders (threads, report_interval_s 1 s, simulated
 compute `step_s` a step):
 
 1. calibrate: one worker's capacity C (samples/s) with ranks that never compute (they stall);
    then step_s is chosen so that the ranks ask 1.5 x C: ~33 % stall on one worker, none on two;
 2. grow: the paced ranks on the auto server (one worker at first) until it has M workers;
-3. steady: the same ranks restarted (as a job restarts: new connections spread over the workers; a
-   running rank stays on the worker it first reached, deploy/RUNBOOK.md) for --steady-s: the stall
-   and the moves (none is a flap-free run);
+3. steady: the same ranks restarted (as a job restarts) for --steady-s: the stall, the moves (none
+   is a flap-free run) and the rebalance rounds (running streams handed to a less busy worker);
 4. half leave: half the ranks stop; until the server is back at one worker (or --steady-s).
 
 Printed: the stall (the fleet's, as `fleet recommend` computes it, sampled every second) per phase,
@@ -44,6 +43,12 @@ from shardstream.server.writing.ingest import IngestOptions, ingest
 from .common import bench_main, bench_parser, results_path
 
 BATCH = 4
+# Long epochs, as in training: a rank's epoch (2,048 samples at 8 ranks) lasts half a minute, so its
+# stream is open all along (a server counts open streams to spread them over its workers; an epoch
+# of a second or two ends server-side while the rank still reads it, and looks like no load)
+ROWS = 16 * 1024
+ROW_GROUP_ROWS = 256
+WARM, MEASURED = 1024, 4096  # samples before and during the calibration
 DECODE = [{"op": "image.decode", "column": "image", "size": [64, 64]}]
 
 
@@ -57,8 +62,9 @@ def _dataset(root: Path, rows: int) -> None:
         pngs.append(buf.getvalue())
     table = pa.table({"idx": np.arange(rows, dtype=np.int64), "image": pa.array([pngs[i % 16] for i in range(rows)], pa.binary())})
     src = root.parent / "slow.parquet"
-    pq.write_table(table, src)
-    ingest(src, "slow", root, IngestOptions(row_group_rows=16, shard_rows=128, progress=False))
+    # 16 distinct images: dictionary-encoded row groups keep 16,384 rows at ~215 MB on disk
+    pq.write_table(table, src, row_group_size=ROW_GROUP_ROWS)
+    ingest(src, "slow", root, IngestOptions(row_group_rows=ROW_GROUP_ROWS, shard_rows=16 * ROW_GROUP_ROWS, progress=False))
 
 
 class _Ranks:
@@ -105,6 +111,9 @@ def _sample(server: LocalServer) -> tuple[float, int, dict[str, float]]:
             moves[key.split('"')[1]] = float(value)
         elif line.startswith("shardstream_rebalance_rounds_total "):
             moves["rebalance_rounds"] = float(line.rpartition(" ")[2])
+        elif line.startswith("shardstream_worker_streams{"):  # streams by worker slot
+            key, _, value = line.rpartition(" ")
+            moves["streams_" + key.split('"')[1]] = float(value)
     return r.stall, len(server.info()["workers"]), moves
 
 
@@ -120,7 +129,7 @@ def _watch(server: LocalServer, until: Any, limit_s: float, log: list[dict[str, 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rows = 16 * 64
+    rows = ROWS
     result: dict[str, Any] = {"ranks": args.ranks, "max_workers": args.max_workers, "interval_s": args.interval_s}
     log: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="autoscale-bench-") as tmp:
@@ -132,10 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # 1. one worker's capacity, trainers that never compute
         with LocalServer(root, metrics=True, workers=1, extra_args=common) as one:
             ranks = _Ranks(one, args.ranks, "calibrate", 0.0)
-            while ranks.samples() < rows // 2:  # warm
+            while ranks.samples() < WARM:
                 time.sleep(0.2)
             n0, t0 = ranks.samples(), time.monotonic()
-            while ranks.samples() < n0 + rows:
+            while ranks.samples() < n0 + MEASURED:
                 time.sleep(0.2)
             capacity = (ranks.samples() - n0) / (time.monotonic() - t0)
             ranks.stop()
@@ -172,8 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _moves(counts: dict[str, float]) -> float:
-    """Worker count changes (autoscale decisions), not rebalance rounds."""
-    return sum(v for k, v in counts.items() if k != "rebalance_rounds")
+    """Worker count changes (autoscale decisions), not rebalance rounds or streams."""
+    return sum(v for k, v in counts.items() if k != "rebalance_rounds" and not k.startswith("streams_"))
 
 
 def _mean(xs: list[float]) -> float | None:
