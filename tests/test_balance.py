@@ -13,8 +13,11 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.order.balance import (
     BalanceSpec,
     deal_attention,
+    deal_attention_steps,
     deal_tokens,
+    deal_tokens_steps,
     pack_step,
+    pack_steps,
     parse_balance,
     partition_costs,
     rank_costs,
@@ -71,6 +74,30 @@ def test_row_costs_are_the_document_chunks_squared(sizes: list[int], seq_len: in
         _, counts = np.unique(doc[row * seq_len : (row + 1) * seq_len], return_counts=True)
         expected[row] = float((counts.astype(np.float64) ** 2).sum())
     assert np.allclose(step.row_cost, expected)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    steps=st.lists(
+        st.lists(st.one_of(st.integers(1, 20_000), st.sampled_from([1, 6, 7, 8, 14, 2047, 2048, 2049])), max_size=40),
+        max_size=17,
+    ),
+    world=world_st,
+    seq_len=seq_st,
+)
+def test_steps_planned_together_are_split_as_one_by_one(steps: list[list[int]], world: int, seq_len: int) -> None:
+    """A server packs and deals the steps whose costs it read together (pack_steps, deal_*_steps):
+    every step's rows, row costs and ranks are exactly pack_step's and deal_*'s of it alone (steps of
+    no documents, documents ending on a row's end and padded last rows among them)."""
+    sizes = np.array([s for step in steps for s in step], np.int64)
+    rows, cost = pack_steps(sizes, np.array([len(step) for step in steps], np.int64), seq_len)
+    alone = [pack_step(step, seq_len) for step in steps]
+    assert rows.tolist() == [p.num_rows for p in alone]
+    assert np.array_equal(cost, np.concatenate([p.row_cost for p in alone] + [np.zeros(0)]))
+    tokens = [deal_tokens(p.num_rows, world) for p in alone]
+    attention = [deal_attention(p.row_cost, world) for p in alone]
+    assert np.array_equal(deal_tokens_steps(rows, world), np.concatenate([*tokens, np.empty(0, np.int64)]))
+    assert np.array_equal(deal_attention_steps(cost, rows, world), np.concatenate([*attention, np.empty(0, np.int64)]))
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

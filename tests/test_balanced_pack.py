@@ -11,6 +11,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardstream.order.balance import deal_attention, deal_tokens, pack_step
 from shardstream.order.read_order import StepLayout
 from shardstream.server.read.balanced_layout import BalancedLayout
 from shardstream.server.transforms.base import BatchContext, Params
@@ -77,3 +78,30 @@ def test_every_ranks_rows_are_the_steps_packing(lengths: list[int], world: int, 
             got[k][rows] = values
     for k in want:
         assert np.array_equal(got[k], want[k]), k
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    lengths=st.lists(st.integers(0, 3_000), min_size=1, max_size=400),
+    world=st.integers(1, 9),
+    per_rank=st.integers(1, 4),
+    seq_len=st.sampled_from([1, 16, 256, 2048]),
+    mode=st.sampled_from(["tokens", "attention"]),
+    first=st.integers(0, 40),
+)
+def test_a_steps_split_is_its_own_whichever_steps_are_planned_with_it(
+    lengths: list[int], world: int, per_rank: int, seq_len: int, mode: str, first: int
+) -> None:
+    """The layout packs and deals READ_STEPS steps at a time, from whichever step a stream asks
+    first: every step's split is still pack_step's and deal_*'s of its own documents alone."""
+    layout = StepLayout(len(lengths), 0, world, per_rank)
+    balanced = BalancedLayout(layout, mode=mode, costs=lambda a, b: np.asarray(lengths[a:b], np.int64), seq_len=seq_len)
+    steps = list(range(layout.num_steps))
+    for s in steps[first % len(steps) :] + steps[: first % len(steps)]:  # from a step in the middle, round
+        a, b = layout.global_range(s)
+        packed = pack_step(np.asarray(lengths[a:b], np.int64) + 1, seq_len)
+        owner = deal_tokens(packed.num_rows, world) if mode == "tokens" else deal_attention(packed.row_cost, world)
+        got = balanced._step(s)
+        assert got.num_rows == packed.num_rows and np.array_equal(got.owner, owner)
+        assert np.array_equal(got.ends, np.cumsum(packed.sizes))
+        assert np.array_equal(got.rank_cost, np.bincount(owner, weights=packed.row_cost, minlength=world))

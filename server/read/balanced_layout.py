@@ -20,8 +20,8 @@ each of its rows (packed modes) and, where the request packs a dataset's token l
 which values of each document the reader takes: a rank that holds two rows of a 40-row document
 reads those rows' tokens, not the document (build.py `_spans`, gather.py `gather_spans`). Everything else (`num_steps`, `global_range`, `dropped`,
 `offset_after`, ...) is the wrapped layout's: the cursor, resume and every schedule work as without
-balance. The costs of READ_STEPS steps are read at once, and the splits of the last STEPS_KEPT steps
-are kept (a build, its look-ahead and the read-ahead ask for the same steps).
+balance. The costs of READ_STEPS steps are read and split at once, and the splits of the last
+STEPS_KEPT steps are kept (a build, its look-ahead and the read-ahead ask for the same steps).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.order.balance import deal_attention, deal_tokens, pack_step, partition_costs
+from shardstream.order.balance import deal_attention_steps, deal_tokens_steps, pack_steps, partition_costs
 from shardstream.order.scheduled_steps import Layout
 
 __all__ = ["BalancedLayout", "Positions", "TokenWindow", "hull", "positions_array", "rank_positions"]
 
 STEPS_KEPT = 256  # steps (and one rank's shares of them) kept split: ahead of a stream's builds and read-ahead
-READ_STEPS = 16  # steps whose costs are read at once
+READ_STEPS = 16  # steps whose costs are read and split at once
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,6 @@ class BalancedLayout:
         self._costs = costs
         self._steps: OrderedDict[int, _Step] = OrderedDict()
         self._shares: OrderedDict[tuple[int, int], _Share] = OrderedDict()
-        self._values: dict[int, np.ndarray] = {}  # steps' values read ahead, not split yet
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # the wrapped layout's steps, ranges and cursor arithmetic
@@ -121,53 +120,50 @@ class BalancedLayout:
         return self.mode != "cost"
 
     # --- the step, every rank ---------------------------------------------------------------------
-    def _read(self, step: int) -> np.ndarray:
-        """The step's values, read with those of the next READ_STEPS steps in one read (one
-        selection and one take, not one a step: ~0.5 ms a call)."""
-        with self._lock:
-            hit = self._values.pop(step, None)
-        if hit is not None:
-            return hit
-        last = min(self.base.num_steps, step + READ_STEPS) - 1
-        start, end = self.base.global_range(step)[0], self.base.global_range(last)[1]
-        values = self._costs(start, end)
-        out = None
-        with self._lock:
-            for s in range(step, last + 1):
-                a, b = self.base.global_range(s)
-                if s == step:
-                    out = values[a - start : b - start]
-                elif s not in self._steps:
-                    self._values[s] = values[a - start : b - start]
-            while len(self._values) > 4 * READ_STEPS:
-                self._values.pop(next(iter(self._values)))
-        assert out is not None
-        return out
-
     def _step(self, step: int) -> _Step:
         with self._lock:
             hit = self._steps.get(step)
             if hit is not None:
                 self._steps.move_to_end(step)
                 return hit
-        gs = self.base.global_range(step)[0]
-        world = self.base.world_size
-        values = self._read(step)
-        if self.packed:
-            sizes = np.asarray(values, dtype=np.int64) + 1  # + EOS
-            packed = pack_step(sizes, self.seq_len)
-            owner = deal_tokens(packed.num_rows, world) if self.mode == "tokens" else deal_attention(packed.row_cost, world)
-            cost = np.bincount(owner, weights=packed.row_cost, minlength=world)
-            planned = _Step(gs, sizes, np.cumsum(sizes), owner, cost, packed.num_rows)
-        else:
-            owner = partition_costs(values, world)
-            cost = np.bincount(owner, weights=values, minlength=world)
-            planned = _Step(gs, np.asarray(values, dtype=np.float64), np.empty(0, np.int64), owner, cost, 0)
+        planned = self._plan(step)
         with self._lock:
-            self._steps[step] = planned
+            for s, split in planned.items():
+                self._steps.setdefault(s, split)
             while len(self._steps) > STEPS_KEPT:
                 self._steps.popitem(last=False)
-        return planned
+        return planned[step]
+
+    def _plan(self, step: int) -> dict[int, _Step]:
+        """The splits of `step` and of the steps after it, READ_STEPS in all: their values read in one
+        read (one selection and one take, not one a step: ~0.5 ms a call) and, packed, packed and
+        dealt together (`pack_steps`, `deal_*_steps`: a few numpy calls for all of them, the same
+        split as step by step)."""
+        last = min(self.base.num_steps, step + READ_STEPS)
+        bounds = [self.base.global_range(s) for s in range(step, last)]
+        start = bounds[0][0]
+        values = self._costs(start, bounds[-1][1])
+        world = self.base.world_size
+        out: dict[int, _Step] = {}
+        if not self.packed:
+            for s, (a, b) in enumerate(bounds, step):
+                v = values[a - start : b - start]
+                owner = partition_costs(v, world)
+                cost = np.bincount(owner, weights=v, minlength=world)
+                out[s] = _Step(a, np.asarray(v, dtype=np.float64), np.empty(0, np.int64), owner, cost, 0)
+            return out
+        sizes = np.asarray(values, dtype=np.int64) + 1  # + EOS
+        rows, row_cost = pack_steps(sizes, np.array([b - a for a, b in bounds], np.int64), self.seq_len)
+        owner = deal_tokens_steps(rows, world) if self.mode == "tokens" else deal_attention_steps(row_cost, rows, world)
+        which = np.repeat(np.arange(len(rows)), rows) * world + owner  # (step, rank) of each row
+        cost = np.bincount(which, weights=row_cost, minlength=len(rows) * world).reshape(-1, world)
+        ends = np.cumsum(sizes)
+        row0 = (np.cumsum(rows) - rows).tolist()
+        for j, (s, (a, b)) in enumerate(enumerate(bounds, step)):
+            d0, d1, r0 = a - start, b - start, row0[j]
+            before = int(ends[d0 - 1]) if d0 else 0
+            out[s] = _Step(a, sizes[d0:d1], ends[d0:d1] - before, owner[r0 : r0 + rows[j]], cost[j], int(rows[j]))
+        return out
 
     # --- one rank's share ---------------------------------------------------------------------------
     def _share(self, step: int, rank: int) -> _Share:

@@ -43,8 +43,11 @@ __all__ = [
     "BalanceSpec",
     "PackedStep",
     "deal_attention",
+    "deal_attention_steps",
     "deal_tokens",
+    "deal_tokens_steps",
     "pack_step",
+    "pack_steps",
     "parse_balance",
     "partition_costs",
     "rank_costs",
@@ -169,6 +172,82 @@ def deal_attention(row_cost: np.ndarray, world_size: int) -> np.ndarray:
         least = np.lexsort((ranks, load))[: len(taken)]
         out[taken] = least
         load[least] += cost[taken]
+    return out
+
+
+# --- several steps at once (a server plans the steps whose costs it read together) -------------------
+def pack_steps(sizes: np.ndarray, counts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """`pack_step` of several steps in one pass: `sizes` their documents one step after the other,
+    `counts` each step's number of documents. Returns (each step's rows, the row costs of every
+    step's rows one step after the other) — pack_step's, step by step. The steps' streams are laid
+    end to end, each starting on a row of its own; the padding of each step's last row is cut as
+    one more chunk and its cost taken off again (every cost is a whole number below 2^53: exact)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if seq_len < 1:
+        raise InvalidArgumentError(f"seq_len must be >= 1, got {seq_len}")
+    if np.any(sizes < 1):
+        raise InvalidArgumentError("every document holds one token at least (its EOS)")
+    ends = np.cumsum(sizes)
+    at = np.concatenate([[0], ends])  # where each document starts, and the end
+    stop = np.cumsum(counts)
+    first = at[stop - counts]  # each step's first token in `ends`
+    tokens = at[stop] - first
+    rows = -(-tokens // seq_len)
+    row0 = np.cumsum(rows) - rows  # each step's first row
+    if not rows.sum():
+        return rows, np.zeros(0)
+    cuts = np.concatenate(
+        [ends + np.repeat(row0 * seq_len - first, counts), np.arange(seq_len, int(rows.sum()) * seq_len + 1, seq_len)]
+    )
+    cuts.sort()
+    length = np.diff(cuts, prepend=0)
+    n = int(rows.sum())  # (a chunk of length 0 may start at the end of the last row: cost 0, left out)
+    cost = np.bincount((cuts - length) // seq_len, weights=length.astype(np.float64) ** 2, minlength=n)[:n]
+    last = (row0 + rows - 1)[rows > 0]
+    pad = (rows * seq_len - tokens)[rows > 0]
+    cost[last] -= pad.astype(np.float64) ** 2
+    return rows, cost
+
+
+def deal_tokens_steps(rows: np.ndarray, world_size: int) -> np.ndarray:
+    """`deal_tokens` of several steps (`rows`: each one's), one step's ranks after the other."""
+    if world_size < 1:
+        raise InvalidArgumentError(f"world_size must be >= 1, got {world_size}")
+    rows = np.asarray(rows, dtype=np.int64)
+    bounds = np.arange(world_size + 1, dtype=np.int64) * rows[:, None] // world_size
+    ranks = np.tile(np.arange(world_size, dtype=np.int64), len(rows))
+    return np.repeat(ranks, np.diff(bounds, axis=1).ravel())
+
+
+def deal_attention_steps(row_cost: np.ndarray, rows: np.ndarray, world_size: int) -> np.ndarray:
+    """`deal_attention` of several steps (`row_cost`: their rows' costs one step after the other,
+    `rows`: each step's number), one step's ranks after the other: the same rounds, each a few numpy
+    calls for all the steps (a step of fewer rounds deals rows of cost 0 to no one: its loads stay)."""
+    if world_size < 1:
+        raise InvalidArgumentError(f"world_size must be >= 1, got {world_size}")
+    cost = np.asarray(row_cost, dtype=np.float64)
+    rows = np.asarray(rows, dtype=np.int64)
+    n, k = len(cost), len(rows)
+    out = np.empty(n, dtype=np.int64)
+    if not n:
+        return out
+    step = np.repeat(np.arange(k), rows)
+    order = np.lexsort((np.arange(n), -cost, step))  # by step, then largest first, ties by index
+    row0 = np.cumsum(rows) - rows
+    rounds = -(-int(rows.max()) // world_size)
+    deal = np.full((k, rounds * world_size), -1, dtype=np.int64)  # step j's rows in the order dealt
+    deal[step, np.arange(n) - row0[step]] = order  # (order keeps the steps in order: step[order] == step)
+    dealt_cost = np.zeros(deal.shape)
+    dealt_cost[step, np.arange(n) - row0[step]] = cost[order]
+    load = np.zeros((k, world_size))
+    steps = np.arange(k)[:, None]
+    for start in range(0, rounds * world_size, world_size):
+        taken = deal[:, start : start + world_size]
+        least = np.argsort(load, axis=1, kind="stable")  # ties by rank
+        some = taken >= 0
+        out[taken[some]] = least[some]
+        load[steps, least] += dealt_cost[:, start : start + world_size]
     return out
 
 
