@@ -88,16 +88,19 @@ def test_every_ranks_rows_are_the_steps_packing(lengths: list[int], world: int, 
     seq_len=st.sampled_from([1, 16, 256, 2048]),
     mode=st.sampled_from(["tokens", "attention"]),
     first=st.integers(0, 40),
+    stride=st.sampled_from([1, 2, 3, 5, 16, 17]),
 )
 def test_a_steps_split_is_its_own_whichever_steps_are_planned_with_it(
-    lengths: list[int], world: int, per_rank: int, seq_len: int, mode: str, first: int
+    lengths: list[int], world: int, per_rank: int, seq_len: int, mode: str, first: int, stride: int
 ) -> None:
-    """The layout packs and deals READ_STEPS steps at a time, from whichever step a stream asks
-    first: every step's split is still pack_step's and deal_*'s of its own documents alone."""
+    """The layout packs and deals the steps a stream asks for (every `stride`-th) among READ_STEPS
+    at a time, from whichever step it asks first: every step's split is still pack_step's and
+    deal_*'s of its own documents alone."""
     layout = StepLayout(len(lengths), 0, world, per_rank)
     balanced = BalancedLayout(layout, mode=mode, costs=lambda a, b: np.asarray(lengths[a:b], np.int64), seq_len=seq_len)
     steps = list(range(layout.num_steps))
-    for s in steps[first % len(steps) :] + steps[: first % len(steps)]:  # from a step in the middle, round
+    first %= len(steps)
+    for s in steps[first::stride] + steps:  # a strided stream from a step in the middle, then every step
         a, b = layout.global_range(s)
         packed = pack_step(np.asarray(lengths[a:b], np.int64) + 1, seq_len)
         owner = deal_tokens(packed.num_rows, world) if mode == "tokens" else deal_attention(packed.row_cost, world)

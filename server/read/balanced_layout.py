@@ -20,8 +20,9 @@ each of its rows (packed modes) and, where the request packs a dataset's token l
 which values of each document the reader takes: a rank that holds two rows of a 40-row document
 reads those rows' tokens, not the document (build.py `_spans`, gather.py `gather_spans`). Everything else (`num_steps`, `global_range`, `dropped`,
 `offset_after`, ...) is the wrapped layout's: the cursor, resume and every schedule work as without
-balance. The costs of READ_STEPS steps are read and split at once, and the splits of the last
-STEPS_KEPT steps are kept (a build, its look-ahead and the read-ahead ask for the same steps).
+balance. The costs of READ_STEPS steps are read at once and those of them the stream asks for (every
+step, or every k-th of a step_stride k) split at once; the splits of the last STEPS_KEPT steps are
+kept (a build, its look-ahead and the read-ahead ask for the same steps).
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.order.balance import deal_attention_steps, deal_tokens_steps, pack_steps, partition_costs
+from shardstream.order.balance import (
+    deal_attention,
+    deal_attention_steps,
+    deal_tokens,
+    deal_tokens_steps,
+    pack_step,
+    pack_steps,
+    partition_costs,
+)
 from shardstream.order.scheduled_steps import Layout
 
 __all__ = ["BalancedLayout", "Positions", "TokenWindow", "hull", "positions_array", "rank_positions"]
@@ -110,6 +119,8 @@ class BalancedLayout:
         self._costs = costs
         self._steps: OrderedDict[int, _Step] = OrderedDict()
         self._shares: OrderedDict[tuple[int, int], _Share] = OrderedDict()
+        self._asked: int | None = None  # the step last asked
+        self._gap = READ_STEPS  # the smallest step forward seen between two asks
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # the wrapped layout's steps, ranges and cursor arithmetic
@@ -122,11 +133,14 @@ class BalancedLayout:
     # --- the step, every rank ---------------------------------------------------------------------
     def _step(self, step: int) -> _Step:
         with self._lock:
+            if self._asked is not None and step > self._asked:
+                self._gap = min(self._gap, step - self._asked)
+            self._asked, gap = step, self._gap
             hit = self._steps.get(step)
             if hit is not None:
                 self._steps.move_to_end(step)
                 return hit
-        planned = self._plan(step)
+        planned = self._plan(step, gap)
         with self._lock:
             for s, split in planned.items():
                 self._steps.setdefault(s, split)
@@ -134,33 +148,43 @@ class BalancedLayout:
                 self._steps.popitem(last=False)
         return planned[step]
 
-    def _plan(self, step: int) -> dict[int, _Step]:
-        """The splits of `step` and of the steps after it, READ_STEPS in all: their values read in one
-        read (one selection and one take, not one a step: ~0.5 ms a call) and, packed, packed and
+    def _plan(self, step: int, gap: int) -> dict[int, _Step]:
+        """The splits of `step` and of every `gap`-th step after it among the next READ_STEPS (`gap`:
+        the smallest step its stream was seen to move on by, READ_STEPS until it has: a stream of
+        `step_stride` k asks every k-th step). The values of the READ_STEPS steps are read in one
+        read (one selection and one take, not one a step: ~0.5 ms a call); the steps are packed and
         dealt together (`pack_steps`, `deal_*_steps`: a few numpy calls for all of them, the same
         split as step by step)."""
         last = min(self.base.num_steps, step + READ_STEPS)
-        bounds = [self.base.global_range(s) for s in range(step, last)]
-        start = bounds[0][0]
-        values = self._costs(start, bounds[-1][1])
+        start = self.base.global_range(step)[0]
+        values = self._costs(start, self.base.global_range(last - 1)[1])
+        bounds = [self.base.global_range(s) for s in range(step, last, gap)]
+        parts = [values[a - start : b - start] for a, b in bounds]
         world = self.base.world_size
         out: dict[int, _Step] = {}
         if not self.packed:
-            for s, (a, b) in enumerate(bounds, step):
-                v = values[a - start : b - start]
+            for s, (a, _), v in zip(range(step, last, gap), bounds, parts, strict=True):
                 owner = partition_costs(v, world)
                 cost = np.bincount(owner, weights=v, minlength=world)
                 out[s] = _Step(a, np.asarray(v, dtype=np.float64), np.empty(0, np.int64), owner, cost, 0)
             return out
-        sizes = np.asarray(values, dtype=np.int64) + 1  # + EOS
-        rows, row_cost = pack_steps(sizes, np.array([b - a for a, b in bounds], np.int64), self.seq_len)
-        owner = deal_tokens_steps(rows, world) if self.mode == "tokens" else deal_attention_steps(row_cost, rows, world)
+        sizes = np.asarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.int64) + 1  # + EOS
+        counts = np.array([b - a for a, b in bounds], np.int64)
+        if len(counts) == 1:  # (a stream of step_stride READ_STEPS or more: the step alone, its own calls)
+            packed = pack_step(sizes, self.seq_len)
+            rows, row_cost = np.array([packed.num_rows]), packed.row_cost
+            owner = deal_tokens(packed.num_rows, world) if self.mode == "tokens" else deal_attention(row_cost, world)
+        else:
+            rows, row_cost = pack_steps(sizes, counts, self.seq_len)
+            tokens = self.mode == "tokens"
+            owner = deal_tokens_steps(rows, world) if tokens else deal_attention_steps(row_cost, rows, world)
         which = np.repeat(np.arange(len(rows)), rows) * world + owner  # (step, rank) of each row
         cost = np.bincount(which, weights=row_cost, minlength=len(rows) * world).reshape(-1, world)
         ends = np.cumsum(sizes)
+        doc0 = (np.cumsum(counts) - counts).tolist()
         row0 = (np.cumsum(rows) - rows).tolist()
-        for j, (s, (a, b)) in enumerate(enumerate(bounds, step)):
-            d0, d1, r0 = a - start, b - start, row0[j]
+        for j, (s, (a, b)) in enumerate(zip(range(step, last, gap), bounds, strict=True)):
+            d0, d1, r0 = doc0[j], doc0[j] + b - a, row0[j]
             before = int(ends[d0 - 1]) if d0 else 0
             out[s] = _Step(a, sizes[d0:d1], ends[d0:d1] - before, owner[r0 : r0 + rows[j]], cost[j], int(rows[j]))
         return out

@@ -229,26 +229,24 @@ def deal_attention_steps(row_cost: np.ndarray, rows: np.ndarray, world_size: int
     cost = np.asarray(row_cost, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
     n, k = len(cost), len(rows)
-    out = np.empty(n, dtype=np.int64)
+    out = np.empty(n + 1, dtype=np.int64)  # out[n]: where the rows a step has not are dealt
     if not n:
-        return out
+        return out[:n]
     step = np.repeat(np.arange(k), rows)
     order = np.lexsort((np.arange(n), -cost, step))  # by step, then largest first, ties by index
-    row0 = np.cumsum(rows) - rows
+    at = np.arange(n) - (np.cumsum(rows) - rows)[step]  # each row's place in its step's order
     rounds = -(-int(rows.max()) // world_size)
-    deal = np.full((k, rounds * world_size), -1, dtype=np.int64)  # step j's rows in the order dealt
-    deal[step, np.arange(n) - row0[step]] = order  # (order keeps the steps in order: step[order] == step)
+    deal = np.full((k, rounds * world_size), n, dtype=np.int64)  # step j's rows in the order dealt
+    deal[step, at] = order  # (order keeps the steps in order: step[order] == step)
     dealt_cost = np.zeros(deal.shape)
-    dealt_cost[step, np.arange(n) - row0[step]] = cost[order]
-    load = np.zeros((k, world_size))
-    steps = np.arange(k)[:, None]
+    dealt_cost[step, at] = cost[order]
+    load = np.zeros(k * world_size)  # step j's rank r: load[j * W + r]
+    first = np.arange(0, k * world_size, world_size)[:, None]
     for start in range(0, rounds * world_size, world_size):
-        taken = deal[:, start : start + world_size]
-        least = np.argsort(load, axis=1, kind="stable")  # ties by rank
-        some = taken >= 0
-        out[taken[some]] = least[some]
-        load[steps, least] += dealt_cost[:, start : start + world_size]
-    return out
+        least = np.argsort(load.reshape(k, world_size), axis=1, kind="stable")  # ties by rank
+        out[deal[:, start : start + world_size]] = least
+        load[first + least] += dealt_cost[:, start : start + world_size]
+    return out[:n]
 
 
 def unbalanced_rows(sizes: np.ndarray, world_size: int, seq_len: int) -> list[PackedStep]:
