@@ -463,9 +463,11 @@ class _Messages:
 
 
 def _ends_a_step(message: Message) -> bool:
-    """Whether the client has whole steps once `message` is in (its last step is not cut in parts)."""
-    steps = message.header.steps
-    return not (steps and steps[-1].more_parts)
+    """Whether the client has whole steps once `message` is in (its last step is not cut in parts) and
+    more are to come (a stream at its epoch's end is not worth moving)."""
+    header = message.header
+    steps = header.steps
+    return not (header.end_of_epoch or (steps and steps[-1].more_parts))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
