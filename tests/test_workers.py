@@ -25,7 +25,7 @@ from shardstream.server.writing.ingest import IngestOptions, ingest
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
-from .support.doget import wire_messages
+from .support.doget import wire_messages, wire_messages_on
 from .support.servers import rpc_count, scrape, wait_for
 
 Factory = Callable[..., LocalServer]
@@ -312,13 +312,9 @@ def test_disk_cache_is_shared_by_workers_and_runs(
     first.stop()
 
     second = server_factory(metrics=True, workers=2, extra_args=("--cache-dir", str(cache_dir)))
-    channels = connections_on_every_worker(second)
-    try:
-        for ch in channels:
-            assert raw_read(ch, **kw) == reference
-    finally:
-        for ch in channels:
-            ch.close()
+    # a Read on each worker's own data port (GetDataset names the least busy worker's: placement.py)
+    for port in second.info()["data_ports"]:
+        assert wire_messages_on(port, pb.ReadRequest(world_size=1, **kw)) == reference  # type: ignore[arg-type]
     m = scrape(second)
     assert m["shardstream_storage_reads_total"] == 0
     assert m["shardstream_disk_cache_hits_total"] == 2 * groups  # each worker loads each group once

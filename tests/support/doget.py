@@ -18,13 +18,18 @@ __all__ = ["wire_messages"]
 
 
 def wire_messages(channel: grpc.Channel, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+    """A Read on the data port the server's GetDataset names, as wire bytes (header, rows)."""
     get = channel.unary_unary(
         "/shardstream.v1.ShardStream/GetDataset",
         request_serializer=pb.GetDatasetRequest.SerializeToString,
         response_deserializer=pb.DatasetInfo.FromString,
     )
     name = request.dataset or request.mixture[0].dataset
-    port = get(pb.GetDatasetRequest(dataset=name), timeout=60).data_port
+    return wire_messages_on(get(pb.GetDatasetRequest(dataset=name), timeout=60).data_port, request)
+
+
+def wire_messages_on(port: int, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+    """A Read on data port `port` (one worker's), as wire bytes (header, rows)."""
     client = flight.connect(f"grpc://127.0.0.1:{port}")
     try:
         out = []
