@@ -43,7 +43,8 @@ def test_a_shed_round_only_moves_streams_when_the_spread_is_wide_and_never_below
         assert shed == {}
         return
     fair = -(-sum(streams.values()) // len(streams))
-    assert shed and all(streams[s] - k == fair and k > 0 for s, k in shed.items())  # down to the fair share
+    assert all(streams[s] - k == fair and k > 0 for s, k in shed.items())  # down to the fair share
+    assert set(shed) == {s for s, n in streams.items() if n > fair}  # every worker above it, none else
     room = sum(max(0, fair - n) for n in streams.values())
     assert sum(shed.values()) <= room  # the others can take every stream handed back
 
