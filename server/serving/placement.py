@@ -47,6 +47,7 @@ __all__ = [
     "Placement",
     "PlacementWriter",
     "SlotOf",
+    "live_by_pid",
     "streams_by_pid",
 ]
 
@@ -76,22 +77,28 @@ class SlotOf:
     data_port: int  # the port GetDataset names for it (advertised, else bound)
 
 
-def streams_by_pid(metrics_dir: Path) -> dict[int, int]:
-    """Each live worker's Read streams, from its own multiprocess file (the livesum gauge before it is
-    summed: prometheus_client's `_read_metrics`, which labels each value with its process's pid)."""
+def live_by_pid(metrics_dir: Path, name: str) -> dict[int, float]:
+    """Each live worker's own value of the `livesum` gauge `name` (summed over its labels), read from
+    the per-process files before they are summed (prometheus_client's `_read_metrics`, the step of
+    `collect` that keeps each process apart, labelling each value with its pid); {} where that changes."""
     files = [str(f) for f in metrics_dir.glob("gauge_livesum_*.db")]
     try:
-        metric = MultiProcessCollector._read_metrics(files).get(_ACTIVE)  # noqa: SLF001
+        metric = MultiProcessCollector._read_metrics(files).get(name)  # noqa: SLF001
     except (AttributeError, TypeError, ValueError, OSError):
         return {}
-    out: Tally[int] = Tally()
+    out: dict[int, float] = {}
     for sample in metric.samples if metric is not None else ():
-        labels = dict(sample.labels)
         try:
-            out[int(labels["pid"])] += int(sample.value)
+            pid = int(dict(sample.labels)["pid"])
         except (KeyError, ValueError):
             continue
-    return dict(out)
+        out[pid] = out.get(pid, 0.0) + sample.value
+    return out
+
+
+def streams_by_pid(metrics_dir: Path) -> dict[int, int]:
+    """Each live worker's open Read streams."""
+    return {pid: int(n) for pid, n in live_by_pid(metrics_dir, _ACTIVE).items()}
 
 
 class PlacementWriter:

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from .autoscale import REASONS, AutoscalePolicy, AutoscaleState, Decision, Signal, decide
+from .placement import live_by_pid
 
 __all__ = ["WorkerScaler", "signal_from_metrics"]
 
@@ -49,15 +50,8 @@ def signal_from_metrics(metrics_dir: Path) -> Signal:
 
 
 def _busiest(metrics_dir: Path) -> float:
-    """The most samples/s one live worker sent: its own value of the summed gauge, read from the
-    per-process files before they are summed (prometheus_client's `_read_metrics`, the step of
-    `collect` that keeps each process apart; 0 where that changes)."""
-    files = [str(f) for f in metrics_dir.glob("gauge_livesum_*.db")]
-    try:
-        metric = MultiProcessCollector._read_metrics(files).get(_SENT)  # noqa: SLF001
-    except (AttributeError, TypeError, ValueError):
-        return 0.0
-    return max((sample.value for sample in metric.samples), default=0.0) if metric is not None else 0.0
+    """The most samples/s one live worker sent (its own value of the summed gauge)."""
+    return max(live_by_pid(metrics_dir, _SENT).values(), default=0.0)
 
 
 class WorkerScaler:
