@@ -4,6 +4,14 @@ One `Producer` per iteration of a Loader, given a `ReadSpec` and where to resume
 rank's steps epoch by epoch — over one stream session, or K striped ones (striped.py) — and queues
 decoded items; any exception, wrapped, goes the same way and is raised in the consumer's thread.
 The consumer's `get()` also watches for a stream that has gone silent (session.CallRegistry).
+
+A single stream is followed without a gap (make before break): the next epoch's stream is opened
+AHEAD_STEPS of the rank's steps before the current epoch's ends, and when the stream's worker asks it
+to move (ReadHeader.move: server/serving/placement.py) its successor is opened from AHEAD_STEPS steps on
+— on the least busy worker GetDataset names — and takes over there, the old stream ended. Either
+way the new stream's server plans it and builds its first message while the rank still reads the old
+one, instead of the rank's queue draining while it does (a new stream's first message may take longer
+than the queue lasts: a row group to read, slow transforms).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from .transport.session import CallRegistry, StreamSession
 __all__ = ["Done", "Producer"]
 
 _POLL_S = 0.1
+AHEAD_STEPS = 4  # a successor stream is opened this many of the rank's steps before it takes over
 _EXIT_JOIN_S = 5.0  # how long the interpreter's exit waits, in all, for the prefetch threads still streaming
 
 
@@ -51,6 +60,7 @@ class Producer:
             self._room.put(None)
         self._calls = CallRegistry(open_call)
         self._endpoint = spec.rank % len(spec.endpoints)  # the single stream's; kept across epochs
+        self._next: tuple[int, StreamSession] | None = None  # (epoch, its stream), opened ahead
         self._thread = threading.Thread(
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{spec.rank}", daemon=True
         )
@@ -109,23 +119,35 @@ class Producer:
             self._put(Done())
         except BaseException as exc:  # handed to the consumer, never swallowed here
             self._put(_Failed(exc))
+        finally:
+            if self._next is not None:
+                self._next[1].close()
 
-    def _stream_epoch(self, epoch: int, offset: int) -> bool:
-        """Stream one epoch from `offset` over one session; False when stopped."""
+    def _session(self, epoch: int, offset: int, first_step: int, endpoint: int) -> StreamSession:
+        """A stream of the epoch's steps (from `offset`) from `first_step` on, on `endpoint`."""
         spec = self._spec
-        layout = spec.layout(offset, epoch)
         stride = spec.split.workers
-        session = StreamSession(
+        return StreamSession(
             self._calls,
             lambda step: spec.request(epoch, offset, step, stride),
             endpoints=spec.endpoints,
-            endpoint=self._endpoint,
-            first_step=0,
+            endpoint=endpoint,
+            first_step=first_step,
             step_stride=stride,
             retry=spec.retry,
             what=f"{spec.label} epoch {epoch}",
             rank_metrics=spec.metrics,
         )
+
+    def _stream_epoch(self, epoch: int, offset: int) -> bool:
+        """Stream one epoch from `offset` over one session (or, after a move, its successors);
+        False when stopped."""
+        spec = self._spec
+        layout = spec.layout(offset, epoch)
+        stride = spec.split.workers
+        ahead = AHEAD_STEPS * stride
+        session = self._opened(epoch) or self._session(epoch, offset, 0, self._endpoint)
+        successor: StreamSession | None = None  # the one a move asked for, from a later step
         try:
             while True:
                 first = session.next_step
@@ -133,14 +155,54 @@ class Producer:
                 if message is None:
                     return False
                 header, rows = message
+                if header.move and successor is None:
+                    session.moved()  # the next stream asks GetDataset: the least busy worker's port
+                    if session.next_step + ahead < layout.num_steps:
+                        successor = self._session(epoch, offset, session.next_step + ahead, session.endpoint)
+                        successor.open()
+                    elif self._next is not None:  # too near the epoch's end: the next epoch's stream moves
+                        self._next[1].close()
+                        self._next = None  # opened again below, or when its epoch starts
+                # a message that runs past where the successor starts (several steps in one) hands
+                # over only the steps before it
+                until = successor.first_step if successor is not None else None
+                crossed = until is not None and session.next_step > until
                 for item in decode_message(spec, epoch, layout, first, stride, header, rows):
+                    if crossed and (item.info is None or item.info.step >= until):  # type: ignore[operator]
+                        break
                     if not self._put(item):
                         return False
+                if successor is not None and session.next_step >= successor.first_step:
+                    session.close()  # ends the old stream: "client left" at its server
+                    session, successor = successor, None
+                    continue
                 if header.end_of_epoch:
                     return True
+                if self._next is None and layout.num_steps - session.next_step <= ahead:
+                    self._open_next(epoch + 1, session.endpoint)
         finally:
             self._endpoint = session.endpoint
             session.close()
+            if successor is not None:
+                successor.close()
+
+    def _opened(self, epoch: int) -> StreamSession | None:
+        """The stream of `epoch` opened ahead, if any."""
+        opened, self._next = self._next, None
+        if opened is not None and opened[0] == epoch:
+            return opened[1]
+        if opened is not None:
+            opened[1].close()
+        return None
+
+    def _open_next(self, epoch: int, endpoint: int) -> None:
+        """Open the stream of `epoch` (the next one) ahead, when the read goes on to it."""
+        spec = self._spec
+        if spec.epochs is not None and epoch >= spec.epochs:
+            return
+        session = self._session(epoch, spec.epoch_start(epoch), 0, endpoint)
+        session.open()
+        self._next = (epoch, session)
 
     def _stream_epoch_striped(self, epoch: int, offset: int) -> bool:
         return stream_epoch_striped(self._spec, self._calls, self._put, epoch, offset)

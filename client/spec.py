@@ -164,6 +164,8 @@ class ReadSpec:
             on_error=self.on_error if self.transforms else "",
             split_steps=True,  # a step over the server's message cap comes in parts (session.py)
             movable=True,  # a stream ended UNAVAILABLE asks GetDataset again (transport/flight_call.py)
+            # a single stream opens its successor when its worker asks it to move (prefetch.py)
+            handover=self.streams == 1,
             balance=self.balance.mode,
             pad_rows=self.pad_rows,
             balance_column=self.balance.column or "",

@@ -93,6 +93,12 @@ def _streams_per_worker(server: LocalServer) -> list[int]:
     return [int(m.get(f'shardstream_worker_streams{{worker="{slot}"}}', -1)) for slot in (0, 1)]
 
 
+_UNAVAILABLE_READS = (
+    'grpc_server_handled_total{grpc_code="Unavailable",grpc_method="DoGet",'
+    'grpc_service="arrow.flight.protocol.FlightService",grpc_type="server_stream"}'
+)
+
+
 def _decisions(server: LocalServer, reason: str) -> float:
     return scrape(server)[f'shardstream_autoscale_decisions_total{{reason="{reason}"}}']
 
@@ -114,6 +120,9 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         fast.wait_for(lambda: _streams_per_worker(auto_server) == [RANKS // 2] * 2, "the streams spread over both workers")
         m = scrape(auto_server)
         assert m["shardstream_rebalance_rounds_total"] >= 1 and m["shardstream_streams_rebalanced_total"] >= RANKS // 2
+        # handed over, not broken: each moved rank opened its successor and ended the old stream
+        # itself (ReadHeader.move), so no stream ended UNAVAILABLE and no client retried
+        assert m.get(_UNAVAILABLE_READS, 0) == 0, "a moved stream ended UNAVAILABLE"
         fast.wait_for(lambda: min(len(g) for g in fast.got) >= SHARE, "every rank's first epoch")  # counted
     finally:
         fast.stop()

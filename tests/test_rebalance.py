@@ -4,23 +4,33 @@ stream its worker hands back. The end-to-end run on real processes is tests/test
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
 import pyarrow.flight as flight
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from shardstream.client import Loader, metrics
+from shardstream.client.prefetch import AHEAD_STEPS
+from shardstream.client.transport.fleet import Fleet
 from shardstream.client.transport.flight_call import FlightCall
 from shardstream.errors import to_flight_error
+from shardstream.server.serving.config import ServerConfig
 from shardstream.server.serving.placement import (
+    PLACEMENT_FILE,
     READ_INTERVAL_S,
     SHED_WINDOW,
     Placement,
@@ -30,6 +40,9 @@ from shardstream.server.serving.placement import (
 )
 from shardstream.server.serving.rebalance import MIN_SPREAD, pick_slot, plan_shed
 from shardstream.v1 import shardstream_pb2 as pb
+
+from .support.data import N_ROWS, write_dataset
+from .support.servers import wait_for
 
 loads = st.dictionaries(st.integers(0, 7), st.integers(0, 200), min_size=1, max_size=8)
 
@@ -177,3 +190,85 @@ def test_a_stream_ended_unavailable_mid_way_asks_for_the_data_port_again() -> No
         else:
             raise AssertionError("the stream did not fail")
     assert forgotten == [1]
+
+
+@pytest.fixture
+def placed_worker(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    """One worker process of a supervised server as a supervisor starts it (config on stdin), with a
+    placement file of the test's own: (its address, the placement file, its log)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    write_dataset(root, "moved", N_ROWS)
+    ready, placement, log = tmp_path / "ready.json", tmp_path / PLACEMENT_FILE, tmp_path / "worker.log"
+    cfg = ServerConfig(root=str(root), port=0, ready_file=str(ready), placement_file=str(placement))
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardstream.server.worker_process", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(dataclasses.asdict(cfg)).encode())
+        proc.stdin.close()
+        wait_for(lambda: ready.exists() or proc.poll() is not None, "the worker's ready file")
+        assert proc.poll() is None, log.read_text()
+        info = json.loads(ready.read_text())
+        yield f"127.0.0.1:{info['port']}", placement, log
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("message_bytes", [1, 2000])  # a step a message; several (the move lands mid-message)
+def test_a_stream_asked_to_move_hands_over_to_its_successor_without_a_gap_or_a_retry(
+    placed_worker: tuple[str, Path, Path], message_bytes: int
+) -> None:
+    """Make before break (client/prefetch.py, ReadHeader.move): the worker asks the Loader's stream to
+    move (the placement file says: hand back 1, slot 1 is idle); the Loader opens the successor a few
+    steps on and ends the old stream there itself. Every sample once, in order; no stream ended
+    UNAVAILABLE; the client retried nothing."""
+    address, placement, log = placed_worker
+    data_port = json.loads((placement.parent / "ready.json").read_text())["data_port"]
+    _write(placement, 1, [(0, data_port, 5, 1), (1, data_port, 0, 0)])  # slot 1 is this worker too
+    rank_metrics = metrics.for_rank(None, 0)  # a Loader without a job
+    retries = rank_metrics.retries._value.get()
+    with Loader(address, "moved@1", batch_size=8, shuffle=False, epochs=1, output="arrow", columns=["id"],
+                max_message_bytes=message_bytes, prefetch=1) as loader:  # fmt: skip
+        got = [i for b in loader for i in b.column("id").to_pylist()]
+    assert got == list(range(N_ROWS))
+    assert rank_metrics.retries._value.get() == retries
+
+    def ends() -> list[str]:
+        return [line for line in log.read_text().splitlines() if "stream.end" in line]
+
+    wait_for(lambda: len(ends()) >= 2, "the stream asked to move, and its successor, ended")
+    first, second = ends()  # and no other
+    assert 'outcome=Canceled reason="client left"' in first and "outcome=OK" in second, (first, second)
+
+
+def test_the_next_epochs_stream_is_opened_before_the_epoch_ends(
+    placed_worker: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other successor: epoch 1's stream is opened AHEAD_STEPS steps before epoch 0's last one
+    (its server plans it and builds its first message meanwhile), and the read is still every
+    sample once a epoch, in order."""
+    address, _, _ = placed_worker
+    events: list[tuple[str, int, int]] = []
+    open_read = Fleet.open_read
+
+    def recorded(self: Fleet, endpoint: str, request: pb.ReadRequest, timeout_s: float | None = None) -> Any:
+        events.append(("open", int(request.epoch), int(request.first_step)))
+        return open_read(self, endpoint, request, timeout_s)
+
+    monkeypatch.setattr(Fleet, "open_read", recorded)
+    steps = -(-N_ROWS // 8)
+    got: list[int] = []
+    with Loader(address, "moved@1", batch_size=8, shuffle=False, epochs=2, output="arrow", columns=["id"],
+                max_message_bytes=1, prefetch=1) as loader:  # fmt: skip
+        for b in loader:
+            assert loader.last_batch is not None
+            events.append(("got", loader.last_batch.epoch, loader.last_batch.step))
+            got += b.column("id").to_pylist()
+    assert got == list(range(N_ROWS)) * 2
+    assert [e for e in events if e[0] == "open"] == [("open", 0, 0), ("open", 1, 0)]  # one stream an epoch
+    assert events.index(("open", 1, 0)) < events.index(("got", 0, steps - AHEAD_STEPS + 1))

@@ -51,6 +51,11 @@ class ReadCall(Protocol):
         """The server's id of this stream ("" until the server said; never blocks)."""
         ...
 
+    def moved(self) -> None:
+        """The server asked this stream to move (ReadHeader.move): the next stream opened on its
+        endpoint asks where to read again."""
+        ...
+
 
 ReadOpener = Callable[[str, pb.ReadRequest], ReadCall]  # (endpoint, request) -> its stream
 
@@ -122,6 +127,10 @@ class FlightCall:
         if error.status == grpc.StatusCode.UNAVAILABLE and self._on_unreachable is not None:
             self._on_unreachable()
         return error
+
+    def moved(self) -> None:
+        if self._on_unreachable is not None:
+            self._on_unreachable()  # GetDataset again: it names the least busy worker's data port
 
     def _status(self, code: grpc.StatusCode, details: str) -> ShardstreamError:
         return status_error(code, details, target=self._target, stream_id=self._stream_id)

@@ -105,6 +105,7 @@ class StreamSession:
         self._request_at = request_at  # the Read that starts at a given step
         self.endpoints = endpoints
         self.endpoint = endpoint  # index of the endpoint in use
+        self._first_step = first_step
         self.next_step = first_step  # the first of its steps not yet received
         self.step_stride = step_stride
         self._retry = retry
@@ -117,6 +118,29 @@ class StreamSession:
         self._retried_once = False
         self._parts = StepParts()  # of a step sent in parts, until its last one
         self._pushback: dict[int, float] = {}  # endpoint -> when it said it may be tried again
+
+    @property
+    def first_step(self) -> int:
+        """The first of its steps."""
+        return self._first_step
+
+    def open(self) -> None:
+        """Open the stream now, to be read later: its server plans it and builds its first message
+        meanwhile (a successor opened before the stream it follows ends: prefetch.py). A failure to
+        open is met when it is read, with the session's retries."""
+        if self._call is not None or self._calls.stopped.is_set():
+            return
+        try:
+            self._call = self._calls.open(self.endpoints[self.endpoint], self._request_at(self.next_step))
+        except ShardstreamError:
+            return  # next_message opens it again (discovery failed: retried there)
+        self._it = iter(self._call)
+
+    def moved(self) -> None:
+        """Its server asked the stream to move (ReadHeader.move): the next stream opened on its
+        endpoint asks where to read first (GetDataset names the least busy worker)."""
+        if self._call is not None:
+            self._call.moved()
 
     def next_message(self) -> Message | None:
         """The stream's next message (None once stopped); reopens the stream as needed."""

@@ -74,7 +74,7 @@ from .admission import Ticket
 from .audit import StreamAudit
 from .build_pool import BuildPool, Pending
 from .job_reports import MAX_REPORT_BYTES, REPORT_ACTION, count_sent, job_reports
-from .placement import REBALANCED
+from .placement import HANDOVER_GRACE_STEPS, REBALANCED
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -256,6 +256,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             read.messages = _Messages(self, plan, admitted, context.is_cancelled)
             read.conform = plan.pipeline is not None
             read.movable = plan.movable
+            read.handover = plan.handover
             first = read.messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
@@ -278,6 +279,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         key, writing = self.reaper.watch(stream)
         held = HeldThreadState()
         placement = self.runtime.placement if read.movable else None
+        # A stream asked to move (placement.shed_one) whose client opens the successor itself
+        # (ReadRequest.handover): its next message says so, and it goes on until its client ends it
+        # where the successor starts — or ends as any other once HANDOVER_GRACE_STEPS more steps went.
+        move_next, grace = False, -1
         try:
             while message is not None:
                 batch = message.batch
@@ -287,6 +292,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 stream.sent(message.steps, message.rows, n)
                 if message is first:  # the stream's id, for the client's log lines
                     message.header.stream_id = stream.stream_id
+                if move_next:
+                    message.header.move, move_next = True, False
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
                 writing.since = now = time.monotonic()
@@ -297,9 +304,17 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 if message.holds:  # Flight asked for the next: this one is written
                     admitted.release(message.holds)
                 del batch, metadata
-                if placement is not None and _ends_a_step(message) and placement.shed_one():
-                    messages.cancel()  # at a step boundary: a less busy worker takes it from the next step
-                    raise UnavailableError(REBALANCED)
+                if placement is not None and _ends_a_step(message):
+                    if grace > 0:
+                        grace -= 1
+                    elif grace < 0 and placement.shed_one():
+                        if read.handover:
+                            move_next, grace = True, HANDOVER_GRACE_STEPS
+                        else:
+                            grace = 0
+                    if grace == 0:
+                        messages.cancel()  # at a step boundary: a less busy worker takes it from the next step
+                        raise UnavailableError(REBALANCED)
                 message = messages.next()
             outcome = stream.outcome = "OK"
             stream.reason = ""
@@ -340,6 +355,7 @@ class _Stream:
     messages: _Messages | None = None
     conform: bool = False  # its messages may differ from its first in their columns (transforms)
     movable: bool = False  # its client follows it to another worker (ReadRequest.movable)
+    handover: bool = False  # ... and opens the successor itself (ReadRequest.handover)
 
     def end(self, outcome: str) -> None:
         self.admitted.close()

@@ -15,9 +15,14 @@ Each round is logged and counted (`shardstream_rebalance_rounds_total` at the su
 Each worker (`Placement`; ServerConfig.placement_file and worker_slot, set by the supervisor only) reads
 the file when it changed, at most every READ_INTERVAL_S: its GetDataset names the data port
 `rebalance.pick_slot` picks (its own while none is less busy), and its streams end themselves, as
-many as it was asked to hand back in that generation, at the next step boundary with UNAVAILABLE
-(`shardstream_streams_rebalanced_total`). A client resumes such a stream at the first step it has not
-received, after asking GetDataset again (client/transport/flight_call.py): on the less busy worker.
+many as it was asked to hand back in that generation (`shardstream_streams_rebalanced_total`). A stream
+whose client opens the successor itself (ReadRequest.handover: the client's single stream of a rank)
+says `move` in its next message's header and goes on: the client opens a stream a few steps on (asking
+GetDataset again: on the less busy worker), reads this one up to there and ends it — make before break,
+so the rank never waits for the new stream's first message (client/prefetch.py); one still open
+HANDOVER_GRACE_STEPS steps later ends as the others do. The others end at the next step boundary with
+UNAVAILABLE, and their client resumes at the first step it has not received, after asking GetDataset
+again (client/transport/flight_call.py).
 A single server process has no placement: GetDataset names its own port, no stream is ended.
 """
 
@@ -41,6 +46,7 @@ from .ready import write_ready_file
 from .rebalance import pick_slot, plan_shed
 
 __all__ = [
+    "HANDOVER_GRACE_STEPS",
     "PLACEMENT_FILE",
     "REBALANCED",
     "STREAMS_REBALANCED",
@@ -60,6 +66,9 @@ READ_INTERVAL_S = 0.5  # a worker looks at the file at most this often
 REBALANCED = (
     "rebalanced: this server's worker carries more streams than another; the stream resumes on a less busy one"
 )
+# A stream asked to move whose client opens the successor (ReadHeader.move) ends anyway this many
+# steps later: a client ends it within a few (client/prefetch.py).
+HANDOVER_GRACE_STEPS = 64
 _ACTIVE = "shardstream_streams_active"
 
 STREAMS_REBALANCED = Counter(

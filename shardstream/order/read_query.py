@@ -127,6 +127,7 @@ class ReadQuery:
     max_message_bytes: int = 0  # 0: the server's default
     split_steps: bool = False
     movable: bool = False  # the client follows a stream its worker hands to a less busy one
+    handover: bool = False  # ... and opens the successor itself when a header says move
     # balanced steps (balance.py): None or "tokens"; pad_rows pads a rank's rows to the step's largest
     balance: str | None = None  # None, "tokens", "attention" or "cost"
     pad_rows: bool = False
@@ -162,6 +163,7 @@ def encode(query: ReadQuery) -> pb.ReadRequest:
         on_error=query.on_error,
         split_steps=query.split_steps,
         movable=query.movable,
+        handover=query.handover,
     )
     if query.balance is not None or query.pad_rows:
         req.balance.CopyFrom(
@@ -221,6 +223,7 @@ def decode(req: pb.ReadRequest) -> ReadQuery:
         max_message_bytes=req.max_message_bytes,
         split_steps=req.split_steps,
         movable=req.movable,
+        handover=req.handover,
         balance=_BALANCE_NAMES[req.balance.mode],
         pad_rows=req.balance.pad_rows,
         balance_column=req.balance.cost_column,
