@@ -6,9 +6,9 @@ decoded items; any exception, wrapped, goes the same way and is raised in the co
 The consumer's `get()` also watches for a stream that has gone silent (session.CallRegistry).
 
 A single stream is followed without a gap (make before break): the next epoch's stream is opened
-AHEAD_STEPS of the rank's steps before the current epoch's ends, and when the stream's worker asks it
-to move (ReadHeader.move: server/serving/placement.py) its successor is opened from AHEAD_STEPS steps on
-— on the least busy worker GetDataset names — and takes over there, the old stream ended. Either
+AHEAD_STEPS of the rank's steps and a message's worth before the current epoch's ends, and when the stream's worker hands it
+to a less busy one (ReadHeader.move_at: server/serving/placement.py) its successor is opened from the
+step the header names — on the least busy worker GetDataset names — and takes over there. Either
 way the new stream's server plans it and builds its first message while the rank still reads the old
 one, instead of the rank's queue draining while it does (a new stream's first message may take longer
 than the queue lasts: a row group to read, slow transforms).
@@ -155,10 +155,10 @@ class Producer:
                 if message is None:
                     return False
                 header, rows = message
-                if header.move and successor is None:
+                if header.move_at and successor is None:
                     session.moved()  # the next stream asks GetDataset: the least busy worker's port
-                    if session.next_step + ahead < layout.num_steps:
-                        successor = self._session(epoch, offset, session.next_step + ahead, session.endpoint)
+                    if header.move_at < layout.num_steps:
+                        successor = self._session(epoch, offset, header.move_at, session.endpoint)
                         successor.open()
                     elif self._next is not None:  # too near the epoch's end: the next epoch's stream moves
                         self._next[1].close()
@@ -173,12 +173,13 @@ class Producer:
                     if not self._put(item):
                         return False
                 if successor is not None and session.next_step >= successor.first_step:
-                    session.close()  # ends the old stream: "client left" at its server
+                    session.close()  # the old stream ended there (or ends now)
                     session, successor = successor, None
                     continue
                 if header.end_of_epoch:
                     return True
-                if self._next is None and layout.num_steps - session.next_step <= ahead:
+                # a message's steps more: the next stream's first message is as large as this one's
+                if self._next is None and layout.num_steps - session.next_step <= ahead + len(header.steps) * stride:
                     self._open_next(epoch + 1, session.endpoint)
         finally:
             self._endpoint = session.endpoint

@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         step_s = args.ranks * BATCH / (1.5 * capacity)
         result |= {"capacity_samples_per_s": round(capacity, 1), "step_s": round(step_s, 4)}
         extra = (*common, "--max-workers", str(args.max_workers), "--autoscale-interval", str(args.interval_s))
-        with LocalServer(root, metrics=True, workers="auto", extra_args=extra) as auto:
+        log_path = Path(args.server_log) if args.server_log else None
+        with LocalServer(root, metrics=True, workers="auto", extra_args=extra, log_path=log_path) as auto:
             t_start = time.monotonic()
             ranks = _Ranks(auto, args.ranks, "bench", step_s)  # 2. grow
             grow = _watch(auto, lambda: len(auto.info()["workers"]) >= args.max_workers, 300, log, "grow")
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=8, help="simulated ranks (8)")
     parser.add_argument("--max-workers", type=int, default=2, help="serve --max-workers (2)")
     parser.add_argument("--interval-s", type=float, default=1.0, help="serve --autoscale-interval (1 s)")
+    parser.add_argument("--server-log", metavar="PATH", help="the auto-sized server's log (stream.start/end lines: every move)")
     parser.add_argument("--steady-s", type=float, default=60.0, help="seconds of the steady phase (60; the issue's is 600)")
     return bench_main(parser, argv, run, json_default=results_path("autoscale_bench"), report=report, failed=lambda r: not r["in_order_once"] or bool(r["errors"]))
 

@@ -120,8 +120,8 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         fast.wait_for(lambda: _streams_per_worker(auto_server) == [RANKS // 2] * 2, "the streams spread over both workers")
         m = scrape(auto_server)
         assert m["shardstream_rebalance_rounds_total"] >= 1 and m["shardstream_streams_rebalanced_total"] >= RANKS // 2
-        # handed over, not broken: each moved rank opened its successor and ended the old stream
-        # itself (ReadHeader.move), so no stream ended UNAVAILABLE and no client retried
+        # handed over, not broken: each moved rank opened its successor where the old stream ended
+        # (ReadHeader.move_at), so no stream ended UNAVAILABLE and no client retried
         assert m.get(_UNAVAILABLE_READS, 0) == 0, "a moved stream ended UNAVAILABLE"
         fast.wait_for(lambda: min(len(g) for g in fast.got) >= SHARE, "every rank's first epoch")  # counted
     finally:

@@ -93,8 +93,15 @@ def test_an_idle_server_names_the_answering_workers_own_port() -> None:
     assert pick_slot({0: 5, 1: 2}, 0, {}, {1: 3}) == 0  # ... until this worker sent it as many
 
 
-def _write(path: Path, generation: int, workers: list[tuple[int, int, int, int]]) -> None:
-    body = {"generation": generation, "workers": [{"slot": s, "data_port": p, "streams": n, "shed": k} for s, p, n, k in workers]}
+def _write(path: Path, generation: int, workers: list[tuple[int, int, int, int]], round_: int = 0) -> None:
+    """A placement file; `round_`: the last shed round, whose shares are the workers' shed (as in the
+    generation that round was made in) or, without one in this generation, none left to ask."""
+    body = {
+        "generation": generation,
+        "workers": [{"slot": s, "data_port": p, "streams": n, "shed": k} for s, p, n, k in workers],
+        "round": round_,
+        "round_shed": [[s, k] for s, _, _, k in workers if k],
+    }
     path.write_text(json.dumps(body))
 
 
@@ -106,29 +113,47 @@ class _Clock:
         return self.t
 
 
-def test_a_worker_reads_the_placement_names_ports_and_hands_back_its_share_once_per_generation(tmp_path: Path) -> None:
+def test_a_worker_reads_the_placement_names_ports_and_hands_back_its_share_once_per_round(tmp_path: Path) -> None:
     path, clock = tmp_path / "placement.json", _Clock()
     p = Placement(str(path), 0, 7000, clock)
     assert p.data_port() == 7000 and not p.shed_one()  # no file yet: as a single worker
-    _write(path, 1, [(0, 7000, 6, 2), (1, 7001, 0, 0)])
+    _write(path, 1, [(0, 7000, 6, 2), (1, 7001, 0, 0)], round_=1)
     clock.t += READ_INTERVAL_S
     assert [p.data_port() for _ in range(5)] == [7001] * 4 + [7000]  # 6 - 2 handed back: 4 and 0 -> 4 and 4, a tie: its own
     assert [p.shed_one() for _ in range(3)] == [True, True, False]  # its share, once
     clock.t += READ_INTERVAL_S
     assert not p.shed_one()  # the same generation read again: nothing more
-    _write(path, 2, [(0, 7000, 4, 0), (1, 7001, 4, 0)])
+    _write(path, 2, [(0, 7000, 4, 0), (1, 7001, 4, 0)], round_=1)  # the same round: its share went
     clock.t += READ_INTERVAL_S
     assert not p.shed_one() and p.data_port() == 7000
+    # a round's share stands until the next round, through counts without one (its streams reach
+    # a step boundary as their clients read: a worker may not read the round's own generation),
+    # and a new round replaces what is left of it
+    _write(path, 4, [(0, 7000, 5, 0), (1, 7001, 1, 0)], round_=2)
+    body = json.loads(path.read_text())
+    body["round_shed"] = [[0, 2]]  # round 2 asked slot 0 for 2, in generation 3 this worker never read
+    path.write_text(json.dumps(body))
+    clock.t += READ_INTERVAL_S
+    assert p.shed_one() and p.shed_one() and not p.shed_one()
+    body.update(generation=5, round=3, round_shed=[[0, 1]])
+    path.write_text(json.dumps(body))
+    clock.t += READ_INTERVAL_S
+    p.data_port()  # reads it: a share of 1
+    _write(path, 6, [(0, 7000, 0, 0), (1, 7001, 6, 3)], round_=4)  # another round, before this worker's share went
+    clock.t += READ_INTERVAL_S
+    assert not p.shed_one()
     path.write_text("{torn")  # a torn or foreign file keeps what was read
     clock.t += READ_INTERVAL_S
     assert p.data_port() in (7000, 7001)
 
 
-def _worker_with_streams(metrics: Path, n: int) -> int:
-    """A process that counts `n` Read streams in the multiprocess files, as a worker does; its pid."""
+def _worker_with_streams(metrics: Path, n: int, moving: int = 0) -> int:
+    """A process that counts `n` Read streams in the multiprocess files, `moving` of them asked to
+    move, as a worker does; its pid."""
     code = (
         "import os; from shardstream.server.serving.stream_runtime import STREAMS_ACTIVE; "
-        f"STREAMS_ACTIVE.labels('d').inc({n}); print(os.getpid())"
+        "from shardstream.server.serving.placement import STREAMS_MOVING; "
+        f"STREAMS_ACTIVE.labels('d').inc({n}); STREAMS_MOVING.inc({moving}); print(os.getpid())"
     )
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
     return int(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout)
@@ -156,11 +181,28 @@ def test_the_supervisors_writer_counts_each_worker_and_sheds_on_settled_means(tm
     assert [sheds() for _ in range(SHED_WINDOW - 1)] == [[0, 0]] * (SHED_WINDOW - 1)
     assert sheds() == [3, 0]  # SHED_WINDOW settled counts of 6 and 0
     assert [sheds() for _ in range(SHED_WINDOW - 1)] == [[0, 0]] * (SHED_WINDOW - 1)  # a fresh window
+    body = json.loads((tmp_path / "placement.json").read_text())
+    assert body["round"] == 1 and body["round_shed"] == [[0, 3]]  # the last round, in every generation
     assert sheds(on=workers[:1]) == [0]  # another set of workers: counted anew
     assert registry.get_sample_value("shardstream_rebalance_rounds_total") == 1
     assert registry.get_sample_value("shardstream_worker_streams", {"worker": "0"}) == 6
     assert registry.get_sample_value("shardstream_worker_streams", {"worker": "1"}) is None  # gone: its series too
     assert not w.due()
+
+
+def test_no_round_while_a_stream_asked_to_move_is_still_open(tmp_path: Path) -> None:
+    """A stream asked to move stays open while its client reads what was sent before it: the counts
+    are not what they will be, and a round on them would ask again for what is on its way."""
+    clock = _Clock()
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    pids = [_worker_with_streams(metrics, 6, moving=1), _worker_with_streams(metrics, 0)]
+    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
+    workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+    for _ in range(3 * SHED_WINDOW):
+        clock.t += 1.0
+        assert [x["shed"] for x in w.publish(workers, settled=True)["workers"]] == [0, 0]
+    assert w.round == 0
 
 
 def test_a_stream_ended_unavailable_mid_way_asks_for_the_data_port_again() -> None:
@@ -223,13 +265,13 @@ def placed_worker(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
 def test_a_stream_asked_to_move_hands_over_to_its_successor_without_a_gap_or_a_retry(
     placed_worker: tuple[str, Path, Path], message_bytes: int
 ) -> None:
-    """Make before break (client/prefetch.py, ReadHeader.move): the worker asks the Loader's stream to
-    move (the placement file says: hand back 1, slot 1 is idle); the Loader opens the successor a few
-    steps on and ends the old stream there itself. Every sample once, in order; no stream ended
-    UNAVAILABLE; the client retried nothing."""
+    """Make before break (client/prefetch.py, ReadHeader.move_at): the worker asks the Loader's stream to
+    move (the placement file says: hand back 1, slot 1 is idle); its next message names the step the
+    stream ends before, the Loader opens the successor from there at once. Every sample once, in
+    order; no stream ended UNAVAILABLE; the client retried nothing."""
     address, placement, log = placed_worker
     data_port = json.loads((placement.parent / "ready.json").read_text())["data_port"]
-    _write(placement, 1, [(0, data_port, 5, 1), (1, data_port, 0, 0)])  # slot 1 is this worker too
+    _write(placement, 1, [(0, data_port, 5, 1), (1, data_port, 0, 0)], round_=1)  # slot 1 is this worker too
     rank_metrics = metrics.for_rank(None, 0)  # a Loader without a job
     retries = rank_metrics.retries._value.get()
     with Loader(address, "moved@1", batch_size=8, shuffle=False, epochs=1, output="arrow", columns=["id"],
@@ -243,7 +285,15 @@ def test_a_stream_asked_to_move_hands_over_to_its_successor_without_a_gap_or_a_r
 
     wait_for(lambda: len(ends()) >= 2, "the stream asked to move, and its successor, ended")
     first, second = ends()  # and no other
-    assert 'outcome=Canceled reason="client left"' in first and "outcome=OK" in second, (first, second)
+    # the old stream ended itself where its successor starts: the steps before move_at, no more
+    # (with several steps a message, at most the rest of the message that reaches it)
+    assert "outcome=OK reason=moved" in first and second.endswith("outcome=OK"), (first, second)
+    sent = [int(line.split(" steps=")[1].split()[0]) for line in (first, second)]
+    starts = [line for line in log.read_text().splitlines() if "stream.start" in line]
+    successor_from = int(starts[1].split(" first_step=")[1].split()[0])
+    assert sent[1] == -(-N_ROWS // 8) - successor_from and successor_from <= sent[0], (sent, successor_from)
+    if message_bytes == 1:
+        assert sent[0] == successor_from
 
 
 def test_the_next_epochs_stream_is_opened_before_the_epoch_ends(

@@ -52,7 +52,7 @@ class ReadCall(Protocol):
         ...
 
     def moved(self) -> None:
-        """The server asked this stream to move (ReadHeader.move): the next stream opened on its
+        """The server asked this stream to move (ReadHeader.move_at): the next stream opened on its
         endpoint asks where to read again."""
         ...
 

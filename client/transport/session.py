@@ -137,7 +137,7 @@ class StreamSession:
         self._it = iter(self._call)
 
     def moved(self) -> None:
-        """Its server asked the stream to move (ReadHeader.move): the next stream opened on its
+        """Its server asked the stream to move (ReadHeader.move_at): the next stream opened on its
         endpoint asks where to read first (GetDataset names the least busy worker)."""
         if self._call is not None:
             self._call.moved()

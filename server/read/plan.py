@@ -76,7 +76,7 @@ class ReadPlan:
     message_cap_bytes: int = 1 << 62
     split_steps: bool = False
     movable: bool = False  # its worker may end it for a less busy one to take (serving/placement.py)
-    handover: bool = False  # ... by asking its client to (ReadHeader.move), which opens the next stream first
+    handover: bool = False  # ... by asking its client to (ReadHeader.move_at), which opens the next stream first
     per_sample: bool = True
     sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
 

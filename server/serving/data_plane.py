@@ -74,7 +74,7 @@ from .admission import Ticket
 from .audit import StreamAudit
 from .build_pool import BuildPool, Pending
 from .job_reports import MAX_REPORT_BYTES, REPORT_ACTION, count_sent, job_reports
-from .placement import HANDOVER_GRACE_STEPS, REBALANCED
+from .placement import HANDOVER_AHEAD_STEPS, REBALANCED, STREAMS_MOVING
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -257,6 +257,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             read.conform = plan.pipeline is not None
             read.movable = plan.movable
             read.handover = plan.handover
+            read.stride = plan.stride
             first = read.messages.first()
         except BaseException as exc:
             error = self._fail(call, exc, stream)  # first: the stream's end line names the error
@@ -280,9 +281,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         held = HeldThreadState()
         placement = self.runtime.placement if read.movable else None
         # A stream asked to move (placement.shed_one) whose client opens the successor itself
-        # (ReadRequest.handover): its next message says so, and it goes on until its client ends it
-        # where the successor starts — or ends as any other once HANDOVER_GRACE_STEPS more steps went.
-        move_next, grace = False, -1
+        # (ReadRequest.handover): its next message that ends a step names the step it ends before
+        # (move_at, HANDOVER_AHEAD_STEPS steps on), from which its client opens the successor as it
+        # reads that header; the stream ends, OK, once it sent the steps before.
+        moving, move_at = False, 0
         try:
             while message is not None:
                 batch = message.batch
@@ -292,8 +294,9 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 stream.sent(message.steps, message.rows, n)
                 if message is first:  # the stream's id, for the client's log lines
                     message.header.stream_id = stream.stream_id
-                if move_next:
-                    message.header.move, move_next = True, False
+                if moving and not move_at and _ends_a_step(message) and message.header.steps:
+                    move_at = message.header.steps[-1].step + read.stride * (1 + HANDOVER_AHEAD_STEPS)
+                    message.header.move_at = move_at
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
                 writing.since = now = time.monotonic()
@@ -305,19 +308,18 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                     admitted.release(message.holds)
                 del batch, metadata
                 if placement is not None and _ends_a_step(message):
-                    if grace > 0:
-                        grace -= 1
-                    elif grace < 0 and placement.shed_one():
-                        if read.handover:
-                            move_next, grace = True, HANDOVER_GRACE_STEPS
-                        else:
-                            grace = 0
-                    if grace == 0:
-                        messages.cancel()  # at a step boundary: a less busy worker takes it from the next step
-                        raise UnavailableError(REBALANCED)
+                    if move_at and message.header.steps and message.header.steps[-1].step + read.stride >= move_at:
+                        messages.cancel()  # handed over: its client reads the rest from the successor
+                        break
+                    if not moving and placement.shed_one():
+                        if not read.handover:
+                            messages.cancel()  # at a step boundary: a less busy worker takes it from the next step
+                            raise UnavailableError(REBALANCED)
+                        moving = True
+                        STREAMS_MOVING.inc()
                 message = messages.next()
             outcome = stream.outcome = "OK"
-            stream.reason = ""
+            stream.reason = "moved" if move_at else ""
         except _Gone:  # its client left while it waited for room in the buffer budget
             messages.cancel()
         except GeneratorExit:
@@ -329,6 +331,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
             stream.reason = ""
             raise self._fail(call, exc, stream) from None
         finally:
+            if moving:
+                STREAMS_MOVING.dec()
             sent.flush(stream)
             self.reaper.forget(key)
             read.end(outcome)
@@ -356,6 +360,7 @@ class _Stream:
     conform: bool = False  # its messages may differ from its first in their columns (transforms)
     movable: bool = False  # its client follows it to another worker (ReadRequest.movable)
     handover: bool = False  # ... and opens the successor itself (ReadRequest.handover)
+    stride: int = 1  # its step stride (the plan's)
 
     def end(self, outcome: str) -> None:
         self.admitted.close()

@@ -14,13 +14,14 @@ Each round is logged and counted (`shardstream_rebalance_rounds_total` at the su
 
 Each worker (`Placement`; ServerConfig.placement_file and worker_slot, set by the supervisor only) reads
 the file when it changed, at most every READ_INTERVAL_S: its GetDataset names the data port
-`rebalance.pick_slot` picks (its own while none is less busy), and its streams end themselves, as
-many as it was asked to hand back in that generation (`shardstream_streams_rebalanced_total`). A stream
+`rebalance.pick_slot` picks (its own while none is less busy), and its streams hand themselves back, as
+many as the last round asked of it (the file names that round in every generation until the next) (`shardstream_streams_rebalanced_total`). A stream
 whose client opens the successor itself (ReadRequest.handover: the client's single stream of a rank)
-says `move` in its next message's header and goes on: the client opens a stream a few steps on (asking
-GetDataset again: on the less busy worker), reads this one up to there and ends it — make before break,
-so the rank never waits for the new stream's first message (client/prefetch.py); one still open
-HANDOVER_GRACE_STEPS steps later ends as the others do. The others end at the next step boundary with
+names in its next message's header the step it stops before (`move_at`, HANDOVER_AHEAD_STEPS steps on)
+and goes on to there, then ends (OK); the client opens a stream from that step as soon as it reads the
+header (asking GetDataset again: on the less busy worker) — make before break, so the rank does not
+wait for the new stream's first message (client/prefetch.py). While any such stream is open
+(`shardstream_streams_moving`) the counts are not settled: no round. The others end at the next step boundary with
 UNAVAILABLE, and their client resumes at the first step it has not received, after asking GetDataset
 again (client/transport/flight_call.py).
 A single server process has no placement: GetDataset names its own port, no stream is ended.
@@ -46,9 +47,10 @@ from .ready import write_ready_file
 from .rebalance import pick_slot, plan_shed
 
 __all__ = [
-    "HANDOVER_GRACE_STEPS",
+    "HANDOVER_AHEAD_STEPS",
     "PLACEMENT_FILE",
     "REBALANCED",
+    "STREAMS_MOVING",
     "STREAMS_REBALANCED",
     "Placement",
     "PlacementWriter",
@@ -66,14 +68,21 @@ READ_INTERVAL_S = 0.5  # a worker looks at the file at most this often
 REBALANCED = (
     "rebalanced: this server's worker carries more streams than another; the stream resumes on a less busy one"
 )
-# A stream asked to move whose client opens the successor (ReadHeader.move) ends anyway this many
-# steps later: a client ends it within a few (client/prefetch.py).
-HANDOVER_GRACE_STEPS = 64
+# A stream asked to move whose client opens the successor (ReadHeader.move_at) goes on for this many
+# of its steps after the message that says so: its successor plans and builds its first message meanwhile.
+HANDOVER_AHEAD_STEPS = 4
 _ACTIVE = "shardstream_streams_active"
+_MOVING = "shardstream_streams_moving"
 
 STREAMS_REBALANCED = Counter(
     "shardstream_streams_rebalanced_total",
     "Read streams a worker ended at a step boundary so that a less busy worker of its server takes them (placement.py)",
+)
+
+STREAMS_MOVING = Gauge(
+    "shardstream_streams_moving",
+    "Read streams a worker asked to move that are still open (placement.py; no shed round while any is)",
+    multiprocess_mode="livesum",
 )
 
 
@@ -120,6 +129,8 @@ class PlacementWriter:
         self.metrics_dir = metrics_dir
         self._clock = clock
         self.generation = 0
+        self.round = 0  # the last shed round, and what it asked of each slot: in every generation after it
+        self._round_shed: dict[int, int] = {}
         self._next_publish = 0.0
         self._window: deque[dict[int, int]] = deque(maxlen=SHED_WINDOW)  # the last counts, same workers
         self.rounds = Counter(
@@ -142,6 +153,10 @@ class PlacementWriter:
         self._next_publish = now + PUBLISH_INTERVAL_S
         by_pid = streams_by_pid(self.metrics_dir)
         streams = {w.slot: by_pid.get(w.pid, 0) for w in workers}
+        # streams asked to move and still open (a client opening its successor, or reading what was
+        # sent before it): the counts are not what they will be, so not a round's
+        moving = live_by_pid(self.metrics_dir, _MOVING)
+        settled = settled and not any(moving.get(w.pid, 0) > 0 for w in workers)
         for slot in self._labelled - set(streams):  # a worker gone (drained, or being replaced)
             self.streams.remove(str(slot))
         for slot, n in streams.items():
@@ -158,6 +173,8 @@ class PlacementWriter:
             if shed:
                 self._window.clear()  # the next round looks at counts made after this one
                 self.rounds.inc()
+                self.round += 1
+                self._round_shed = shed
                 log.info(
                     "rebalance: streams per worker slot %s (mean of the last %d counts); asking %s to hand back %s",
                     dict(sorted(means.items())),
@@ -168,6 +185,11 @@ class PlacementWriter:
         self.generation += 1
         placement = {
             "generation": self.generation,
+            # the last round, in every generation until the next: a worker reads the file only as
+            # its streams pass step boundaries (seconds apart with large messages), and would miss a
+            # round published for one generation only
+            "round": self.round,
+            "round_shed": [[slot, k] for slot, k in sorted(self._round_shed.items())],
             "workers": [
                 {"slot": w.slot, "data_port": w.data_port, "streams": streams[w.slot], "shed": shed.get(w.slot, 0)}
                 for w in workers
@@ -193,7 +215,8 @@ class Placement:
         self._ports: dict[int, int] = {}
         self._shed: dict[int, int] = {}
         self._given: Tally[int] = Tally()  # streams sent to each slot since the count
-        self._to_shed = 0  # this worker's streams still to end in this generation
+        self._to_shed = 0  # this worker's streams still to hand back in the last round
+        self._round = 0  # the last round read
 
     def _refresh(self) -> None:
         """Read the file if it changed (at most every READ_INTERVAL_S); a missing or torn file keeps
@@ -210,6 +233,8 @@ class Placement:
                 data = json.loads(self.path.read_text())
                 generation = int(data["generation"])
                 workers = [(int(w["slot"]), int(w["data_port"]), int(w["streams"]), int(w["shed"])) for w in data["workers"]]
+                round_ = int(data.get("round", 0))
+                round_shed = {int(slot): int(k) for slot, k in data.get("round_shed", ())}
             except (OSError, ValueError, KeyError, TypeError):
                 return
             self._stamp = (st.st_mtime_ns, st.st_size)
@@ -220,7 +245,10 @@ class Placement:
             self._streams = {slot: n for slot, port, n, _ in workers if port}
             self._shed = {slot: k for slot, _, _, k in workers if k}
             self._given.clear()
-            self._to_shed = self._shed.get(self.slot, 0)
+            if round_ != self._round:  # a round: this worker's share of it stands until the next round
+                # (a stream reaches a step boundary only as fast as its client reads: seconds apart)
+                self._round = round_
+                self._to_shed = round_shed.get(self.slot, 0)
 
     def data_port(self) -> int:
         """The data port to name in a GetDataset answer (rebalance.pick_slot), counted as given."""

@@ -240,20 +240,20 @@ class SkippedSample(_message.Message):
     def __init__(self, position: _Optional[int] = ..., shard: _Optional[int] = ..., row: _Optional[int] = ..., source: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReadHeader(_message.Message):
-    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "stream_id", "move")
+    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "stream_id", "move_at")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     END_OF_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
-    MOVE_FIELD_NUMBER: _ClassVar[int]
+    MOVE_AT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     steps: _containers.RepeatedCompositeFieldContainer[StepInfo]
     end_of_epoch: bool
     dropped: int
     stream_id: str
-    move: bool
-    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ..., move: _Optional[bool] = ...) -> None: ...
+    move_at: int
+    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ..., move_at: _Optional[int] = ...) -> None: ...
 
 class CheckpointCommand(_message.Message):
     __slots__ = ("job", "put_chunks", "get_chunks", "has", "put_part", "commit", "abort", "steps", "manifest")
