@@ -294,8 +294,10 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 stream.sent(message.steps, message.rows, n)
                 if message is first:  # the stream's id, for the client's log lines
                     message.header.stream_id = stream.stream_id
-                if moving and not move_at and _ends_a_step(message) and message.header.steps:
-                    move_at = message.header.steps[-1].step + read.stride * (1 + HANDOVER_AHEAD_STEPS)
+                steps = message.header.steps
+                if moving and not move_at and steps and not steps[-1].more_parts:
+                    # (on the epoch's last message too: its client moves its next epoch's stream)
+                    move_at = steps[-1].step + read.stride * (1 + HANDOVER_AHEAD_STEPS)
                     message.header.move_at = move_at
                 metadata = message.header.SerializeToString()
                 messages.ahead()  # the next message builds while Flight writes this one
