@@ -6,9 +6,10 @@ decoded items; any exception, wrapped, goes the same way and is raised in the co
 The consumer's `get()` also watches for a stream that has gone silent (session.CallRegistry).
 
 A single stream is followed without a gap (make before break): the next epoch's stream is opened
-AHEAD_STEPS of the rank's steps and a message's worth before the current epoch's ends, and when the stream's worker hands it
-to a less busy one (ReadHeader.move_at: server/serving/placement.py) its successor is opened from the
-step the header names — on the least busy worker GetDataset names — and takes over there. Either
+AHEAD_STEPS of the rank's steps and a message's worth before the current epoch ends, and when the
+stream's worker hands it to a less busy one (ReadHeader.move_at: server/serving/placement.py) its
+successor is opened from the step the header names — on the least busy worker GetDataset names —
+and takes over there. Either
 way the new stream's server plans it and builds its first message while the rank still reads the old
 one, instead of the rank's queue draining while it does (a new stream's first message may take longer
 than the queue lasts: a row group to read, slow transforms).
