@@ -14,16 +14,17 @@ Each round is logged and counted (`shardstream_rebalance_rounds_total` at the su
 
 Each worker (`Placement`; ServerConfig.placement_file and worker_slot, set by the supervisor only) reads
 the file when it changed, at most every READ_INTERVAL_S: its GetDataset names the data port
-`rebalance.pick_slot` picks (its own while none is less busy), and its streams hand themselves back, as
-many as the last round asked of it (the file names that round in every generation until the next) (`shardstream_streams_rebalanced_total`). A stream
-whose client opens the successor itself (ReadRequest.handover: the client's single stream of a rank)
-names in its next message's header the step it stops before (`move_at`, HANDOVER_AHEAD_STEPS steps on)
-and goes on to there, then ends (OK); the client opens a stream from that step as soon as it reads the
-header (asking GetDataset again: on the less busy worker) — make before break, so the rank does not
-wait for the new stream's first message (client/prefetch.py). While any such stream is open
-(`shardstream_streams_moving`) the counts are not settled: no round. The others end at the next step boundary with
-UNAVAILABLE, and their client resumes at the first step it has not received, after asking GetDataset
-again (client/transport/flight_call.py).
+`rebalance.pick_slot` picks (its own while none is less busy), and its streams hand themselves back,
+as many as the last round asked of it (the file names that round in every generation until the
+next; `shardstream_streams_rebalanced_total`). A stream whose client opens the successor itself
+(ReadRequest.handover: the client's single stream of a rank) names in its next message's header the
+step it stops before (`move_at`, HANDOVER_AHEAD_STEPS steps on) and goes on to there, then ends (OK);
+the client opens a stream from that step as soon as it reads the header (asking GetDataset again: on
+the less busy worker) — make before break, so the rank does not wait for the new stream's first
+message (client/prefetch.py). While any such stream is open (`shardstream_streams_moving`) the counts
+are not settled: no round. The others end at the next step boundary with UNAVAILABLE, and their
+client resumes at the first step it has not received, after asking GetDataset again
+(client/transport/flight_call.py).
 A single server process has no placement: GetDataset names its own port, no stream is ended.
 """
 
