@@ -61,7 +61,7 @@ class Producer:
             self._room.put(None)
         self._calls = CallRegistry(open_call)
         self._endpoint = spec.rank % len(spec.endpoints)  # the single stream's; kept across epochs
-        self._next: tuple[int, StreamSession] | None = None  # (epoch, its stream), opened ahead
+        self._next: StreamSession | None = None  # the next epoch's stream, opened ahead
         self._thread = threading.Thread(
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{spec.rank}", daemon=True
         )
@@ -122,7 +122,7 @@ class Producer:
             self._put(_Failed(exc))
         finally:
             if self._next is not None:
-                self._next[1].close()
+                self._next.close()
 
     def _session(self, epoch: int, offset: int, first_step: int, endpoint: int) -> StreamSession:
         """A stream of the epoch's steps (from `offset`) from `first_step` on, on `endpoint`."""
@@ -147,7 +147,8 @@ class Producer:
         layout = spec.layout(offset, epoch)
         stride = spec.split.workers
         ahead = AHEAD_STEPS * stride
-        session = self._opened(epoch) or self._session(epoch, offset, 0, self._endpoint)
+        session = self._next or self._session(epoch, offset, 0, self._endpoint)  # opened ahead: this epoch's
+        self._next = None
         successor: StreamSession | None = None  # the one a move asked for, from a later step
         try:
             while True:
@@ -162,14 +163,14 @@ class Producer:
                         successor = self._session(epoch, offset, header.move_at, session.endpoint)
                         successor.open()
                     elif self._next is not None:  # too near the epoch's end: the next epoch's stream moves
-                        self._next[1].close()
+                        self._next.close()
                         self._next = None  # opened again below, or when its epoch starts
                 # a message that runs past where the successor starts (several steps in one) hands
                 # over only the steps before it
-                until = successor.first_step if successor is not None else None
-                crossed = until is not None and session.next_step > until
+                until = successor.first_step if successor is not None else layout.num_steps
+                crossed = session.next_step > until
                 for item in decode_message(spec, epoch, layout, first, stride, header, rows):
-                    if crossed and (item.info is None or item.info.step >= until):  # type: ignore[operator]
+                    if crossed and (item.info is None or item.info.step >= until):
                         break
                     if not self._put(item):
                         return False
@@ -188,23 +189,13 @@ class Producer:
             if successor is not None:
                 successor.close()
 
-    def _opened(self, epoch: int) -> StreamSession | None:
-        """The stream of `epoch` opened ahead, if any."""
-        opened, self._next = self._next, None
-        if opened is not None and opened[0] == epoch:
-            return opened[1]
-        if opened is not None:
-            opened[1].close()
-        return None
-
     def _open_next(self, epoch: int, endpoint: int) -> None:
         """Open the stream of `epoch` (the next one) ahead, when the read goes on to it."""
         spec = self._spec
         if spec.epochs is not None and epoch >= spec.epochs:
             return
-        session = self._session(epoch, spec.epoch_start(epoch), 0, endpoint)
-        session.open()
-        self._next = (epoch, session)
+        self._next = self._session(epoch, spec.epoch_start(epoch), 0, endpoint)
+        self._next.open()
 
     def _stream_epoch_striped(self, epoch: int, offset: int) -> bool:
         return stream_epoch_striped(self._spec, self._calls, self._put, epoch, offset)

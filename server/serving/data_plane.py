@@ -310,7 +310,7 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                     admitted.release(message.holds)
                 del batch, metadata
                 if placement is not None and _ends_a_step(message):
-                    if move_at and message.header.steps and message.header.steps[-1].step + read.stride >= move_at:
+                    if move_at and steps and steps[-1].step + read.stride >= move_at:
                         messages.cancel()  # handed over: its client reads the rest from the successor
                         break
                     if not moving and placement.shed_one():

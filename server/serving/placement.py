@@ -57,6 +57,7 @@ __all__ = [
     "PlacementWriter",
     "SlotOf",
     "live_by_pid",
+    "lives_by_pid",
     "streams_by_pid",
 ]
 
@@ -96,23 +97,31 @@ class SlotOf:
     data_port: int  # the port GetDataset names for it (advertised, else bound)
 
 
-def live_by_pid(metrics_dir: Path, name: str) -> dict[int, float]:
-    """Each live worker's own value of the `livesum` gauge `name` (summed over its labels), read from
-    the per-process files before they are summed (prometheus_client's `_read_metrics`, the step of
-    `collect` that keeps each process apart, labelling each value with its pid); {} where that changes."""
+def lives_by_pid(metrics_dir: Path, names: Sequence[str]) -> dict[str, dict[int, float]]:
+    """Each live worker's own value of each `livesum` gauge in `names` (summed over its labels), read
+    from the per-process files before they are summed (prometheus_client's `_read_metrics`, the step of
+    `collect` that keeps each process apart, labelling each value with its pid), in one read of the
+    files; {} for each where that changes."""
     files = [str(f) for f in metrics_dir.glob("gauge_livesum_*.db")]
+    out: dict[str, dict[int, float]] = {name: {} for name in names}
     try:
-        metric = MultiProcessCollector._read_metrics(files).get(name)  # noqa: SLF001
+        metrics = MultiProcessCollector._read_metrics(files)  # noqa: SLF001
     except (AttributeError, TypeError, ValueError, OSError):
-        return {}
-    out: dict[int, float] = {}
-    for sample in metric.samples if metric is not None else ():
-        try:
-            pid = int(dict(sample.labels)["pid"])
-        except (KeyError, ValueError):
-            continue
-        out[pid] = out.get(pid, 0.0) + sample.value
+        return out
+    for name in names:
+        metric, by_pid = metrics.get(name), out[name]
+        for sample in metric.samples if metric is not None else ():
+            try:
+                pid = int(dict(sample.labels)["pid"])
+            except (KeyError, ValueError):
+                continue
+            by_pid[pid] = by_pid.get(pid, 0.0) + sample.value
     return out
+
+
+def live_by_pid(metrics_dir: Path, name: str) -> dict[int, float]:
+    """Each live worker's own value of the `livesum` gauge `name` (lives_by_pid)."""
+    return lives_by_pid(metrics_dir, (name,))[name]
 
 
 def streams_by_pid(metrics_dir: Path) -> dict[int, int]:
@@ -152,11 +161,11 @@ class PlacementWriter:
         for the last SHED_WINDOW counts, on their means. The published placement."""
         now = self._clock()
         self._next_publish = now + PUBLISH_INTERVAL_S
-        by_pid = streams_by_pid(self.metrics_dir)
-        streams = {w.slot: by_pid.get(w.pid, 0) for w in workers}
+        live = lives_by_pid(self.metrics_dir, (_ACTIVE, _MOVING))  # one read of the files a count
+        streams = {w.slot: int(live[_ACTIVE].get(w.pid, 0)) for w in workers}
         # streams asked to move and still open (a client opening its successor, or reading what was
         # sent before it): the counts are not what they will be, so not a round's
-        moving = live_by_pid(self.metrics_dir, _MOVING)
+        moving = live[_MOVING]
         settled = settled and not any(moving.get(w.pid, 0) > 0 for w in workers)
         for slot in self._labelled - set(streams):  # a worker gone (drained, or being replaced)
             self.streams.remove(str(slot))
