@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2
 
 from shardstream.cli import build_parser
 from shardstream.client import Loader
+from shardstream.client.checkpoint import Checkpointer
 
 from .support.chart import (
     CHART,
@@ -78,7 +79,7 @@ def merged(case: str) -> dict[str, Any]:
 
 
 def test_the_scenarios_named_by_the_chart_are_all_there() -> None:
-    assert {"minimal", "s3-secret", "disk-cache-hpa", "monitoring", "tls"} <= set(CASES)
+    assert {"minimal", "s3-secret", "disk-cache-hpa", "monitoring", "tls", "checkpoints"} <= set(CASES)
 
 
 # --- lint and schemas --------------------------------------------------------------------------
@@ -222,6 +223,26 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
             {"resources": {"limits": None}, "networkPolicy": {"enabled": True}},
             r"networkPolicy.enabled needs a known worker count",
         ),
+        (
+            {"checkpoints": {"enabled": True}},
+            r"checkpoints.root \(/var/lib/shardstream/checkpoints\) is a local path and checkpoints.volume is empty",
+        ),
+        (
+            {"checkpoints": {"enabled": True, "volume": {"emptyDir": {}, "nfs": {"server": "n", "path": "/c"}}}},
+            r"checkpoints.volume names 2 volume sources \(emptyDir, nfs\)",
+        ),
+        (
+            {"checkpoints": {"enabled": True, "root": "s3://ck/x", "inflightMib": 32}},
+            r"checkpoints.inflightMib \(32\) must hold one chunk: at least checkpoints.maxChunkMib \(64\)",
+        ),
+        (
+            {"checkpoints": {"enabled": True, "root": "/datasets/", "volume": {"emptyDir": {}}}, "registry": {"root": "/datasets"}},
+            r"checkpoints.root \(/datasets/\) is also registry.root",
+        ),
+        (
+            {"checkpoints": {"enabled": True, "root": "s3://ck/x"}, "server": {"cacheMib": 1024}},
+            r"below server.cacheMib \(1024\) \+ .* \+ 2 workers x \(server.workerMemoryMib 512 \+ checkpoints.inflightMib 512\) = 4096 MiB",
+        ),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -347,9 +368,18 @@ def test_workers_and_cache_follow_the_resources(rendered: dict[str, Rendered], c
     if values["cacheMib"]:
         assert cache == str(values["cacheMib"])
     else:  # the memory rule: what the limit leaves after 2 x the stream buffer and the workers
-        beside = 2 * values["limits"]["streamBufferMib"] + int(workers) * values["workerMemoryMib"]
+        beside = 2 * values["limits"]["streamBufferMib"] + int(workers) * worker_mib(case)
         assert cache == str(int(memory_mib(limits["memory"])) - beside)
     assert int(cache) < memory_mib(limits["memory"]), "the cache must leave memory for the processes"
+
+
+def worker_mib(case: str) -> int:
+    """The memory rule's MiB a worker: workerMemoryMib, and the chunks of a checkpoint save it may
+    hold (--checkpoint-inflight-mib) when the pod serves checkpoints."""
+    c, values = render(values_of(case)).container, merged(case)
+    inflight = flag(c["args"], "--checkpoint-inflight-mib")
+    assert (inflight is not None) == values["checkpoints"]["enabled"]
+    return values["server"]["workerMemoryMib"] + int(inflight or 0)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -358,7 +388,7 @@ def test_the_memory_limit_covers_cache_buffer_and_workers(rendered: dict[str, Re
     resources.limits.memory, as rendered (the flags the server gets), and the notes print the sum."""
     c, values = rendered[case].container, merged(case)["server"]
     cache, buffer = int(flag(c["args"], "--cache-mib")), int(flag(c["args"], "--stream-buffer-mib"))
-    need = cache + 2 * buffer + int(flag(c["args"], "--workers")) * values["workerMemoryMib"]
+    need = cache + 2 * buffer + int(flag(c["args"], "--workers")) * worker_mib(case)
     limit = int(memory_mib(c["resources"]["limits"]["memory"]))
     assert cache >= 256 and need <= limit, (cache, buffer, need, limit)
     assert f"= {need} of the {limit} MiB limit" in rendered[case].notes
@@ -443,6 +473,11 @@ def test_mounts_paths_and_secrets_line_up(rendered: dict[str, Rendered], case: s
     assert root == values["registry"]["root"]
     if not root.startswith("s3://"):
         assert mounts[root]["readOnly"] is True
+    checkpoints = flag(c["args"], "--checkpoint-root")
+    assert (checkpoints is not None) == values["checkpoints"]["enabled"]
+    if checkpoints is not None and not checkpoints.startswith("s3://"):  # written, on the shared volume
+        assert not mounts[checkpoints].get("readOnly") and mounts[checkpoints]["name"] == "checkpoints"
+        assert volumes["checkpoints"] == {"name": "checkpoints", **values["checkpoints"]["volume"]}
     for name in ("--cache-dir", "--tls-cert", "--tls-key", "--tls-client-ca", "--auth"):
         path = flag(c["args"], name)
         if path is not None:
@@ -573,6 +608,18 @@ def test_the_charts_limits_default_to_the_servers_and_reach_its_flags() -> None:
     assert (changed.max_streams, changed.write_timeout_s, changed.reflection) == (2_000_000, 12.5, True)
 
 
+def test_the_charts_checkpoint_limits_default_to_the_servers_and_reach_its_flags() -> None:
+    assert serve_config(render(None).container["args"]).checkpoint_root is None  # off unless enabled
+    on = {"checkpoints": {"enabled": True, "root": "s3://ck/jobs"}}
+    chart, server = serve_config(render(on).container["args"]), serve_config(["serve", "--checkpoint-root", "s3://ck/jobs"])
+    assert chart.checkpoint_root == "s3://ck/jobs" and chart.checkpoint_limits == server.checkpoint_limits
+    on["checkpoints"] |= {"maxChunkMib": 16, "maxRecordMib": 8, "inflightMib": 128, "jobQuotaGib": 1.5}
+    limits = serve_config(render(on).container["args"]).checkpoint_limits
+    assert (limits.max_chunk_bytes, limits.max_record_bytes, limits.inflight_job_bytes, limits.job_quota_bytes) == (
+        16 << 20, 8 << 20, 128 << 20, 3 << 29,
+    )
+
+
 # --- run what the chart renders -------------------------------------------------------------------
 
 
@@ -630,6 +677,35 @@ def test_the_rendered_server_serves_an_epoch_as_the_kubelet_sees_it(case: str, t
         except subprocess.TimeoutExpired:
             pytest.fail(f"still running {grace_s} s after SIGTERM: the kubelet would SIGKILL it; {server.log.read_text()}")
         assert code == 0, server.log.read_text()
+
+
+def test_the_rendered_server_keeps_checkpoints_on_the_shared_volume(tmp_path: Path) -> None:
+    """The checkpoints case's container as rendered: a Checkpointer through the NOTES endpoint saves
+    and loads a state, and what it saved lies on the claim's volume (where every replica finds it),
+    not in the pod."""
+    values = values_of("checkpoints") or {}
+    workers = int(flag(render(values).container["args"], "--workers"))
+    data_port = unused_port_range(workers)
+    port, metrics_port = unused_port_outside(data_port, workers), unused_port_outside(data_port, workers)
+    values["server"] = {**values.get("server", {}), "port": port, "metricsPort": metrics_port, "dataPort": data_port}
+    r = render(values)
+    claim = tmp_path / "claim"
+    c = r.container
+    with run_rendered(r, {"checkpoints": claim}, tmp_path) as server:
+        startup = c["startupProbe"]
+        budget_s = startup["periodSeconds"] * startup["failureThreshold"]
+        wait_for(lambda: probe_grpc(port, startup) == SERVING, "the startup probe", budget_s)
+        wait_for(lambda: all(listening(data_port + i) for i in range(workers)), "every worker's data port", budget_s)
+        endpoint = re.search(r'Checkpointer\("(dns:///\S+)"', r.notes)[1]  # type: ignore[index]
+        endpoint = re.sub(r"///[^:]+", "///127.0.0.1", endpoint)
+        state = {"w": np.arange(300_000, dtype=np.float32), "step": 7}
+        with Checkpointer(endpoint, job="helm-run", chunk_bytes=64 << 10, rank=0, world_size=1) as ck:
+            ck.save(7, state, blocking=True)
+            loaded = ck.load(7, verify=True)
+            assert np.array_equal(loaded["w"], state["w"]) and loaded["step"] == 7 and ck.steps() == [7]
+        stored = [p for p in claim.rglob("*") if p.is_file()]
+        assert sum(p.stat().st_size for p in stored) >= state["w"].nbytes, server.log.read_text()
+        assert not any((tmp_path / "volumes").rglob("*helm-run*")), "a checkpoint landed outside the claim"
 
 
 # --- the PrometheusRule's alerts ---------------------------------------------------------------

@@ -162,13 +162,29 @@ resources.limits.memory in MiB ("" without a memory limit); Mi and Gi are accept
 {{/*
 The memory rule (values.yaml, server.cacheMib; deploy/RUNBOOK.md "Memory limit"): MiB the pod needs
 besides its cache, 2 x the stream buffer (what gRPC and the allocators keep around the counted bytes)
-plus workerMemoryMib per worker. "" when the worker count is left to the server.
+plus workerMemoryMib per worker (and, serving checkpoints, checkpoints.inflightMib per worker: the
+chunks of a save it holds). "" when the worker count is left to the server.
 */}}
 {{- define "shardstream.memoryBesideCacheMib" -}}
 {{- $workers := include "shardstream.workers" . }}
 {{- if $workers }}
-{{- add (mul 2 (int64 .Values.server.limits.streamBufferMib)) (mul (int64 $workers) (int64 .Values.server.workerMemoryMib)) }}
+{{- add (mul 2 (int64 .Values.server.limits.streamBufferMib)) (mul (int64 $workers) (add (int64 .Values.server.workerMemoryMib) (include "shardstream.checkpointInflightMib" . | int64))) }}
 {{- end }}
+{{- end }}
+
+{{/*
+The chunk bytes a worker may hold for a checkpoint save (checkpoints.inflightMib), 0 when the pod
+serves no checkpoints.
+*/}}
+{{- define "shardstream.checkpointInflightMib" -}}
+{{- if .Values.checkpoints.enabled }}{{ .Values.checkpoints.inflightMib | int64 }}{{ else }}0{{ end }}
+{{- end }}
+
+{{/*
+True ("true") when checkpoints are served from a local root (checkpoints.volume mounted there).
+*/}}
+{{- define "shardstream.localCheckpoints" -}}
+{{- if and .Values.checkpoints.enabled (not (hasPrefix "s3://" .Values.checkpoints.root)) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -200,7 +216,11 @@ workers must all be inside resources.limits.memory, and a derived cache gets at 
 {{- fail "resources.limits.memory needs a known worker count (server.workers, or resources.limits.cpu): each worker takes server.workerMemoryMib of the limit" }}
 {{- end }}
 {{- $workers := include "shardstream.workers" . }}
-{{- $parts := printf "2 x server.limits.streamBufferMib (%v) + %v workers x server.workerMemoryMib (%v) = %v MiB" (int64 .Values.server.limits.streamBufferMib) $workers (int64 .Values.server.workerMemoryMib) $beside }}
+{{- $perWorker := printf "server.workerMemoryMib (%v)" (int64 .Values.server.workerMemoryMib) }}
+{{- if .Values.checkpoints.enabled }}
+{{- $perWorker = printf "(server.workerMemoryMib %v + checkpoints.inflightMib %v)" (int64 .Values.server.workerMemoryMib) (int64 .Values.checkpoints.inflightMib) }}
+{{- end }}
+{{- $parts := printf "2 x server.limits.streamBufferMib (%v) + %v workers x %s = %v MiB" (int64 .Values.server.limits.streamBufferMib) $workers $perWorker $beside }}
 {{- if .Values.server.cacheMib }}
 {{- $need := add (int64 .Values.server.cacheMib) (int64 $beside) }}
 {{- if gt $need (int64 $mib) }}
@@ -280,7 +300,39 @@ Checks across values that the schema cannot express; each fails with the value t
 {{- fail (printf "the data ports run past 65535 (server.dataPort %v + %v workers): lower server.dataPort" $first (include "shardstream.dataPortCount" .)) }}
 {{- end }}
 {{- include "shardstream.validateMemory" . }}
+{{- include "shardstream.validateCheckpoints" . }}
 {{- if and .Values.networkPolicy.enabled (not (include "shardstream.workers" .)) }}
 {{- fail "networkPolicy.enabled needs a known worker count (server.workers, or resources.limits.cpu): worker i serves server.dataPort + i, and the policy opens each of those ports" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Refuses checkpoint values the server would refuse, or that would lose checkpoints: a local root
+needs one volume source every replica shares (an emptyDir would keep each pod's checkpoints in the
+pod, gone with it and unseen by the other replicas), at a path of its own.
+*/}}
+{{- define "shardstream.validateCheckpoints" -}}
+{{- $c := .Values.checkpoints }}
+{{- if $c.enabled }}
+{{- if lt (int $c.inflightMib) (int $c.maxChunkMib) }}
+{{- fail (printf "checkpoints.inflightMib (%v) must hold one chunk: at least checkpoints.maxChunkMib (%v)" $c.inflightMib $c.maxChunkMib) }}
+{{- end }}
+{{- if include "shardstream.localCheckpoints" . }}
+{{- $n := len ($c.volume | default dict) }}
+{{- if eq $n 0 }}
+{{- fail (printf "checkpoints.root (%s) is a local path and checkpoints.volume is empty: each pod would keep its own checkpoints and lose them with the pod; give a volume every replica mounts read-write (e.g. {persistentVolumeClaim: {claimName: checkpoints}}, ReadWriteMany) or an s3:// root" $c.root) }}
+{{- else if gt $n 1 }}
+{{- fail (printf "checkpoints.volume names %d volume sources (%s): a volume has exactly one, e.g. {persistentVolumeClaim: {claimName: NAME}}" $n (keys $c.volume | sortAlpha | join ", ")) }}
+{{- end }}
+{{- $taken := dict "/tmp" "the /tmp emptyDir" }}
+{{- if include "shardstream.localRoot" . }}{{ $_ := set $taken .Values.registry.root "registry.root" }}{{ end }}
+{{- if .Values.diskCache.enabled }}{{ $_ := set $taken .Values.diskCache.mountPath "diskCache.mountPath" }}{{ end }}
+{{- $root := trimSuffix "/" $c.root }}
+{{- range $path, $what := $taken }}
+{{- if eq $root (trimSuffix "/" $path) }}
+{{- fail (printf "checkpoints.root (%s) is also %s: give checkpoints a path of their own" $c.root $what) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
