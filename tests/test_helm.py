@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,7 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
             r"checkpoints.volume names 2 volume sources \(emptyDir, nfs\)",
         ),
         (
-            {"checkpoints": {"enabled": True, "root": "s3://ck/x", "inflightMib": 32}},
+            {"checkpoints": {"enabled": True, "root": "s3://ckpt/x", "inflightMib": 32}},
             r"checkpoints.inflightMib \(32\) must hold one chunk: at least checkpoints.maxChunkMib \(64\)",
         ),
         (
@@ -240,8 +241,9 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
             r"checkpoints.root \(/datasets/\) is also registry.root",
         ),
         (
-            {"checkpoints": {"enabled": True, "root": "s3://ck/x"}, "server": {"cacheMib": 1024}},
-            r"below server.cacheMib \(1024\) \+ .* \+ 2 workers x \(server.workerMemoryMib 512 \+ checkpoints.inflightMib 512\) = 4096 MiB",
+            {"checkpoints": {"enabled": True, "root": "s3://ckpt/x"}, "server": {"cacheMib": 2048}},
+            r"below server.cacheMib \(2048\) \+ .* \+ 2 workers x \(server.workerMemoryMib 512 \+ checkpoints.inflightMib 256\) = 3584 MiB"
+            r".* or lower the cache, the buffer or the workers \(or checkpoints.inflightMib\)",
         ),
     ],
     ids=lambda v: str(v)[:40],
@@ -386,7 +388,7 @@ def worker_mib(case: str) -> int:
 def test_the_memory_limit_covers_cache_buffer_and_workers(rendered: dict[str, Rendered], case: str) -> None:
     """deploy/RUNBOOK.md "Memory limit": cache + 2 x stream buffer + workers x workerMemoryMib fits in
     resources.limits.memory, as rendered (the flags the server gets), and the notes print the sum."""
-    c, values = rendered[case].container, merged(case)["server"]
+    c = rendered[case].container
     cache, buffer = int(flag(c["args"], "--cache-mib")), int(flag(c["args"], "--stream-buffer-mib"))
     need = cache + 2 * buffer + int(flag(c["args"], "--workers")) * worker_mib(case)
     limit = int(memory_mib(c["resources"]["limits"]["memory"]))
@@ -610,9 +612,12 @@ def test_the_charts_limits_default_to_the_servers_and_reach_its_flags() -> None:
 
 def test_the_charts_checkpoint_limits_default_to_the_servers_and_reach_its_flags() -> None:
     assert serve_config(render(None).container["args"]).checkpoint_root is None  # off unless enabled
-    on = {"checkpoints": {"enabled": True, "root": "s3://ck/jobs"}}
-    chart, server = serve_config(render(on).container["args"]), serve_config(["serve", "--checkpoint-root", "s3://ck/jobs"])
-    assert chart.checkpoint_root == "s3://ck/jobs" and chart.checkpoint_limits == server.checkpoint_limits
+    on = {"checkpoints": {"enabled": True, "root": "s3://ckpt/jobs"}}
+    chart, server = serve_config(render(on).container["args"]), serve_config(["serve", "--checkpoint-root", "s3://ckpt/jobs"])
+    # the chart's inflight bound is half the server's: the default pod's memory rule leaves a cache
+    assert chart.checkpoint_root == "s3://ckpt/jobs"
+    half = replace(server.checkpoint_limits, inflight_job_bytes=256 << 20, inflight_principal_bytes=512 << 20)
+    assert chart.checkpoint_limits == half
     on["checkpoints"] |= {"maxChunkMib": 16, "maxRecordMib": 8, "inflightMib": 128, "jobQuotaGib": 1.5}
     limits = serve_config(render(on).container["args"]).checkpoint_limits
     assert (limits.max_chunk_bytes, limits.max_record_bytes, limits.inflight_job_bytes, limits.job_quota_bytes) == (

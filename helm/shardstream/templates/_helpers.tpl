@@ -220,14 +220,15 @@ workers must all be inside resources.limits.memory, and a derived cache gets at 
 {{- if .Values.checkpoints.enabled }}
 {{- $perWorker = printf "(server.workerMemoryMib %v + checkpoints.inflightMib %v)" (int64 .Values.server.workerMemoryMib) (int64 .Values.checkpoints.inflightMib) }}
 {{- end }}
+{{- $lower := ternary " (or checkpoints.inflightMib)" "" (.Values.checkpoints.enabled | default false) }}
 {{- $parts := printf "2 x server.limits.streamBufferMib (%v) + %v workers x %s = %v MiB" (int64 .Values.server.limits.streamBufferMib) $workers $perWorker $beside }}
 {{- if .Values.server.cacheMib }}
 {{- $need := add (int64 .Values.server.cacheMib) (int64 $beside) }}
 {{- if gt $need (int64 $mib) }}
-{{- fail (printf "resources.limits.memory (%v MiB) is below server.cacheMib (%v) + %s: the pod would be OOM-killed under load; raise the limit to at least %vMi, or lower the cache, the buffer or the workers" $mib (int64 .Values.server.cacheMib) $parts $need) }}
+{{- fail (printf "resources.limits.memory (%v MiB) is below server.cacheMib (%v) + %s: the pod would be OOM-killed under load; raise the limit to at least %vMi, or lower the cache, the buffer or the workers%s" $mib (int64 .Values.server.cacheMib) $parts $need $lower) }}
 {{- end }}
 {{- else if lt (sub (int64 $mib) (int64 $beside)) 256 }}
-{{- fail (printf "resources.limits.memory (%v MiB) leaves %v MiB for the cache after %s: raise the limit to at least %vMi (256 MiB of cache), or lower the buffer or the workers" $mib (sub (int64 $mib) (int64 $beside)) $parts (add (int64 $beside) 256)) }}
+{{- fail (printf "resources.limits.memory (%v MiB) leaves %v MiB for the cache after %s: raise the limit to at least %vMi (256 MiB of cache), or lower the buffer or the workers%s" $mib (sub (int64 $mib) (int64 $beside)) $parts (add (int64 $beside) 256) $lower) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -299,8 +300,8 @@ Checks across values that the schema cannot express; each fails with the value t
 {{- if gt $last 65535 }}
 {{- fail (printf "the data ports run past 65535 (server.dataPort %v + %v workers): lower server.dataPort" $first (include "shardstream.dataPortCount" .)) }}
 {{- end }}
-{{- include "shardstream.validateMemory" . }}
 {{- include "shardstream.validateCheckpoints" . }}
+{{- include "shardstream.validateMemory" . }}
 {{- if and .Values.networkPolicy.enabled (not (include "shardstream.workers" .)) }}
 {{- fail "networkPolicy.enabled needs a known worker count (server.workers, or resources.limits.cpu): worker i serves server.dataPort + i, and the policy opens each of those ports" }}
 {{- end }}
