@@ -4,18 +4,28 @@ fleet, and demand that halves shrinks it without stalling the trainers."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from shardstream.server.serving import worker_scaling
 from shardstream.server.serving.autoscale import (
     REASONS,
+    SATURATED_CPU,
     AutoscalePolicy,
     AutoscaleState,
     Decision,
     Signal,
     decide,
 )
+from shardstream.server.serving.worker_scaling import WorkerScaler, cpu_seconds
 
 CAPACITY = 100.0  # samples/s one simulated worker sends at most
 
@@ -160,3 +170,75 @@ def test_no_reports_hold_the_count() -> None:
 def test_a_bad_policy_is_one_value_error(kw: dict[str, float], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         AutoscalePolicy(**kw)  # type: ignore[arg-type]
+
+
+def test_a_stall_with_cpu_to_spare_is_not_taken_for_the_workers_capacity() -> None:
+    """A stall while the busiest worker has CPU to spare is latency (a stream's first message, an epoch
+    boundary, a move): what the workers sent then is no measure of what they can send. Taken for it,
+    a fleet whose demand halved would learn half its capacity and never shrink."""
+    policy = AutoscalePolicy(min_workers=1, max_workers=2, down_ticks=3, cooldown_ticks=0)
+    learned = AutoscaleState(capacity=300.0)  # one worker, saturated, sent 300/s
+    # half the ranks left: 2 workers send 200/s between them, one a second of stall at a stream's start
+    blip = Signal(stall=0.2, consumption=200.0, ranks=4, sent=200.0, busiest=100.0, busy=0.35)
+    d, state = decide(policy, learned, blip, 2)
+    assert state.capacity == 300.0 and d.workers == 2 and "CPU 35%" in d.why
+    calm = Signal(stall=0.0, consumption=200.0, ranks=4, sent=200.0, busiest=100.0, busy=0.35)
+    counts = []
+    for _ in range(policy.down_ticks):
+        d, state = decide(policy, state, calm, 2)
+        counts.append(d.workers)
+    assert counts[-1] == 1 and d.reason == "capacity_to_spare"  # 200 <= 300 x 0.8
+    # the same stall with the workers' CPU saturated: what they sent is their capacity
+    busy = replace(blip, busy=SATURATED_CPU)
+    _, state = decide(policy, learned, busy, 2)
+    assert state.capacity == 100.0
+    _, state = decide(policy, learned, replace(blip, busy=None), 2)  # not known: a stall is saturation
+    assert state.capacity == 100.0
+
+
+class _FakeProcs:
+    """CPU seconds of fake processes, and a clock, as the scaler reads them."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.cpu: dict[int, float] = {}
+
+    def read(self, pid: int) -> float | None:
+        return self.cpu.get(pid)
+
+
+def test_the_scaler_reads_the_busiest_workers_cpu_between_two_ticks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    procs = _FakeProcs()
+    scaler = WorkerScaler(AutoscalePolicy(max_workers=4), tmp_path, CollectorRegistry(), cpu_read=procs.read, clock=lambda: procs.t)
+    seen: list[float | None] = []
+
+    def spy(policy: AutoscalePolicy, state: AutoscaleState, signal: Signal, workers: int) -> tuple[Decision, AutoscaleState]:
+        seen.append(signal.busy)
+        return decide(policy, state, signal, workers)
+
+    monkeypatch.setattr(worker_scaling, "decide", spy)
+    procs.cpu = {10: 5.0, 11: 1.0}
+    scaler.evaluate(2, [10, 11])  # a first reading: nothing to compare with
+    procs.t, procs.cpu = 2.0, {10: 6.9, 11: 1.2}
+    scaler.evaluate(2, [10, 11])  # 1.9 s of CPU in 2 s: 95 %
+    procs.t, procs.cpu = 3.0, {10: 7.5, 11: 1.4, 12: 0.1}
+    scaler.evaluate(3, [10, 11, 12], cpus_each=2.0)  # 0.6 s in 1 s of 2 CPUs; 12 just started
+    procs.t, procs.cpu = 4.0, {11: 1.5}
+    scaler.evaluate(1, [10, 11])  # 10 is gone: 11's 10 %
+    procs.t = 5.0
+    scaler.evaluate(1, [])  # no pids: not known
+    assert seen[0] is None and seen[-1] is None
+    assert seen[1:4] == [pytest.approx(0.95), pytest.approx(0.3), pytest.approx(0.1)]
+
+
+def test_cpu_seconds_are_a_live_processes_and_none_for_a_gone_one() -> None:
+    before = cpu_seconds(os.getpid())
+    assert before is not None
+    for _ in range(100_000):  # work until the CPU clock ticks over (10 ms)
+        if cpu_seconds(os.getpid()) != before:
+            break
+        sum(range(10_000))
+    assert cpu_seconds(os.getpid()) > before  # type: ignore[operator]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert cpu_seconds(gone.pid) is None

@@ -190,6 +190,32 @@ def test_the_supervisors_writer_counts_each_worker_and_sheds_on_settled_means(tm
     assert not w.due()
 
 
+def test_a_worker_restarted_into_a_slot_after_a_round_has_no_share_of_it(tmp_path: Path) -> None:
+    """The file names the last round until the next; a worker started into a slot after it (its
+    predecessor crashed, or was drained and the slot reused) would otherwise hand back streams
+    nobody asked it for on its first read."""
+    clock = _Clock()
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    pids = [_worker_with_streams(metrics, 6), _worker_with_streams(metrics, 0)]
+    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
+    workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+    for _ in range(SHED_WINDOW):
+        clock.t += 1.0
+        placement = w.publish(workers, settled=True)
+    assert placement["round"] == 1 and placement["round_shed"] == [[0, 3]]
+    clock.t += 1.0
+    assert w.publish(workers, settled=True)["round_shed"] == [[0, 3]]  # stands: the same worker
+    restarted = [SlotOf(0, _worker_with_streams(metrics, 0), 7000), workers[1]]
+    clock.t += 1.0
+    placement = w.publish(restarted, settled=False)
+    assert placement["round"] == 1 and placement["round_shed"] == []
+    # the new worker reads the file: nothing to hand back
+    path = tmp_path / "placement.json"
+    p = Placement(str(path), slot=0, own_port=7000, clock=_Clock())
+    assert not p.shed_one()
+
+
 def test_no_round_while_a_stream_asked_to_move_is_still_open(tmp_path: Path) -> None:
     """A stream asked to move stays open while its client reads what was sent before it: the counts
     are not what they will be, and a round on them would ask again for what is on its way."""

@@ -14,9 +14,12 @@ rules, with their hysteresis:
 - no reporting ranks: no move (a fleet whose trainers do not report keeps its size).
 
 A worker's capacity is learned from what the workers sent (the mean, or the busiest worker's when
-more): while the trainers stall, the workers are saturated and what each sent *is* its capacity (the
-estimate is set to it); otherwise it is only a lower bound (the estimate is raised to it, never
-lowered). A fleet that grew because it
+more): while the trainers stall and the busiest worker's CPU is saturated (`SATURATED_CPU` of its
+share, when known), what each sent *is* its capacity (the estimate is set to it); otherwise it is only
+a lower bound (the estimate is raised to it, never lowered). A stall while the workers have CPU to
+spare is latency — a stream's first message, an epoch boundary, a move — not capacity: taking what
+they sent then for their capacity would keep a fleet whose demand halved from ever shrinking. A fleet
+that grew because it
 was saturated at n workers with consumption C thus learned capacity C / n, and shrinks back only
 once consumption is below C x headroom: a steady signal never makes it flap.
 
@@ -36,6 +39,7 @@ __all__ = [
     "DEFAULT_STALL_TARGET",
     "DEFAULT_UP_TICKS",
     "REASONS",
+    "SATURATED_CPU",
     "AutoscalePolicy",
     "AutoscaleState",
     "Decision",
@@ -48,6 +52,7 @@ DEFAULT_UP_TICKS = 3  # ticks in a row above the target before a worker is added
 DEFAULT_DOWN_TICKS = 24  # ticks in a row with capacity to spare before one is removed (2 min at 5 s)
 DEFAULT_COOLDOWN_TICKS = 6  # ticks after a move before the next (30 s at 5 s: a few report intervals)
 DEFAULT_HEADROOM = 0.8  # shrink only while the workers left would run at most this busy
+SATURATED_CPU = 0.9  # a worker using this much of its CPU share sends what it can: its capacity
 
 # why the count moved (the `reason` label of shardstream_autoscale_decisions_total)
 REASONS = ("stall_above_target", "capacity_to_spare", "below_min", "above_max")
@@ -83,13 +88,15 @@ class AutoscalePolicy:
 class Signal:
     """One tick's observation: the trainers' mean stall (0-1) and consumption (samples/s), how many
     ranks report, the samples per second all the workers sent together and the most one of them sent
-    (0: not known; ranks stay on the worker they first reached, so the load can be uneven)."""
+    (0: not known; ranks stay on the worker they first reached, so the load can be uneven), and the
+    busiest worker's CPU use as a fraction of the CPU one worker has (None: not known)."""
 
     stall: float
     consumption: float
     ranks: int
     sent: float
     busiest: float = 0.0
+    busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,13 +125,16 @@ def decide(policy: AutoscalePolicy, state: AutoscaleState, signal: Signal, worke
         return Decision(p.max_workers, "above_max", f"{workers} workers, the most is {p.max_workers}"), state
     stalled = signal.stall > p.stall_target
     per_worker = max(signal.sent / workers if workers else 0.0, signal.busiest)
-    if signal.ranks and per_worker > 0:  # saturated: this is what a worker does; else a lower bound
-        capacity = per_worker if stalled else max(state.capacity, per_worker)
+    # saturated (stalled, and no CPU to spare): this is what a worker does; else a lower bound
+    saturated = stalled and (signal.busy is None or signal.busy >= SATURATED_CPU)
+    if signal.ranks and per_worker > 0:
+        capacity = per_worker if saturated else max(state.capacity, per_worker)
     else:
         capacity = state.capacity
     figures = (
         f"stall {signal.stall:.1%} (target {p.stall_target:.0%}), consumption {signal.consumption:.1f}/s "
         f"of {signal.ranks} rank(s), {per_worker:.1f}/s per worker (capacity {capacity:.1f}/s)"
+        + ("" if signal.busy is None else f", busiest worker's CPU {signal.busy:.0%}")
     )
     if not signal.ranks:  # nothing to go by: hold, forget the streaks
         return Decision(workers, "no_reports", figures), AutoscaleState(capacity=capacity)

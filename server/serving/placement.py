@@ -141,6 +141,7 @@ class PlacementWriter:
         self.generation = 0
         self.round = 0  # the last shed round, and what it asked of each slot: in every generation after it
         self._round_shed: dict[int, int] = {}
+        self._pids: dict[int, int] = {}  # the worker process of each slot at the last count
         self._next_publish = 0.0
         self._window: deque[dict[int, int]] = deque(maxlen=SHED_WINDOW)  # the last counts, same workers
         self.rounds = Counter(
@@ -167,6 +168,10 @@ class PlacementWriter:
         # sent before it): the counts are not what they will be, so not a round's
         moving = live[_MOVING]
         settled = settled and not any(moving.get(w.pid, 0) > 0 for w in workers)
+        for w in workers:  # a worker started into a slot after the round (restarted) has no share of it
+            if self._pids.get(w.slot) != w.pid:
+                self._round_shed.pop(w.slot, None)
+        self._pids = {w.slot: w.pid for w in workers}
         for slot in self._labelled - set(streams):  # a worker gone (drained, or being replaced)
             self.streams.remove(str(slot))
         for slot, n in streams.items():

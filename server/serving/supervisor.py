@@ -73,7 +73,7 @@ from ..policy.grants import new_key
 from ..read.spill import SpillTier
 from .autoscale import AutoscalePolicy
 from .config import ServerConfig
-from .cpus import cpu_of_slot
+from .cpus import cpu_of_slot, usable_cpus
 from .placement import PLACEMENT_FILE, PlacementWriter, SlotOf
 from .ports import reserve_port
 from .process_metrics import WorkerProcessCollector, register_build_info
@@ -291,7 +291,9 @@ class Supervisor:
             if self.scaler is not None and time.monotonic() >= next_scale:
                 next_scale = time.monotonic() + self.cfg.autoscale_interval_s
                 if len(serving) == len(self._workers):  # decide on serving workers only
-                    self._scale_to(self.scaler.evaluate(len(serving)).workers)
+                    # a pinned worker has its CPU; unpinned, the workers share the usable ones
+                    each = 1.0 if self.cfg.pin_workers else usable_cpus() / max(1, len(serving))
+                    self._scale_to(self.scaler.evaluate(len(serving), serving, each).workers)
             self._stop.wait(TICK_S)
         return None
 

@@ -8,20 +8,25 @@ new port, no call to a worker. The rules are autoscale.py's (pure); this only fe
 the count moves, counts the decision in `shardstream_autoscale_decisions_total{reason}` and logs one
 line saying why. The supervisor applies it: a worker more, or its highest slot drained (SIGTERM: its
 streams get the grace, then their clients resume elsewhere at the first position not yet received).
+Beside the metric files, each worker's CPU time between two ticks (/proc, as its process_* series),
+so that a stall with CPU to spare is not taken for the workers' capacity (autoscale.py).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from .autoscale import REASONS, AutoscalePolicy, AutoscaleState, Decision, Signal, decide
 from .placement import live_by_pid
 
-__all__ = ["WorkerScaler", "signal_from_metrics"]
+__all__ = ["WorkerScaler", "cpu_seconds", "signal_from_metrics"]
 
 log = logging.getLogger("shardstream.server.serving.autoscale")
 
@@ -54,12 +59,53 @@ def _busiest(metrics_dir: Path) -> float:
     return max(live_by_pid(metrics_dir, _SENT).values(), default=0.0)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process `pid` has used (its threads'), as its process_cpu_seconds_total says; None
+    where it is gone or /proc is not there."""
+    for family in ProcessCollector(pid=lambda: pid, registry=None).collect():
+        if family.name == "process_cpu_seconds":
+            return family.samples[0].value
+    return None
+
+
+class _CpuUse:
+    """The busiest of some processes' CPU use since the last call, each against `share` CPUs."""
+
+    def __init__(self, read: Callable[[int], float | None], clock: Callable[[], float]) -> None:
+        self._read, self._clock = read, clock
+        self._last: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, when)
+
+    def busiest(self, pids: Sequence[int], share: float) -> float | None:
+        """None until two readings of one of them (a worker just started) or without /proc."""
+        now, seen, busiest = self._clock(), {}, None
+        for pid in pids:
+            cpu = self._read(pid)
+            if cpu is None:
+                continue
+            seen[pid] = (cpu, now)
+            before = self._last.get(pid)
+            if before is not None and now > before[1]:
+                use = (cpu - before[0]) / (now - before[1]) / share
+                busiest = use if busiest is None else max(busiest, use)
+        self._last = seen
+        return busiest
+
+
 class WorkerScaler:
     """The autoscaling state of one supervisor, its decisions counter and its log lines."""
 
-    def __init__(self, policy: AutoscalePolicy, metrics_dir: Path, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        policy: AutoscalePolicy,
+        metrics_dir: Path,
+        registry: CollectorRegistry,
+        *,
+        cpu_read: Callable[[int], float | None] = cpu_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.metrics_dir = metrics_dir
+        self._cpu = _CpuUse(cpu_read, clock)
         self.state = AutoscaleState()
         self.decisions = Counter(
             "shardstream_autoscale_decisions_total",
@@ -70,9 +116,12 @@ class WorkerScaler:
         for reason in REASONS:  # series known to exist: exported from 0
             self.decisions.labels(reason)
 
-    def evaluate(self, workers: int) -> Decision:
-        """One tick: the count to run next (`workers`: the ones serving now); a move is counted and logged."""
-        decision, self.state = decide(self.policy, self.state, signal_from_metrics(self.metrics_dir), workers)
+    def evaluate(self, workers: int, pids: Sequence[int] = (), cpus_each: float = 1.0) -> Decision:
+        """One tick: the count to run next (`workers`: the ones serving now, processes `pids`, each with
+        `cpus_each` CPUs of its own); a move is counted and logged."""
+        signal = signal_from_metrics(self.metrics_dir)
+        signal = replace(signal, busy=self._cpu.busiest(pids, cpus_each))
+        decision, self.state = decide(self.policy, self.state, signal, workers)
         if decision.workers != workers:
             self.decisions.labels(decision.reason).inc()
             log.info("autoscale: %d -> %d workers (%s: %s)", workers, decision.workers, decision.reason, decision.why)
