@@ -6,7 +6,7 @@ decoded items; any exception, wrapped, goes the same way and is raised in the co
 The consumer's `get()` also watches for a stream that has gone silent (session.CallRegistry).
 
 A single stream is followed without a gap (make before break): the next epoch's stream is opened
-AHEAD_STEPS of the rank's steps and a message's worth before the current epoch ends, and when the
+while the rank has AHEAD_STEPS of its steps and a message's worth or more left to read, and when the
 stream's worker hands it to a less busy one (ReadHeader.move_at: server/serving/placement.py) its
 successor is opened from the step the header names — on the least busy worker GetDataset names —
 and takes over there. Either
@@ -62,6 +62,7 @@ class Producer:
         self._calls = CallRegistry(open_call)
         self._endpoint = spec.rank % len(spec.endpoints)  # the single stream's; kept across epochs
         self._next: StreamSession | None = None  # the next epoch's stream, opened ahead
+        self._message_steps = 0  # the most of the rank's steps (x stride) one message has held
         self._thread = threading.Thread(
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{spec.rank}", daemon=True
         )
@@ -165,6 +166,16 @@ class Producer:
                     elif self._next is not None:  # too near the epoch's end: the next epoch's stream moves
                         self._next.close()
                         self._next = None  # opened again below, or when its epoch starts
+                # The next epoch's stream, opened as this message arrives (before its items are
+                # queued, while the rank still has them and what the queue holds to read) once what
+                # is left after it is AHEAD_STEPS and a message's worth (the most steps a message
+                # has held: the next stream's first is as large) or less. So the rank has at least
+                # that much left to read while the next stream's server builds its first message;
+                # checked after the message's items are queued instead, an epoch whose last message
+                # is short opened it a few steps before its end.
+                self._message_steps = max(self._message_steps, len(header.steps) * stride)
+                if self._next is None and layout.num_steps - session.next_step <= ahead + self._message_steps:
+                    self._open_next(epoch + 1, session.endpoint)
                 # a message that runs past where the successor starts (several steps in one) hands
                 # over only the steps before it
                 until = successor.first_step if successor is not None else layout.num_steps
@@ -180,9 +191,6 @@ class Producer:
                     continue
                 if header.end_of_epoch:
                     return True
-                # a message's steps more: the next stream's first message is as large as this one's
-                if self._next is None and layout.num_steps - session.next_step <= ahead + len(header.steps) * stride:
-                    self._open_next(epoch + 1, session.endpoint)
         finally:
             self._endpoint = session.endpoint
             session.close()

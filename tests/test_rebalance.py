@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from shardstream.client import Loader, metrics
+from shardstream.client import Loader, metrics, prefetch
 from shardstream.client.prefetch import AHEAD_STEPS
 from shardstream.client.transport.fleet import Fleet
 from shardstream.client.transport.flight_call import FlightCall
@@ -322,29 +322,39 @@ def test_a_stream_asked_to_move_hands_over_to_its_successor_without_a_gap_or_a_r
         assert sent[0] == successor_from
 
 
+@pytest.mark.parametrize("message_bytes", [1, 2000])  # a step a message; several, the epoch's last one short
 def test_the_next_epochs_stream_is_opened_before_the_epoch_ends(
-    placed_worker: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+    placed_worker: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch, message_bytes: int
 ) -> None:
-    """The other successor: epoch 1's stream is opened AHEAD_STEPS steps before epoch 0's last one
-    (its server plans it and builds its first message meanwhile), and the read is still every
-    sample once a epoch, in order."""
+    """The other successor: epoch 1's stream is opened while the rank still has AHEAD_STEPS steps and
+    a message's worth (the most steps a message held) of epoch 0 to read — its server plans it and
+    builds its first message meanwhile — and the read is still every sample once a epoch, in order."""
     address, _, _ = placed_worker
     events: list[tuple[str, int, int]] = []
     open_read = Fleet.open_read
+    sizes: list[int] = []  # steps of each message of epoch 0
+    decode = prefetch.decode_message
 
     def recorded(self: Fleet, endpoint: str, request: pb.ReadRequest, timeout_s: float | None = None) -> Any:
         events.append(("open", int(request.epoch), int(request.first_step)))
         return open_read(self, endpoint, request, timeout_s)
 
+    def measured(spec: Any, epoch: int, layout: Any, first: int, stride: int, header: pb.ReadHeader, rows: Any) -> Any:
+        if epoch == 0:
+            sizes.append(len(header.steps))
+        return decode(spec, epoch, layout, first, stride, header, rows)
+
     monkeypatch.setattr(Fleet, "open_read", recorded)
+    monkeypatch.setattr(prefetch, "decode_message", measured)
     steps = -(-N_ROWS // 8)
     got: list[int] = []
     with Loader(address, "moved@1", batch_size=8, shuffle=False, epochs=2, output="arrow", columns=["id"],
-                max_message_bytes=1, prefetch=1) as loader:  # fmt: skip
+                max_message_bytes=message_bytes, prefetch=1) as loader:  # fmt: skip
         for b in loader:
             assert loader.last_batch is not None
             events.append(("got", loader.last_batch.epoch, loader.last_batch.step))
             got += b.column("id").to_pylist()
     assert got == list(range(N_ROWS)) * 2
     assert [e for e in events if e[0] == "open"] == [("open", 0, 0), ("open", 1, 0)]  # one stream an epoch
-    assert events.index(("open", 1, 0)) < events.index(("got", 0, steps - AHEAD_STEPS + 1))
+    assert sum(sizes) == steps and (message_bytes == 1 or sizes[-1] < max(sizes) > 1), sizes
+    assert events.index(("open", 1, 0)) < events.index(("got", 0, steps - AHEAD_STEPS - max(sizes)))
