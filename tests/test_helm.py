@@ -224,6 +224,8 @@ def test_bad_values_are_refused_with_the_key_named(values: dict[str, Any], messa
             {"resources": {"limits": None}, "networkPolicy": {"enabled": True}},
             r"networkPolicy.enabled needs a known worker count",
         ),
+        ({"server": {"pinWorkers": True}, "resources": {"limits": {"cpu": "1500m"}}}, r'server.pinWorkers needs a whole number of cores in resources.limits.cpu \(got "1500m"\)'),
+        ({"server": {"pinWorkers": True}, "resources": {"limits": None}}, r'server.pinWorkers needs a whole number of cores .*\(got ""\)'),
         (
             {"checkpoints": {"enabled": True}},
             r"checkpoints.root \(/var/lib/shardstream/checkpoints\) is a local path and checkpoints.volume is empty",
@@ -696,6 +698,7 @@ def test_the_rendered_server_keeps_checkpoints_on_the_shared_volume(tmp_path: Pa
     r = render(values)
     claim = tmp_path / "claim"
     c = r.container
+    assert "--pin-workers" in c["args"]  # the case's Guaranteed pod: a core per worker (2 here)
     with run_rendered(r, {"checkpoints": claim}, tmp_path) as server:
         startup = c["startupProbe"]
         budget_s = startup["periodSeconds"] * startup["failureThreshold"]

@@ -300,6 +300,12 @@ Checks across values that the schema cannot express; each fails with the value t
 {{- if gt $last 65535 }}
 {{- fail (printf "the data ports run past 65535 (server.dataPort %v + %v workers): lower server.dataPort" $first (include "shardstream.dataPortCount" .)) }}
 {{- end }}
+{{- if .Values.server.pinWorkers }}
+{{- $millis := include "shardstream.cpuLimitMillis" . }}
+{{- if or (not $millis) (mod (int $millis) 1000) }}
+{{- fail (printf "server.pinWorkers needs a whole number of cores in resources.limits.cpu (got %q): only a Guaranteed pod with integer CPUs gets cores of its own from the static CPU manager policy; elsewhere its cpuset is the node's shared pool" (dig "limits" "cpu" "" (.Values.resources | default dict) | toString)) }}
+{{- end }}
+{{- end }}
 {{- include "shardstream.validateCheckpoints" . }}
 {{- include "shardstream.validateMemory" . }}
 {{- if and .Values.networkPolicy.enabled (not (include "shardstream.workers" .)) }}
