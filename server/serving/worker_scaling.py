@@ -77,7 +77,9 @@ class _CpuUse:
 
     def busiest(self, pids: Sequence[int], share: float) -> float | None:
         """None until two readings of one of them (a worker just started) or without /proc."""
-        now, seen, busiest = self._clock(), {}, None
+        now = self._clock()
+        seen: dict[int, tuple[float, float]] = {}
+        busiest: float | None = None
         for pid in pids:
             cpu = self._read(pid)
             if cpu is None:
