@@ -189,6 +189,40 @@ def test_a_job_over_its_quota_is_resource_exhausted_and_keeps_nothing_of_the_sav
         assert ck.steps() == [1]
 
 
+def _stored(root: Path, job: str) -> set[str]:
+    return {p.name for p in (root / job / "chunks").rglob("*") if p.is_file()}
+
+
+def _named(ck: Checkpointer, step: int) -> set[str]:
+    return {h for part in ck.manifest(step)["parts"] for t in part["tensors"].values() for h, _ in t["chunks"]}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # no_dist=True, one process
+def test_a_dcp_save_that_fails_keeps_nothing_of_it(limited: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dcp.save through the fleet (Checkpointer.storage_writer) cleans up as Checkpointer.save does: a
+    rank whose chunks go over the quota removes what it sent, and a commit that fails removes every
+    rank's chunks of the save (those no committed step names) — a full root is not left full."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    server, root = limited
+    with Checkpointer([server.target], job="dcp-quota", token=TOKEN, chunk_bytes=256 << 10) as ck:
+        dcp.save({"w": torch.randn(256 << 10)}, storage_writer=ck.storage_writer(1), no_dist=True)  # 1 MiB of 3
+        kept = _named(ck, 1)
+        assert _stored(root, "dcp-quota") == kept
+        with pytest.raises(CheckpointException, match="quota"):  # dcp's wrap of the rank's error
+            dcp.save({"w": torch.randn(1 << 20)}, storage_writer=ck.storage_writer(2), no_dist=True)
+        assert _stored(root, "dcp-quota") == kept and ck.steps() == [1]
+        # chunks that fit, then a commit that fails: they go again
+        def refused(*_: Any, **__: Any) -> None:
+            raise ResourceExhaustedError("the commit failed (injected)")
+
+        monkeypatch.setattr(ck._chunks, "commit", refused)
+        with pytest.raises(CheckpointException, match="injected"):
+            dcp.save({"w": torch.randn(128 << 10)}, storage_writer=ck.storage_writer(3), no_dist=True)
+        assert _stored(root, "dcp-quota") == kept and ck.steps() == [1]
+
+
 # --- 3. a full root -----------------------------------------------------------------------------------
 @pytest.fixture()
 def small_root(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:

@@ -86,9 +86,20 @@ class FleetStorageWriter(StorageWriter):
             else:
                 views.append(_bytes_of(data))
                 described.append({"kind": "dcp", "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape)})
-        chunks, _, _ = self.chunks.store(views)
+        sent: list[str] = []  # the chunks this rank sent (not those the server had)
+        try:
+            chunks, _, _ = self.chunks.store(views, sent)
+        except BaseException:
+            self.chunks.abort(sent)  # a failed save leaves nothing no committed step names (a full root frees them)
+            raise
+        mine = set(sent)
         results = [
-            WriteResult(index=item.index, size_in_bytes=view.nbytes, storage_data={**d, "chunks": c})
+            WriteResult(
+                index=item.index,
+                size_in_bytes=view.nbytes,
+                # "sent": for the coordinator to remove them if the commit fails (not kept in the metadata)
+                storage_data={**d, "chunks": c, "sent": [h for h, _ in c if h in mine]},
+            )
             for item, view, d, c in zip(plan.items, views, described, chunks, strict=True)
         ]
         done: Future[list[WriteResult]] = Future()
@@ -96,7 +107,17 @@ class FleetStorageWriter(StorageWriter):
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """The coordinator's: one part with DCP's Metadata, then the commit."""
+        """The coordinator's: one part with DCP's Metadata, then the commit. If either fails, the
+        chunks every rank sent for this save are removed again (those no committed step names)."""
+        sent = sorted({h for rank in results for wr in rank for h in wr.storage_data.pop("sent", ())})
+        try:
+            self._commit(metadata, results)
+        except BaseException:
+            if sent:
+                self.chunks.abort(sent)
+            raise
+
+    def _commit(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         metadata.storage_data = {wr.index: wr.storage_data for rank in results for wr in rank}
         tensors = {}
         for i, (index, sd) in enumerate(sorted(metadata.storage_data.items(), key=lambda kv: str(kv[0]))):
