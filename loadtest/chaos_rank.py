@@ -82,6 +82,7 @@ class TrainerConfig:
     timeout_s: float = 10.0
     max_retries: int = 6
     stream_idle_timeout_s: float = 60.0
+    max_message_bytes: int = 0  # the Loader's (0: the server's default)
     step_ms: float = 0.0  # simulated compute per step (time.sleep releases the GIL, as a GPU step does)
     job: str | None = None
     store: str | None = None
@@ -245,6 +246,7 @@ def _loader(cfg: TrainerConfig, rank: int, resume: bool, min_step: int | None) -
         timeout_s=cfg.timeout_s,
         max_retries=cfg.max_retries,
         stream_idle_timeout_s=cfg.stream_idle_timeout_s,
+        max_message_bytes=cfg.max_message_bytes,
         job=cfg.job,
         cursor_store=cfg.store,
         resume="latest" if resume else None,

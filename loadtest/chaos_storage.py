@@ -100,6 +100,11 @@ def blackhole(ctx: Ctx, stack: contextlib.ExitStack) -> Row:
             world_size=2,
             epochs=2,
             stream_idle_timeout_s=s.idle_timeout_s,
+            # small messages (a few steps each): a rank opens its next epoch's stream once what is
+            # left of its epoch is a message's worth and a few steps, so with the server's 2 MiB
+            # messages (the whole of this small epoch in one or two) it opened the second epoch's
+            # stream at once, which then arrived whole from buffers before the proxy went silent
+            max_message_bytes=16 << 10,
         ),
         ctx.plan(ctx.vectors, 2),
     )

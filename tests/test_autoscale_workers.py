@@ -89,6 +89,11 @@ class _Trainers:
         assert not self.errors, self.errors
 
 
+def _spread(counts: list[int]) -> bool:
+    """Both workers carry half the ranks: a spread the rebalancing leaves as it is (under 2)."""
+    return min(counts) >= RANKS // 2 and max(counts) - min(counts) <= 1
+
+
 def _streams_per_worker(server: LocalServer) -> list[int]:
     m = scrape(server)
     return [int(m.get(f'shardstream_worker_streams{{worker="{slot}"}}', -1)) for slot in (0, 1)]
@@ -118,7 +123,9 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         assert m["shardstream_workers"] == 2
         # the running ranks' streams spread over both: the first worker hands some back at a step
         # boundary, and their clients resume on the new one (server/serving/placement.py)
-        fast.wait_for(lambda: _streams_per_worker(auto_server) == [RANKS // 2] * 2, "the streams spread over both workers")
+        # (an epoch here is one message: a rank opens its next epoch's stream as that message arrives,
+        # so it holds one or two streams at a time; 4 ranks a worker carry 4 to 8)
+        fast.wait_for(lambda: _spread(_streams_per_worker(auto_server)), "the streams spread over both workers")
         m = scrape(auto_server)
         assert m["shardstream_rebalance_rounds_total"] >= 1 and m["shardstream_streams_rebalanced_total"] >= RANKS // 2
         # handed over, not broken: each moved rank opened its successor where the old stream ended
