@@ -70,6 +70,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnclaimedError",
+    "clears_by_waiting",
     "excerpt",
     "from_flight_error",
     "from_grpc_error",
@@ -213,6 +214,15 @@ RETRYABLE_CODES = frozenset(
 # build during a rollout), and a second failure is then the data's or the request's, not the server's.
 RETRY_ONCE_CODES = frozenset({grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL})
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def clears_by_waiting(error: ShardstreamError) -> bool:
+    """Whether a call that failed with `error` may succeed if made again (elsewhere, later): a
+    RETRYABLE_CODES status, but not a RESOURCE_EXHAUSTED without a retry hint — an overloaded server
+    says when to come back, a quota or a full store does not, and waiting does not clear them."""
+    if error.status is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return getattr(error, "retry_after_s", None) is not None
+    return error.status in RETRYABLE_CODES
 
 
 def retry_pushback_s(exc: grpc.RpcError) -> float | None:

@@ -5,6 +5,7 @@ root, corrupt and missing chunks, damaged manifests, a server restarted under fo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -178,12 +179,18 @@ def test_writers_are_bounded(limited: Any) -> None:
         assert isinstance(err, NotFoundError) and "no committed checkpoint" in str(err), err
 
 
-def test_a_job_over_its_quota_is_resource_exhausted_and_keeps_nothing_of_the_save(limited: Any) -> None:
+def test_a_job_over_its_quota_is_resource_exhausted_and_keeps_nothing_of_the_save(
+    limited: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     server, root = limited
     with Checkpointer([server.target], job="quota", token=TOKEN, chunk_bytes=256 << 10) as ck:
         ck.save(1, {"w": torch.randn(256 << 10)}, blocking=True)  # 1 MiB: within 3
-        with pytest.raises(ResourceExhaustedError, match="quota"):
-            ck.save(2, {"w": torch.randn(1 << 20)}, blocking=True)  # 4 MiB more: over it
+        with caplog.at_level(logging.WARNING, logger="shardstream.client"):
+            with pytest.raises(ResourceExhaustedError, match="quota") as raised:
+                ck.save(2, {"w": torch.randn(1 << 20)}, blocking=True)  # 4 MiB more: over it
+        # no wait clears a quota: the refusal carries no retry hint and is not retried
+        assert raised.value.retry_after_s is None
+        assert not [r for r in caplog.records if "retrying" in r.getMessage()], caplog.text
         chunks = {p.name for p in (root / "quota" / "chunks").rglob("*") if p.is_file()}
         assert chunks == {h for t in ck.manifest(1)["parts"][0]["tensors"].values() for h, _ in t["chunks"]}
         assert ck.steps() == [1]

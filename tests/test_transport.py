@@ -31,7 +31,7 @@ from shardstream.client.spec import RetryPolicy
 from shardstream.client.transport import channel, fleet
 from shardstream.client.transport.channel import FLIGHT_OPTIONS, Connection
 from shardstream.client.transport.retry import Attempts
-from shardstream.errors import PermissionDeniedError, UnavailableError
+from shardstream.errors import PermissionDeniedError, ResourceExhaustedError, UnavailableError
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.fake_clock import Clock
@@ -148,6 +148,20 @@ def test_a_checkpoint_call_hands_on_any_other_error_at_once(monkeypatch: pytest.
     with pytest.raises(PermissionDeniedError):
         f.call(lambda plane: plane.target)
     assert asked == ["a:1"] and clock.sleeps == []
+
+
+def test_a_checkpoint_call_retries_an_overloaded_server_but_not_a_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = ResourceExhaustedError("no room in flight", retry_after_s=1.0)  # says when to come back
+    asked = scripted(monkeypatch, {"a:1": [busy]})
+    clock = Clock()
+    f = fleet.Fleet(["a:1", "b:2"], None, RetryPolicy(), clock=clock, sleep=clock.sleep)
+    assert f.call(lambda plane: plane.target) == "b:2" and asked == ["a:1", "b:2"]
+    full = ResourceExhaustedError("job j is over its quota")  # no hint: waiting does not clear it
+    asked = scripted(monkeypatch, {"a:1": [full], "b:2": [full]})
+    f = fleet.Fleet(["a:1", "b:2"], None, RetryPolicy(), clock=clock, sleep=clock.sleep)
+    with pytest.raises(ResourceExhaustedError, match="quota"):
+        f.call(lambda plane: plane.target)
+    assert asked == ["a:1"] and len(clock.sleeps) == 1  # the overloaded server's one backoff, none since
 
 
 def test_a_flight_error_of_the_call_itself_is_retried_as_one_of_discovery(monkeypatch: pytest.MonkeyPatch) -> None:

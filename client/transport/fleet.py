@@ -13,7 +13,9 @@ in a row and a time budget):
                    stream would be resumed elsewhere (checkpoint/transport.py)
 
 A status that says "try elsewhere" (errors.RETRYABLE_CODES: no server, a restart, an overloaded
-server, a cut connection) is retried; any other error is the caller's at once.
+server, a cut connection) is retried; any other error is the caller's at once. So is, for `call`, a
+RESOURCE_EXHAUSTED without a retry hint (errors.clears_by_waiting): a job over its checkpoint quota
+or a full root, which no wait clears — an overloaded server says when to come back.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from shardstream.errors import RETRYABLE_CODES, ShardstreamError, UnavailableError, from_flight_error
+from shardstream.errors import ShardstreamError, UnavailableError, clears_by_waiting, from_flight_error
 from shardstream.v1 import shardstream_pb2 as pb
 
 from ..credentials import ChannelSecurity
@@ -180,11 +182,11 @@ class Fleet:
                 return fn(plane)
             except (flight.FlightError, pa.ArrowException) as exc:
                 error = from_flight_error(exc, target=self.data_target)
-                if error.status not in RETRYABLE_CODES:
+                if not clears_by_waiting(error):
                     raise error from exc
                 failed: BaseException = exc
             except ShardstreamError as exc:  # discovery's (no server there, a restart)
-                if exc.status not in RETRYABLE_CODES:
+                if not clears_by_waiting(exc):
                     raise
                 error, failed = exc, exc
             with self._lock:  # moved on once per failure, not once per thread that saw it
