@@ -111,9 +111,10 @@ def _sample(server: LocalServer) -> tuple[float, int, dict[str, float]]:
             moves[key.split('"')[1]] = float(value)
         elif line.startswith("shardstream_rebalance_rounds_total "):
             moves["rebalance_rounds"] = float(line.rpartition(" ")[2])
-        elif line.startswith("shardstream_worker_streams{"):  # streams by worker slot
+        elif line.startswith(("shardstream_worker_streams{", "shardstream_worker_ranks{")):  # by worker slot
             key, _, value = line.rpartition(" ")
-            moves["streams_" + key.split('"')[1]] = float(value)
+            what = "streams_" if line.startswith("shardstream_worker_streams{") else "ranks_"
+            moves[what + key.split('"')[1]] = float(value)
     return r.stall, len(server.info()["workers"]), moves
 
 

@@ -94,9 +94,9 @@ def _spread(counts: list[int]) -> bool:
     return min(counts) >= RANKS // 2 and max(counts) - min(counts) <= 1
 
 
-def _streams_per_worker(server: LocalServer) -> list[int]:
+def _ranks_per_worker(server: LocalServer) -> list[int]:
     m = scrape(server)
-    return [int(m.get(f'shardstream_worker_streams{{worker="{slot}"}}', -1)) for slot in (0, 1)]
+    return [int(m.get(f'shardstream_worker_ranks{{worker="{slot}"}}', -1)) for slot in (0, 1)]
 
 
 _UNAVAILABLE_READS = (
@@ -124,8 +124,8 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
         # the running ranks' streams spread over both: the first worker hands some back at a step
         # boundary, and their clients resume on the new one (server/serving/placement.py)
         # (an epoch here is one message: a rank opens its next epoch's stream as that message arrives,
-        # so it holds one or two streams at a time; 4 ranks a worker carry 4 to 8)
-        fast.wait_for(lambda: _spread(_streams_per_worker(auto_server)), "the streams spread over both workers")
+        # so it holds one or two streams at a time; the rounds count ranks, once each)
+        fast.wait_for(lambda: _spread(_ranks_per_worker(auto_server)), "the ranks spread over both workers")
         m = scrape(auto_server)
         assert m["shardstream_rebalance_rounds_total"] >= 1 and m["shardstream_streams_rebalanced_total"] >= RANKS // 2
         # handed over, not broken: each moved rank opened its successor where the old stream ended
@@ -141,7 +141,7 @@ def test_stalled_trainers_grow_the_workers_then_slow_ones_shrink_them_without_lo
     assert "autoscale: 1 -> 2 workers (stall_above_target: stall" in log
     # (the first round's counts: 8 and 0, or a few already on the new worker — a next epoch's stream
     # opened ahead asks GetDataset too — on a busy machine)
-    assert re.search(r"rebalance: streams per worker slot \{0: \d+, 1: \d+\} \(mean of the last 5 counts\); asking slot 0 to hand back \d+", log)
+    assert re.search(r"rebalance: ranks per worker slot \{0: \d+, 1: \d+\} \(mean of the last 5 counts\); asking slot 0 to hand back \d+", log)
     # 2. trainers that compute for a while each step (new ones: their connections spread over both
     # workers): one worker carries them, so the other drains, and its ranks resume on the one left
     slow = _Trainers(auto_server, "autoscale-slow", step_s=1.0)  # simulated compute, not a wait on a condition

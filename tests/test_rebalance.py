@@ -31,11 +31,14 @@ from shardstream.errors import to_flight_error
 from shardstream.server.serving.config import ServerConfig
 from shardstream.server.serving.placement import (
     PLACEMENT_FILE,
+    RANKS_ACTIVE,
     READ_INTERVAL_S,
     SHED_WINDOW,
     Placement,
     PlacementWriter,
+    RankTally,
     SlotOf,
+    rank_key,
     streams_by_pid,
 )
 from shardstream.server.serving.rebalance import MIN_SPREAD, pick_slot, plan_shed
@@ -147,13 +150,14 @@ def test_a_worker_reads_the_placement_names_ports_and_hands_back_its_share_once_
     assert p.data_port() in (7000, 7001)
 
 
-def _worker_with_streams(metrics: Path, n: int, moving: int = 0) -> int:
-    """A process that counts `n` Read streams in the multiprocess files, `moving` of them asked to
-    move, as a worker does; its pid."""
+def _worker_with_streams(metrics: Path, n: int, moving: int = 0, ranks: int | None = None) -> int:
+    """A process that counts `n` Read streams of `ranks` ranks (default: one each) in the
+    multiprocess files, `moving` of them asked to move, as a worker does; its pid."""
     code = (
         "import os; from shardstream.server.serving.stream_runtime import STREAMS_ACTIVE; "
-        "from shardstream.server.serving.placement import STREAMS_MOVING; "
-        f"STREAMS_ACTIVE.labels('d').inc({n}); STREAMS_MOVING.inc({moving}); print(os.getpid())"
+        "from shardstream.server.serving.placement import RANKS_ACTIVE, STREAMS_MOVING; "
+        f"STREAMS_ACTIVE.labels('d').inc({n}); STREAMS_MOVING.inc({moving}); "
+        f"RANKS_ACTIVE.inc({n if ranks is None else ranks}); print(os.getpid())"
     )
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
     return int(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout)
@@ -186,8 +190,56 @@ def test_the_supervisors_writer_counts_each_worker_and_sheds_on_settled_means(tm
     assert sheds(on=workers[:1]) == [0]  # another set of workers: counted anew
     assert registry.get_sample_value("shardstream_rebalance_rounds_total") == 1
     assert registry.get_sample_value("shardstream_worker_streams", {"worker": "0"}) == 6
+    assert registry.get_sample_value("shardstream_worker_ranks", {"worker": "0"}) == 6
     assert registry.get_sample_value("shardstream_worker_streams", {"worker": "1"}) is None  # gone: its series too
+    assert registry.get_sample_value("shardstream_worker_ranks", {"worker": "1"}) is None
     assert not w.due()
+
+
+def test_rounds_even_out_ranks_not_streams(tmp_path: Path) -> None:
+    """A rank holds two streams while its next epoch's opens beside its current one's last messages:
+    6 streams of 3 ranks against 3 streams of 3 ranks is even (a count of streams said 3 apart and
+    moved streams back and forth with the epoch boundaries), 6 ranks against 2 is not."""
+    clock = _Clock()
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    pids = [_worker_with_streams(metrics, 6, ranks=3), _worker_with_streams(metrics, 3)]
+    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
+    workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+    for _ in range(3 * SHED_WINDOW):
+        clock.t += 1.0
+        placement = w.publish(workers, settled=True)
+        assert [x["shed"] for x in placement["workers"]] == [0, 0]
+    assert [(x["ranks"], x["streams"]) for x in placement["workers"]] == [(3, 6), (3, 3)] and w.round == 0
+    # a worker's GetDataset compares ranks: the one with 6 streams of 3 ranks is no busier
+    p = Placement(str(tmp_path / "placement.json"), slot=1, own_port=7001, clock=_Clock())
+    assert p.data_port() == 7001
+    busy = [SlotOf(0, _worker_with_streams(metrics, 6), 7000), SlotOf(1, _worker_with_streams(metrics, 4, ranks=2), 7001)]
+    clock.t += 1.0
+    w.publish(busy, settled=False)  # other workers (as after a restart): counted anew
+    for _ in range(SHED_WINDOW):
+        clock.t += 1.0
+        placement = w.publish(busy, settled=True)
+    assert [x["shed"] for x in placement["workers"]] == [2, 0]  # 6 and 2 ranks: to 4 and 4
+
+
+def test_a_rank_counts_once_over_its_epochs_streams_and_leaves_with_its_last() -> None:
+    tally = RankTally()
+    epoch0 = pb.ReadRequest(dataset="d@1", seed=7, epoch=0, rank=3, world_size=8)
+    epoch1 = pb.ReadRequest(dataset="d@1", seed=7, epoch=1, rank=3, world_size=8, start_offset=96)
+    other = pb.ReadRequest(dataset="d@1", seed=7, epoch=0, rank=4, world_size=8)
+    assert rank_key("10.0.0.1", epoch0) == rank_key("10.0.0.1", epoch1) != rank_key("10.0.0.2", epoch0)
+    assert rank_key("10.0.0.1", epoch0) != rank_key("10.0.0.1", other)
+    keys = [rank_key("10.0.0.1", r) for r in (epoch0, epoch1, other)]
+    before = RANKS_ACTIVE._value.get()  # noqa: SLF001 — this process's gauge
+    for k in keys:
+        tally.open(k)
+    assert len(tally) == 2 and RANKS_ACTIVE._value.get() - before == 2  # noqa: SLF001
+    tally.close(keys[0])
+    assert len(tally) == 2  # its next epoch's stream is still open
+    tally.close(keys[1])
+    tally.close(keys[2])
+    assert len(tally) == 0 and RANKS_ACTIVE._value.get() == before  # noqa: SLF001
 
 
 def test_a_worker_restarted_into_a_slot_after_a_round_has_no_share_of_it(tmp_path: Path) -> None:

@@ -285,11 +285,13 @@ def fleet() -> dict[str, Any]:
         panel("Worker restarts (15 min)",
               (f"sum by (pod) (increase(shardstream_worker_restarts_total{{{SERVERS}}}[15m]))", "{{pod}}")),
         panel("Open file descriptors per pod", (f"sum by (pod) (process_open_fds{{{SERVERS}}})", "{{pod}}")),
-        panel("Streams per worker process",
-              (f"sum by (pod, worker) (shardstream_worker_streams{{{SERVERS}}})", "{{pod}} worker {{worker}}"),
-              description="Read streams each worker of a --workers N/auto server carries. Running streams follow "
-                          "the workers: a worker 2 streams or more above the least busy hands its excess back at a "
-                          "step boundary (deploy/RUNBOOK.md \"One machine: serve --workers auto\")."),
+        panel("Ranks and streams per worker process",
+              (f"sum by (pod, worker) (shardstream_worker_ranks{{{SERVERS}}})", "{{pod}} worker {{worker}} ranks"),
+              (f"sum by (pod, worker) (shardstream_worker_streams{{{SERVERS}}})", "{{pod}} worker {{worker}} streams"),
+              description="Trainer ranks and Read streams each worker of a --workers N/auto server carries (a rank "
+                          "holds two streams while its next epoch's opens). Running ranks follow the workers: a "
+                          "worker 2 ranks or more above the least busy hands its excess back at a step boundary "
+                          "(deploy/RUNBOOK.md \"One machine: serve --workers auto\")."),
         panel("Worker moves (1 h): autoscale decisions and rebalance rounds",
               (f"sum by (pod, reason) (increase(shardstream_autoscale_decisions_total{{{SERVERS}}}[1h]))", "{{pod}} {{reason}}"),
               (f"sum by (pod) (increase(shardstream_rebalance_rounds_total{{{SERVERS}}}[1h]))", "{{pod}} rebalance rounds"),

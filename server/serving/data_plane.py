@@ -70,11 +70,11 @@ from ..policy.auth import Principal
 from ..policy.grants import caller_principal
 from ..read.message_steps import Message, MessageSteps, build_estimate
 from ..read.plan import ReadPlan
-from .admission import Ticket
+from .admission import Ticket, peer_host
 from .audit import StreamAudit
 from .build_pool import BuildPool, Pending
 from .job_reports import MAX_REPORT_BYTES, REPORT_ACTION, count_sent, job_reports
-from .placement import HANDOVER_AHEAD_STEPS, REBALANCED, STREAMS_MOVING
+from .placement import HANDOVER_AHEAD_STEPS, RANKS, REBALANCED, STREAMS_MOVING, rank_key
 from .reaper import Reaper
 from .rpc_metrics import KNOWN_CODES, MethodMetrics, code_name, preinitialize
 from .stream_log import STREAM_ID_KEY, StreamLog, new_stream_id
@@ -245,6 +245,9 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
         active = STREAMS_ACTIVE.labels(stream.label)
         active.inc()
         read = _Stream(call, stream, audit, admitted, active)
+        if request is not None:  # the rank it serves: what the placement of a supervisor's workers evens out
+            read.rank = rank_key(peer_host(peer), request)
+            RANKS.open(read.rank)
         try:
             if request is None:
                 raise InvalidArgumentError(
@@ -363,10 +366,13 @@ class _Stream:
     movable: bool = False  # its client follows it to another worker (ReadRequest.movable)
     handover: bool = False  # ... and opens the successor itself (ReadRequest.handover)
     stride: int = 1  # its step stride (the plan's)
+    rank: Any = None  # its rank's key in this process's RankTally (placement.RANKS), once counted
 
     def end(self, outcome: str) -> None:
         self.admitted.close()
         self.active.dec()
+        if self.rank is not None:
+            RANKS.close(self.rank)
         self.audit.done(outcome)
         self.log.end()
 

@@ -1,16 +1,20 @@
 """A supervisor's placement file: every worker's Read streams, published by the supervisor, read by its
 workers, so that streams spread over workers added or restarted while ranks read (rules: rebalance.py).
 
-The supervisor (`PlacementWriter`, supervisor.py) counts each serving worker's streams every
+The supervisor (`PlacementWriter`, supervisor.py) counts each serving worker's ranks every
 PUBLISH_INTERVAL_S from the multiprocess metric files it already sums for /metrics
-(`shardstream_streams_active`, kept per process there) and writes `placement.json` in its private
-directory, atomically: a generation, and for each serving worker its slot, the data port GetDataset
-names for it, its streams and the streams it is asked to hand back (`rebalance.plan_shed` over each
-worker's mean of the last SHED_WINDOW counts, so that streams ending and starting — a new epoch is a
-new stream — do not look like an imbalance; the window starts again after a round and whenever a
-worker starts or drains: a round only on counts that settled).
+(`shardstream_ranks_active`, kept per process there: `RankTally`) and writes `placement.json` in its
+private directory, atomically: a generation, and for each serving worker its slot, the data port
+GetDataset names for it, its ranks and streams, and the streams it is asked to hand back
+(`rebalance.plan_shed` over each worker's mean of the last SHED_WINDOW counts of ranks, so that
+streams ending and starting — a new epoch is a new stream — do not look like an imbalance; the
+window starts again after a round and whenever a worker starts or drains: a round only on counts
+that settled). Ranks, not streams: a rank holds two streams while its next epoch's opens beside the
+last messages of the current one (client/prefetch.py), one most of the time when epochs are short,
+and a count of streams swung with epoch boundaries into rounds that undid each other. A rank is its
+client's host and its request's dataset, seed, rank and world size (`rank_key`).
 Each round is logged and counted (`shardstream_rebalance_rounds_total` at the supervisor, beside
-`shardstream_worker_streams{worker=SLOT}`).
+`shardstream_worker_ranks{worker=SLOT}` and `shardstream_worker_streams{worker=SLOT}`).
 
 Each worker (`Placement`; ServerConfig.placement_file and worker_slot, set by the supervisor only) reads
 the file when it changed, at most every READ_INTERVAL_S: its GetDataset names the data port
@@ -50,14 +54,17 @@ from .rebalance import pick_slot, plan_shed
 __all__ = [
     "HANDOVER_AHEAD_STEPS",
     "PLACEMENT_FILE",
+    "RANKS",
     "REBALANCED",
     "STREAMS_MOVING",
     "STREAMS_REBALANCED",
     "Placement",
     "PlacementWriter",
+    "RankTally",
     "SlotOf",
     "live_by_pid",
     "lives_by_pid",
+    "rank_key",
     "streams_by_pid",
 ]
 
@@ -75,6 +82,7 @@ REBALANCED = (
 HANDOVER_AHEAD_STEPS = 4
 _ACTIVE = "shardstream_streams_active"
 _MOVING = "shardstream_streams_moving"
+_RANKS = "shardstream_ranks_active"
 
 STREAMS_REBALANCED = Counter(
     "shardstream_streams_rebalanced_total",
@@ -86,6 +94,49 @@ STREAMS_MOVING = Gauge(
     "Read streams a worker asked to move that are still open (placement.py; no shed round while any is)",
     multiprocess_mode="livesum",
 )
+
+
+RANKS_ACTIVE = Gauge(
+    _RANKS,
+    "Trainer ranks with a Read stream open on this server (a rank reading two epochs counts once; placement.py)",
+    multiprocess_mode="livesum",
+)
+
+
+def rank_key(peer_host: str, request: Any) -> tuple[Any, ...]:
+    """A trainer rank as a worker tells it from its streams: its host and its ReadRequest's dataset
+    (refs or mixture), seed, rank and world size — the same for each epoch's stream of the rank."""
+    dataset = request.dataset or tuple((m.dataset, m.weight) for m in request.mixture)
+    return (peer_host, dataset, request.seed, request.rank, request.world_size)
+
+
+class RankTally:
+    """The ranks with a stream open here (`open` at a stream's start, `close` at its end, counted in
+    RANKS_ACTIVE as a rank's first stream opens and its last closes)."""
+
+    def __init__(self) -> None:
+        self._open: Tally[Any] = Tally()
+        self._lock = threading.Lock()
+
+    def open(self, key: Any) -> None:
+        with self._lock:
+            self._open[key] += 1
+            if self._open[key] == 1:
+                RANKS_ACTIVE.inc()
+
+    def close(self, key: Any) -> None:
+        with self._lock:
+            self._open[key] -= 1
+            if self._open[key] <= 0:
+                del self._open[key]
+                RANKS_ACTIVE.dec()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+
+RANKS = RankTally()  # this process's (its streams, in data_plane.py)
 
 
 @dataclass(frozen=True)
@@ -152,6 +203,12 @@ class PlacementWriter:
         self.streams = Gauge(
             "shardstream_worker_streams", "Read streams each worker process carries, by slot (placement.py)", ["worker"], registry=registry
         )
+        self.ranks = Gauge(
+            "shardstream_worker_ranks",
+            "Trainer ranks each worker process serves, by slot: what rebalance rounds even out (placement.py)",
+            ["worker"],
+            registry=registry,
+        )
         self._labelled: set[int] = set()
 
     def due(self) -> bool:
@@ -162,8 +219,9 @@ class PlacementWriter:
         for the last SHED_WINDOW counts, on their means. The published placement."""
         now = self._clock()
         self._next_publish = now + PUBLISH_INTERVAL_S
-        live = lives_by_pid(self.metrics_dir, (_ACTIVE, _MOVING))  # one read of the files a count
+        live = lives_by_pid(self.metrics_dir, (_ACTIVE, _MOVING, _RANKS))  # one read of the files a count
         streams = {w.slot: int(live[_ACTIVE].get(w.pid, 0)) for w in workers}
+        ranks = {w.slot: int(live[_RANKS].get(w.pid, 0)) for w in workers}  # what a round evens out
         # streams asked to move and still open (a client opening its successor, or reading what was
         # sent before it): the counts are not what they will be, so not a round's
         moving = live[_MOVING]
@@ -174,16 +232,18 @@ class PlacementWriter:
         self._pids = {w.slot: w.pid for w in workers}
         for slot in self._labelled - set(streams):  # a worker gone (drained, or being replaced)
             self.streams.remove(str(slot))
+            self.ranks.remove(str(slot))
         for slot, n in streams.items():
             self.streams.labels(str(slot)).set(n)
+            self.ranks.labels(str(slot)).set(ranks[slot])
         self._labelled = set(streams)
-        if not settled or (self._window and self._window[-1].keys() != streams.keys()):
+        if not settled or (self._window and self._window[-1].keys() != ranks.keys()):
             self._window.clear()  # a worker starts, drains or was replaced: count again
         if settled:
-            self._window.append(streams)
+            self._window.append(ranks)
         shed: dict[int, int] = {}
         if len(self._window) == SHED_WINDOW:
-            means = {slot: round(sum(c[slot] for c in self._window) / SHED_WINDOW) for slot in streams}
+            means = {slot: round(sum(c[slot] for c in self._window) / SHED_WINDOW) for slot in ranks}
             shed = {slot: min(k, streams[slot]) for slot, k in plan_shed(means).items() if streams[slot]}
             if shed:
                 self._window.clear()  # the next round looks at counts made after this one
@@ -191,7 +251,7 @@ class PlacementWriter:
                 self.round += 1
                 self._round_shed = shed
                 log.info(
-                    "rebalance: streams per worker slot %s (mean of the last %d counts); asking %s to hand back %s",
+                    "rebalance: ranks per worker slot %s (mean of the last %d counts); asking %s to hand back %s",
                     dict(sorted(means.items())),
                     SHED_WINDOW,
                     "slot " + ", ".join(str(s) for s in sorted(shed)),
@@ -206,7 +266,13 @@ class PlacementWriter:
             "round": self.round,
             "round_shed": [[slot, k] for slot, k in sorted(self._round_shed.items())],
             "workers": [
-                {"slot": w.slot, "data_port": w.data_port, "streams": streams[w.slot], "shed": shed.get(w.slot, 0)}
+                {
+                    "slot": w.slot,
+                    "data_port": w.data_port,
+                    "ranks": ranks[w.slot],
+                    "streams": streams[w.slot],
+                    "shed": shed.get(w.slot, 0),
+                }
                 for w in workers
             ],
         }
@@ -226,7 +292,7 @@ class Placement:
         self._next_read = 0.0
         self._stamp: tuple[int, int] | None = None  # the file's (mtime_ns, size) last read
         self.generation = -1
-        self._streams: dict[int, int] = {}
+        self._ranks: dict[int, int] = {}  # the ranks each slot carries, as last counted
         self._ports: dict[int, int] = {}
         self._shed: dict[int, int] = {}
         self._given: Tally[int] = Tally()  # streams sent to each slot since the count
@@ -247,7 +313,10 @@ class Placement:
                     return
                 data = json.loads(self.path.read_text())
                 generation = int(data["generation"])
-                workers = [(int(w["slot"]), int(w["data_port"]), int(w["streams"]), int(w["shed"])) for w in data["workers"]]
+                workers = [
+                    (int(w["slot"]), int(w["data_port"]), int(w.get("ranks", w["streams"])), int(w["shed"]))
+                    for w in data["workers"]
+                ]
                 round_ = int(data.get("round", 0))
                 round_shed = {int(slot): int(k) for slot, k in data.get("round_shed", ())}
             except (OSError, ValueError, KeyError, TypeError):
@@ -257,7 +326,7 @@ class Placement:
                 return
             self.generation = generation
             self._ports = {slot: port for slot, port, _, _ in workers if port}
-            self._streams = {slot: n for slot, port, n, _ in workers if port}
+            self._ranks = {slot: n for slot, port, n, _ in workers if port}
             self._shed = {slot: k for slot, _, _, k in workers if k}
             self._given.clear()
             if round_ != self._round:  # a round: this worker's share of it stands until the next round
@@ -269,7 +338,7 @@ class Placement:
         """The data port to name in a GetDataset answer (rebalance.pick_slot), counted as given."""
         self._refresh()
         with self._lock:
-            slot = pick_slot(self._streams, self.slot, self._shed, self._given)
+            slot = pick_slot(self._ranks, self.slot, self._shed, self._given)
             self._given[slot] += 1
             return self._ports.get(slot, self.own_port)
 

@@ -4,7 +4,9 @@ A supervisor's workers share one control port (SO_REUSEPORT: the kernel spreads 
 each has a data port of its own, and a rank keeps the data port its first GetDataset named until its
 stream fails. So a worker added by `serve --workers auto`, or one restarted after a crash, would
 serve only the ranks that start later. Two rules, applied by placement.py (the supervisor publishes
-every worker's streams; each worker reads them), move streams onto it:
+what every worker carries — its trainer ranks, each counted once however many streams it holds;
+each worker reads them), move streams onto it. The counts below are those (called streams here:
+the rules do not care what is counted, only that each unit costs a worker the same):
 
 - `pick_slot`: GetDataset names the data port of the worker expected to have the fewest streams —
   what the supervisor last counted, less what that worker was asked to hand back, plus what this
