@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _moves(counts: dict[str, float]) -> float:
     """Worker count changes (autoscale decisions), not rebalance rounds or streams."""
-    return sum(v for k, v in counts.items() if k != "rebalance_rounds" and not k.startswith("streams_"))
+    return sum(v for k, v in counts.items() if k != "rebalance_rounds" and not k.startswith(("streams_", "ranks_")))
 
 
 def _mean(xs: list[float]) -> float | None:
