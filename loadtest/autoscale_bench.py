@@ -1,11 +1,14 @@
 """`serve --workers auto` on a slow transform: the trainers' stall, the worker count and every move, over time.
 
-    python -m loadtest.autoscale_bench [--ranks 8] [--max-workers 2] [--interval-s 1] [--steady-s 60]
+    python -m loadtest.autoscale_bench [--ranks 8] [--max-workers 2] [--interval-s 1] [--steady-s 60] [--nice 10]
 
 One dataset of 256x256 noise PNGs (~2 ms each to decode: `image.decode` to 64x64 is the cost), one
 `shardstream serve --workers auto --max-workers M --transform-threads 1 --pin-workers` (a worker is one core's
 worth). Phases, each a fresh set of `--ranks` Loaders (threads, report_interval_s 1 s, simulated
-compute `step_s` a step):
+compute `step_s` a step; each rank thread, and the Loader threads it starts, at niceness `--nice`:
+they stand for trainers on other hosts, so the workers get their cores first — at 0 the 8 Loaders
+take a share of the two cores the two workers are pinned to, and two workers deliver ~1.5 x one
+worker's calibrated capacity, the very demand of the steady phase):
 
 1. calibrate: one worker's capacity C (samples/s) with ranks that never compute (they stall);
    then step_s is chosen so that the ranks ask 1.5 x C: ~33 % stall on one worker, none on two;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import tempfile
 import threading
@@ -70,15 +74,18 @@ def _dataset(root: Path, rows: int) -> None:
 class _Ranks:
     """`n` training loops in threads: take a batch, compute `step_s`, until stopped."""
 
-    def __init__(self, server: LocalServer, n: int, job: str, step_s: float) -> None:
+    def __init__(self, server: LocalServer, n: int, job: str, step_s: float, nice: int = 0) -> None:
         self.got: list[list[int]] = [[] for _ in range(n)]
         self.stops = [threading.Event() for _ in range(n)]
         self.errors: list[BaseException] = []
+        self.nice = nice
         self.threads = [threading.Thread(target=self._run, args=(server, r, n, job, step_s), daemon=True) for r in range(n)]
         for t in self.threads:
             t.start()
 
     def _run(self, server: LocalServer, rank: int, n: int, job: str, step_s: float) -> None:
+        if self.nice:  # this thread's own (Linux: per thread), inherited by the threads it starts
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
         try:
             with Loader([server.target], "slow@1", batch_size=BATCH, rank=rank, world_size=n, shuffle=False, epochs=None,
                         job=job, cursor_store="memory://", report_interval_s=1.0, output="arrow", columns=["idx", "image"],
@@ -131,7 +138,7 @@ def _watch(server: LocalServer, until: Any, limit_s: float, log: list[dict[str, 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = ROWS
-    result: dict[str, Any] = {"ranks": args.ranks, "max_workers": args.max_workers, "interval_s": args.interval_s}
+    result: dict[str, Any] = {"ranks": args.ranks, "max_workers": args.max_workers, "interval_s": args.interval_s, "nice": args.nice}
     log: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="autoscale-bench-") as tmp:
         root = Path(tmp) / "root"
@@ -141,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         common = ("--transform-threads", "1", "--grace", "5", "--pin-workers")
         # 1. one worker's capacity, trainers that never compute
         with LocalServer(root, metrics=True, workers=1, extra_args=common) as one:
-            ranks = _Ranks(one, args.ranks, "calibrate", 0.0)
+            ranks = _Ranks(one, args.ranks, "calibrate", 0.0, args.nice)
             while ranks.samples() < WARM:
                 time.sleep(0.2)
             n0, t0 = ranks.samples(), time.monotonic()
@@ -155,12 +162,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log_path = Path(args.server_log) if args.server_log else None
         with LocalServer(root, metrics=True, workers="auto", extra_args=extra, log_path=log_path) as auto:
             t_start = time.monotonic()
-            ranks = _Ranks(auto, args.ranks, "bench", step_s)  # 2. grow
+            ranks = _Ranks(auto, args.ranks, "bench", step_s, args.nice)  # 2. grow
             grow = _watch(auto, lambda: len(auto.info()["workers"]) >= args.max_workers, 300, log, "grow")
             result["grow"] = {"s": round(time.monotonic() - t_start, 1), "stall_mean": _mean(grow), "stall_max": _max(grow)}
             reference = [list(g) for g in ranks.got]
             ranks.stop()
-            ranks = _Ranks(auto, args.ranks, "bench", step_s)  # 3. steady, restarted
+            ranks = _Ranks(auto, args.ranks, "bench", step_s, args.nice)  # 3. steady, restarted
             _watch(auto, lambda: False, 10, log, "settle")
             before = _sample(auto)[2]
             steady = _watch(auto, lambda: False, args.steady_s, log, "steady")
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=1.0, help="serve --autoscale-interval (1 s)")
     parser.add_argument("--server-log", metavar="PATH", help="the auto-sized server's log (stream.start/end lines: every move)")
     parser.add_argument("--steady-s", type=float, default=60.0, help="seconds of the steady phase (60; the issue's is 600)")
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the rank threads: trainers on other hosts (10; 0: as the workers)")
     return bench_main(parser, argv, run, json_default=results_path("autoscale_bench"), report=report, failed=lambda r: not r["in_order_once"] or bool(r["errors"]))
 
 
