@@ -21,7 +21,7 @@ import pyarrow.flight as flight
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from shardstream.client import Loader, metrics, prefetch
 from shardstream.client.prefetch import AHEAD_STEPS
@@ -31,7 +31,6 @@ from shardstream.errors import to_flight_error
 from shardstream.server.serving.config import ServerConfig
 from shardstream.server.serving.placement import (
     PLACEMENT_FILE,
-    RANKS_ACTIVE,
     READ_INTERVAL_S,
     SHED_WINDOW,
     Placement,
@@ -223,23 +222,39 @@ def test_rounds_even_out_ranks_not_streams(tmp_path: Path) -> None:
     assert [x["shed"] for x in placement["workers"]] == [2, 0]  # 6 and 2 ranks: to 4 and 4
 
 
-def test_a_rank_counts_once_over_its_epochs_streams_and_leaves_with_its_last() -> None:
-    tally = RankTally()
+def test_a_rank_counts_once_over_its_epochs_streams_and_lingers_only_after_an_epoch_sent() -> None:
     epoch0 = pb.ReadRequest(dataset="d@1", seed=7, epoch=0, rank=3, world_size=8)
     epoch1 = pb.ReadRequest(dataset="d@1", seed=7, epoch=1, rank=3, world_size=8, start_offset=96)
     other = pb.ReadRequest(dataset="d@1", seed=7, epoch=0, rank=4, world_size=8)
     assert rank_key("10.0.0.1", epoch0) == rank_key("10.0.0.1", epoch1) != rank_key("10.0.0.2", epoch0)
     assert rank_key("10.0.0.1", epoch0) != rank_key("10.0.0.1", other)
-    keys = [rank_key("10.0.0.1", r) for r in (epoch0, epoch1, other)]
-    before = RANKS_ACTIVE._value.get()  # noqa: SLF001 — this process's gauge
-    for k in keys:
+    a0, a1, b = (rank_key("10.0.0.1", r) for r in (epoch0, epoch1, other))
+    clock = _Clock()
+    gauge = Gauge("ranks", "", registry=CollectorRegistry())
+    tally = RankTally(gauge, linger_s=30.0, clock=clock)
+    for k in (a0, a1, b):
         tally.open(k)
-    assert len(tally) == 2 and RANKS_ACTIVE._value.get() - before == 2  # noqa: SLF001
-    tally.close(keys[0])
+    assert len(tally) == 2 and gauge._value.get() == 2  # noqa: SLF001
+    tally.close(a0, linger=True)
     assert len(tally) == 2  # its next epoch's stream is still open
-    tally.close(keys[1])
-    tally.close(keys[2])
-    assert len(tally) == 0 and RANKS_ACTIVE._value.get() == before  # noqa: SLF001
+    tally.close(a1, linger=True)  # its epoch went out whole: its client still reads it
+    tally.close(b)  # moved, shed, its client left or failed: gone at once
+    assert len(tally) == 1 and gauge._value.get() == 1  # noqa: SLF001
+    clock.t += 29.0
+    assert tally.expire() == pytest.approx(1.0) and len(tally) == 1
+    tally.open(a0)  # the rank's next epoch, within the linger: the same rank, once
+    assert len(tally) == 1
+    tally.close(a0, linger=True)
+    clock.t += 30.0
+    assert tally.expire() is None and len(tally) == 0 and gauge._value.get() == 0  # noqa: SLF001
+
+
+def test_the_linger_expires_without_another_stream() -> None:
+    """The last rank of an idle worker leaves the count on its own (a daemon thread sweeps)."""
+    tally = RankTally(linger_s=0.05)
+    tally.open("k")
+    tally.close("k", linger=True)
+    wait_for(lambda: len(tally) == 0, "the lingering rank expired")
 
 
 def test_a_worker_restarted_into_a_slot_after_a_round_has_no_share_of_it(tmp_path: Path) -> None:

@@ -340,7 +340,8 @@ class FlightDataPlane(flight.FlightServerBase):  # type: ignore[misc]
                 STREAMS_MOVING.dec()
             sent.flush(stream)
             self.reaper.forget(key)
-            read.end(outcome)
+            # a rank whose epoch went out whole still counts here while its client reads it
+            read.end(outcome, linger=outcome == "OK" and not moving)
             held.release()
 
     def _fail(self, call: _Call, exc: BaseException, stream: StreamLog) -> flight.FlightError:
@@ -368,11 +369,11 @@ class _Stream:
     stride: int = 1  # its step stride (the plan's)
     rank: Any = None  # its rank's key in this process's RankTally (placement.RANKS), once counted
 
-    def end(self, outcome: str) -> None:
+    def end(self, outcome: str, linger: bool = False) -> None:
         self.admitted.close()
         self.active.dec()
         if self.rank is not None:
-            RANKS.close(self.rank)
+            RANKS.close(self.rank, linger)
         self.audit.done(outcome)
         self.log.end()
 

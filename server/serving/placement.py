@@ -12,7 +12,9 @@ window starts again after a round and whenever a worker starts or drains: a roun
 that settled). Ranks, not streams: a rank holds two streams while its next epoch's opens beside the
 last messages of the current one (client/prefetch.py), one most of the time when epochs are short,
 and a count of streams swung with epoch boundaries into rounds that undid each other. A rank is its
-client's host and its request's dataset, seed, rank and world size (`rank_key`).
+client's host and its request's dataset, seed, rank and world size (`rank_key`), counted while a
+stream of it is open and RANK_LINGER_S after one sent its epoch's last message (`RankTally`: its
+client reads on from what it holds before it opens the next epoch's).
 Each round is logged and counted (`shardstream_rebalance_rounds_total` at the supervisor, beside
 `shardstream_worker_ranks{worker=SLOT}` and `shardstream_worker_streams{worker=SLOT}`).
 
@@ -55,6 +57,8 @@ __all__ = [
     "HANDOVER_AHEAD_STEPS",
     "PLACEMENT_FILE",
     "RANKS",
+    "RANKS_ACTIVE",
+    "RANK_LINGER_S",
     "REBALANCED",
     "STREAMS_MOVING",
     "STREAMS_REBALANCED",
@@ -80,6 +84,9 @@ REBALANCED = (
 # A stream asked to move whose client opens the successor (ReadHeader.move_at) goes on for this many
 # of its steps after the message that says so: its successor plans and builds its first message meanwhile.
 HANDOVER_AHEAD_STEPS = 4
+# A rank whose stream sent its epoch's last message counts this long after (RankTally): its client
+# still reads what it holds, then opens the next epoch's stream (1-15 s later in the autoscale benchmark).
+RANK_LINGER_S = 30.0
 _ACTIVE = "shardstream_streams_active"
 _MOVING = "shardstream_streams_moving"
 _RANKS = "shardstream_ranks_active"
@@ -98,7 +105,7 @@ STREAMS_MOVING = Gauge(
 
 RANKS_ACTIVE = Gauge(
     _RANKS,
-    "Trainer ranks with a Read stream open on this server (a rank reading two epochs counts once; placement.py)",
+    "Trainer ranks this server serves: a Read stream open, or its epoch sent within RANK_LINGER_S (placement.py)",
     multiprocess_mode="livesum",
 )
 
@@ -111,32 +118,71 @@ def rank_key(peer_host: str, request: Any) -> tuple[Any, ...]:
 
 
 class RankTally:
-    """The ranks with a stream open here (`open` at a stream's start, `close` at its end, counted in
-    RANKS_ACTIVE as a rank's first stream opens and its last closes)."""
+    """The ranks this worker serves: each with a stream open here (`open` at a stream's start, `close`
+    at its end), and for RANK_LINGER_S more each whose last stream ended having sent its epoch
+    (`close(..., linger=True)`): the server sends an epoch's last message while its client still
+    holds several (gRPC's buffers, the prefetch queue), and the rank opens its next epoch's stream
+    only a few steps before it needs it — 1-15 s later in the autoscale benchmark, in which the rank
+    would count nowhere. A stream moved or shed, one whose client left and one that failed do not
+    linger: the rank is elsewhere, or gone. `gauge` (RANKS_ACTIVE for the process's tally) is set to
+    the count at each change; a daemon thread expires what lingers while anything does."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, gauge: Any = None, linger_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._gauge = gauge
+        self._linger_s = linger_s
+        self._clock = clock
         self._open: Tally[Any] = Tally()
+        self._lingering: dict[Any, float] = {}  # key -> until when it still counts
         self._lock = threading.Lock()
+        self._sweeper: threading.Thread | None = None
 
     def open(self, key: Any) -> None:
         with self._lock:
+            self._lingering.pop(key, None)
             self._open[key] += 1
-            if self._open[key] == 1:
-                RANKS_ACTIVE.inc()
+            self._publish()
 
-    def close(self, key: Any) -> None:
+    def close(self, key: Any, linger: bool = False) -> None:
         with self._lock:
             self._open[key] -= 1
-            if self._open[key] <= 0:
-                del self._open[key]
-                RANKS_ACTIVE.dec()
+            if self._open[key] > 0:
+                return
+            del self._open[key]
+            if linger and self._linger_s > 0:
+                self._lingering[key] = self._clock() + self._linger_s
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, name="rank-linger", daemon=True)
+                    self._sweeper.start()
+            self._publish()
+
+    def expire(self) -> float | None:
+        """Forget the ranks whose linger ran out; seconds until the next one does (None: none left)."""
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, until in self._lingering.items() if until <= now]:
+                del self._lingering[key]
+            self._publish()
+            if not self._lingering:
+                self._sweeper = None  # the next linger starts another
+                return None
+            return min(self._lingering.values()) - now
+
+    def _sweep(self) -> None:
+        while (wait := self.expire()) is not None:
+            time.sleep(max(wait, 0.01))
+
+    def _publish(self) -> None:  # under the lock
+        if self._gauge is not None:
+            self._gauge.set(len(self._open.keys() | self._lingering.keys()))
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._open)
+            return len(self._open.keys() | self._lingering.keys())
 
 
-RANKS = RankTally()  # this process's (its streams, in data_plane.py)
+RANKS = RankTally(RANKS_ACTIVE, RANK_LINGER_S)  # this process's (its streams, in data_plane.py)
 
 
 @dataclass(frozen=True)
