@@ -1,6 +1,7 @@
 """`serve --workers auto` on a slow transform: the trainers' stall, the worker count and every move, over time.
 
-    python -m loadtest.autoscale_bench [--ranks 8] [--max-workers 2] [--interval-s 1] [--steady-s 60] [--nice 10]
+    python -m loadtest.autoscale_bench [--ranks 8] [--max-workers 2] [--interval-s 1] [--steady-s 60] [--half-s S]
+                                       [--nice 10]
 
 One dataset of 256x256 noise PNGs (~2 ms each to decode: `image.decode` to 64x64 is the cost), one
 `shardstream serve --workers auto --max-workers M --transform-threads 1 --pin-workers` (a worker is one core's
@@ -178,7 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             half = range(args.ranks // 2, args.ranks)  # 4. half leave
             ranks.stop(half)
             t_half = time.monotonic()
-            left = _watch(auto, lambda: len(auto.info()["workers"]) == 1, max(args.steady_s, 120), log, "half")
+            half_s = args.half_s if args.half_s is not None else max(args.steady_s, 120)
+            left = _watch(auto, lambda: len(auto.info()["workers"]) == 1, half_s, log, "half")
             result["half_leave"] = {"s_to_one_worker": round(time.monotonic() - t_half, 1), "stall_mean": _mean(left),
                                     "workers": len(auto.info()["workers"])}  # fmt: skip
             ranks.stop()
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=1.0, help="serve --autoscale-interval (1 s)")
     parser.add_argument("--server-log", metavar="PATH", help="the auto-sized server's log (stream.start/end lines: every move)")
     parser.add_argument("--steady-s", type=float, default=60.0, help="seconds of the steady phase (60; the issue's is 600)")
+    parser.add_argument("--half-s", type=float, help="the most seconds to wait for the shrink after half leave (--steady-s, at least 120)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of the rank threads: trainers on other hosts (10; 0: as the workers)")
     return bench_main(parser, argv, run, json_default=results_path("autoscale_bench"), report=report, failed=lambda r: not r["in_order_once"] or bool(r["errors"]))
 
