@@ -14,8 +14,10 @@ worker's calibrated capacity, the very demand of the steady phase):
 1. calibrate: one worker's capacity C (samples/s) with ranks that never compute (they stall);
    then step_s is chosen so that the ranks ask 1.5 x C: ~33 % stall on one worker, none on two;
 2. grow: the paced ranks on the auto server (one worker at first) until it has M workers;
-3. steady: the same ranks restarted (as a job restarts) for --steady-s: the stall, the moves (none
-   is a flap-free run) and the rebalance rounds (running streams handed to a less busy worker);
+3. steady: the same ranks restarted (as a job restarts); once settled (3 samples in a row under 2 %
+   stall with the ranks spread over the workers: the time it took is printed), for --steady-s: the
+   stall, the moves (none is a flap-free run) and the rebalance rounds (running streams handed to a
+   less busy worker);
 4. half leave: half the ranks stop; until the server is back at one worker (or --steady-s).
 
 Printed: the stall (the fleet's, as `fleet recommend` computes it, sampled every second) per phase,
@@ -169,7 +171,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             reference = [list(g) for g in ranks.got]
             ranks.stop()
             ranks = _Ranks(auto, args.ranks, "bench", step_s, args.nice)  # 3. steady, restarted
-            _watch(auto, lambda: False, 10, log, "settle")
+            # settled: the last 3 samples under 2 % stall, with the ranks spread over the workers (a
+            # restarted job's ranks first land where the old job's dying streams are not: see README)
+            t_settle = time.monotonic()
+            _watch(auto, lambda: _settled(log, args.max_workers), 120, log, "settle")
+            result["settle_s"] = round(time.monotonic() - t_settle, 1)
             before = _sample(auto)[2]
             steady = _watch(auto, lambda: False, args.steady_s, log, "steady")
             after = _sample(auto)[2]
@@ -191,6 +197,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _settled(log: list[dict[str, Any]], workers: int) -> bool:
+    last = [e for e in log[-3:] if e["phase"] == "settle"]
+    if len(last) < 3 or any(e["stall"] > 0.02 or e["workers"] < workers for e in last):
+        return False
+    ranks = [v for k, v in last[-1]["moves"].items() if k.startswith("ranks_")]
+    return len(ranks) == workers and max(ranks) - min(ranks) <= 1
+
+
 def _moves(counts: dict[str, float]) -> float:
     """Worker count changes (autoscale decisions), not rebalance rounds or streams."""
     return sum(v for k, v in counts.items() if k != "rebalance_rounds" and not k.startswith(("streams_", "ranks_")))
@@ -210,6 +224,7 @@ def _p90(xs: list[float]) -> float | None:
 
 def report(result: dict[str, Any]) -> None:
     print(f"one worker's capacity {result['capacity_samples_per_s']} samples/s; ranks step every {result['step_s']} s (1.5 x capacity)")
+    print(f"  restarted job settled (3 s under 2 % stall, ranks spread) in {result.get('settle_s')} s")
     for phase in ("grow", "steady", "half_leave"):
         print(f"  {phase:10s} {result[phase]}")
     print(f"  moves {result['moves']}; errors {result['errors'] or 0}; every sample once, in order: {result['in_order_once']}")
