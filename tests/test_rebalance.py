@@ -162,6 +162,17 @@ def _worker_with_streams(metrics: Path, n: int, moving: int = 0, ranks: int | No
     return int(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout)
 
 
+def _writer_of_two(tmp_path: Path, first: dict[str, int], second: dict[str, int]) -> tuple[_Clock, Path, PlacementWriter, list[SlotOf]]:
+    """A supervisor's writer over two workers (slots 0 and 1) counting what `_worker_with_streams(**first)`
+    and `(**second)` count; its clock, the metrics folder, the writer and the workers."""
+    clock = _Clock()
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    pids = [_worker_with_streams(metrics, **first), _worker_with_streams(metrics, **second)]
+    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
+    return clock, metrics, w, [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+
+
 def test_the_supervisors_writer_counts_each_worker_and_sheds_on_settled_means(tmp_path: Path) -> None:
     clock = _Clock()
     metrics = tmp_path / "metrics"
@@ -199,12 +210,7 @@ def test_rounds_even_out_ranks_not_streams(tmp_path: Path) -> None:
     """A rank holds two streams while its next epoch's opens beside its current one's last messages:
     6 streams of 3 ranks against 3 streams of 3 ranks is even (a count of streams said 3 apart and
     moved streams back and forth with the epoch boundaries), 6 ranks against 2 is not."""
-    clock = _Clock()
-    metrics = tmp_path / "metrics"
-    metrics.mkdir()
-    pids = [_worker_with_streams(metrics, 6, ranks=3), _worker_with_streams(metrics, 3)]
-    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
-    workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+    clock, metrics, w, workers = _writer_of_two(tmp_path, {"n": 6, "ranks": 3}, {"n": 3})
     for _ in range(3 * SHED_WINDOW):
         clock.t += 1.0
         placement = w.publish(workers, settled=True)
@@ -286,12 +292,7 @@ def test_a_worker_restarted_into_a_slot_after_a_round_has_no_share_of_it(tmp_pat
 def test_no_round_while_a_stream_asked_to_move_is_still_open(tmp_path: Path) -> None:
     """A stream asked to move stays open while its client reads what was sent before it: the counts
     are not what they will be, and a round on them would ask again for what is on its way."""
-    clock = _Clock()
-    metrics = tmp_path / "metrics"
-    metrics.mkdir()
-    pids = [_worker_with_streams(metrics, 6, moving=1), _worker_with_streams(metrics, 0)]
-    w = PlacementWriter(tmp_path / "placement.json", metrics, CollectorRegistry(), clock)
-    workers = [SlotOf(0, pids[0], 7000), SlotOf(1, pids[1], 7001)]
+    clock, _, w, workers = _writer_of_two(tmp_path, {"n": 6, "moving": 1}, {"n": 0})
     for _ in range(3 * SHED_WINDOW):
         clock.t += 1.0
         assert [x["shed"] for x in w.publish(workers, settled=True)["workers"]] == [0, 0]
