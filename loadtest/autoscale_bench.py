@@ -18,7 +18,8 @@ worker's calibrated capacity, the very demand of the steady phase):
    stall with the ranks spread over the workers: the time it took is printed), for --steady-s: the
    stall, the moves (none is a flap-free run) and the rebalance rounds (running streams handed to a
    less busy worker);
-4. half leave: half the ranks stop; until the server is back at one worker (or --steady-s).
+4. half leave: half the ranks stop; until the server is back at one worker (or --half-s; by default
+   --steady-s, at least 120).
 
 Printed: the stall (the fleet's, as `fleet recommend` computes it, sampled every second) per phase,
 the moves with their reasons and times, and samples delivered exactly once per rank (each rank's
