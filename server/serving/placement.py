@@ -175,11 +175,11 @@ class RankTally:
 
     def _publish(self) -> None:  # under the lock
         if self._gauge is not None:
-            self._gauge.set(len(self._open.keys() | self._lingering.keys()))
+            self._gauge.set(len(self._open) + len(self._lingering))
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._open.keys() | self._lingering.keys())
+        with self._lock:  # a key is in one of the two: `open` takes it out of lingering, `close` out of open
+            return len(self._open) + len(self._lingering)
 
 
 RANKS = RankTally(RANKS_ACTIVE, RANK_LINGER_S)  # this process's (its streams, in data_plane.py)
