@@ -8,7 +8,8 @@ import numpy as np
 
 __all__ = ["DOCUMENTS", "PROVENANCE", "BatchInfo", "PackedDocument", "SkippedSample"]
 
-# The provenance columns every Read message carries (dropped from batches unless provenance=True).
+# The provenance columns a Read message carries (dropped from batches unless provenance=True); a
+# stored-order stream sends `_shard`/`_row` in its headers instead (decode.py, ReadRequest.provenance_in_header).
 PROVENANCE = ("_shard", "_row", "_source")
 # text.pack's "documents": every document of each packed row (never a data column: BatchInfo.documents)
 DOCUMENTS = "_documents"

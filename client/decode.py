@@ -19,6 +19,7 @@ from shardstream.errors import DataLossError
 from shardstream.numpy_view import numpy_view
 from shardstream.order.cursor_math import cursor_after, is_last_step
 from shardstream.order.scheduled_steps import Layout
+from shardstream.provenance import expand
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .batch import DOCUMENTS, PROVENANCE, BatchInfo, PackedDocument, SkippedSample
@@ -60,7 +61,7 @@ def decode_message(
     GIL for a whole message of small steps while the training loop waits for it.
 
     Per message, not per step: the header's steps are read once, the provenance columns become
-    numpy views (no copy) that each step slices, columns are converted once and sliced per step
+    numpy views (no copy; or arrays made from the header's runs) that each step slices, columns are converted once and sliced per step
     (convert.splitter). The message's size for the bytes counter is the size of its buffers
     (`get_total_buffer_size`, ~0.2 us; `nbytes` walks every buffer's referenced range: ~10 us)."""
     if header.epoch != epoch:
@@ -73,7 +74,9 @@ def decode_message(
     names = batch.schema.names
     at = {name: i for i, name in enumerate(names)}
     prov = {c: numpy_view(batch.column(at[c])) for c in PROVENANCE if c in at}
-    shards, rows = prov.get("_shard"), prov.get("_row")  # (every message with steps has them)
+    shards, rows = prov.get("_shard"), prov.get("_row")  # (every message with steps has them, or:)
+    if shards is None and header.HasField("provenance"):  # ReadRequest.provenance_in_header
+        shards, rows = expand(header.provenance, batch.num_rows)
     sources = prov.get("_source")
     mixture = sources is not None
     documents = batch.column(at[DOCUMENTS]) if DOCUMENTS in at else None

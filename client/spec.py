@@ -166,6 +166,9 @@ class ReadSpec:
             movable=True,  # a stream ended UNAVAILABLE asks GetDataset again (transport/flight_call.py)
             # a single stream opens its successor when its worker asks it to move (prefetch.py)
             handover=self.streams == 1,
+            # the provenance of a stored-order stream's rows as runs in each header, not two columns
+            # (a batch that keeps the columns, provenance=True, takes them as they come)
+            provenance_in_header=not self.provenance,
             balance=self.balance.mode,
             pad_rows=self.pad_rows,
             balance_column=self.balance.column or "",

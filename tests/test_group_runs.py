@@ -23,6 +23,7 @@ import pytest
 
 from loadtest.previous_build import no_runs
 from shardstream.ipc import ipc_size
+from shardstream.provenance import expand
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import MessageBuilder
@@ -150,18 +151,28 @@ def test_steps_over_the_cap_go_in_parts_the_general_way(root: Path, monkeypatch:
     assert [msg.wire() for msg in flat] == [b[0].wire() for b in want]
 
 
+@pytest.mark.parametrize("bare", [False, True])
 @pytest.mark.parametrize(("dataset", "columns"), [("large", ["id", "x"]), ("small", ["id", "x", "label"]), ("large", ["id", "text"])])
-def test_a_run_sizes_each_slice_as_the_ipc_writer_does(planner: ReadPlanner, dataset: str, columns: list[str]) -> None:
+def test_a_run_sizes_each_slice_as_the_ipc_writer_does(
+    planner: ReadPlanner, dataset: str, columns: list[str], bare: bool
+) -> None:
     """`GroupRun.ipc_size` counts a slice once per (rows, first, last) where every column is
     fixed-width (its values cannot change the bytes), and sizes each slice itself otherwise: every
-    slice of two row groups, at every start and length, twice (the second time from the counts)."""
+    slice of two row groups, at every start and length, twice (the second time from the counts);
+    with the provenance columns and without (`bare`), which a cut counts apart."""
     reader = planner.plan(pb.ReadRequest(dataset=dataset, world_size=1, batch_size=4, columns=columns)).readers[0]
     rows = 64 if dataset == "large" else 20
     for group, start_row in ((0, 0), (1, rows)):
-        run = reader.group_run(0, group, start_row, columns)
+        if bare:  # (the same row group's full run first: its counts must not be taken for the bare one's)
+            full = reader.group_run(0, group, start_row, columns)
+            assert full is not None
+            full.ipc_size(full.batch(0, 2), 0)
+            full.release()
+        run = reader.group_run(0, group, start_row, columns, bare=bare)
         assert run is not None
         try:
             assert (run._sizes is None) == ("text" in columns)
+            assert ("_row" in run.batch(0, 1).schema.names) != bare
             for _ in range(2):
                 for start in range(run.rows):
                     for n in range(1, run.rows - start + 1):
@@ -215,3 +226,72 @@ def test_a_row_groups_cut_is_made_once_while_the_cache_holds_it(root: Path) -> N
             assert fresh._full.equals(cut)
         finally:
             fresh.release()
+
+
+def _bare(req: pb.ReadRequest) -> pb.ReadRequest:
+    out = pb.ReadRequest()
+    out.CopyFrom(req)
+    out.provenance_in_header = True
+    return out
+
+
+def _without_provenance(header: pb.ReadHeader) -> pb.ReadHeader:
+    out = pb.ReadHeader()
+    out.CopyFrom(header)
+    out.ClearField("provenance")
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_bare_stream_is_the_full_stream_with_the_provenance_in_its_headers(
+    planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """ReadRequest.provenance_in_header: a stored-order stream's steps and rows are those the
+    request without it gets, less the `_shard` and `_row` columns, with those rows' provenance in
+    each message's header — cut from row groups cold and warm, built the general way, in parts —
+    in fewer bytes. (Its messages may group steps otherwise: a stream sizes its next message by
+    the bytes a sample took in the last.) A message cut from a row group is one run."""
+    rng = np.random.default_rng(seed + 7_000)
+    dataset = ("small", "large", "masked")[seed % 3]
+    for _ in range(3):
+        req = _request(rng, dataset)
+        full = [msg for b in _builds(planner, req) for msg in b]
+        want = pa.Table.from_batches([m.batch for m in full])
+        with monkeypatch.context() as m:
+            m.setattr(MessageBuilder, "_group_run", no_runs)
+            general = [msg for b in _builds(planner, _bare(req)) for msg in b]
+        for bare in ([msg for b in _builds(planner, _bare(req)) for msg in b], general):
+            assert all(m.header.HasField("provenance") for m in bare), req
+            steps = [st for m in bare for st in m.header.steps]
+            assert steps == [st for m in full for st in m.header.steps], req
+            assert _without_provenance(bare[-1].header).end_of_epoch == full[-1].header.end_of_epoch
+            assert bare[-1].header.dropped == full[-1].header.dropped
+            got = pa.Table.from_batches([m.batch for m in bare])
+            assert got.equals(want.drop_columns(["_shard", "_row"]))
+            provenance = [expand(m.header.provenance, m.batch.num_rows) for m in bare]
+            np.testing.assert_array_equal(np.concatenate([p[0] for p in provenance]), want.column("_shard").to_numpy())
+            np.testing.assert_array_equal(np.concatenate([p[1] for p in provenance]), want.column("_row").to_numpy())
+            assert sum(m.nbytes for m in bare) <= sum(m.nbytes for m in full)  # (general builds: counted with the columns)
+            assert sum(map(len, (w for m in bare for w in m.wire()))) < sum(map(len, (w for m in full for w in m.wire())))
+    # one rank's unshuffled messages of one row group each: one run apiece
+    req = pb.ReadRequest(dataset=dataset, world_size=1, batch_size=4, max_message_bytes=1, columns=["id", "x"])
+    req.provenance_in_header = True
+    for msg in [msg for b in _builds(planner, req) for msg in b]:
+        if dataset != "masked" and msg.rows:
+            assert len(msg.header.provenance.lengths) == 8, msg.header
+
+
+def test_provenance_in_the_header_only_in_the_stored_order(planner: ReadPlanner) -> None:
+    """Shuffled streams (and, by the same rule, transforms, balance and mixtures: ReadPlan.bare)
+    keep the columns whatever the request asks: their rows are no runs to save bytes on."""
+    for mode in ("block", "full"):
+        req = pb.ReadRequest(dataset="large", world_size=2, batch_size=7, seed=3, provenance_in_header=True)
+        req.shuffle.mode = mode
+        assert not planner.plan(req).bare
+        for msg in [msg for b in _builds(planner, req) for msg in b]:
+            assert {"_shard", "_row"} <= set(msg.batch.schema.names)
+            assert not msg.header.HasField("provenance")
+    req = pb.ReadRequest(dataset="large", world_size=1, batch_size=4, provenance_in_header=True)
+    assert planner.plan(req).bare
+    req.provenance_in_header = False
+    assert not planner.plan(req).bare

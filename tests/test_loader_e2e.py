@@ -251,6 +251,37 @@ def raw_read(target: str, **fields) -> list:  # type: ignore[no-untyped-def]
         client.close()
 
 
+@pytest.mark.parametrize("shuffle", ["none", "block"])
+def test_a_stored_order_stream_carries_its_provenance_in_the_headers(endpoints: list[str], shuffle: str) -> None:
+    """ReadRequest.provenance_in_header (the Loader sets it unless provenance=True): unshuffled, no
+    message has `_shard`/`_row` columns, its header names its rows' provenance as runs, and every
+    batch's BatchInfo says what the columns say; shuffled, the columns come as before."""
+    raw = raw_read(endpoints[0], provenance_in_header=True, shuffle=pb.Shuffle(mode=shuffle), batch_size=7)
+    plain = raw_read(endpoints[0], shuffle=pb.Shuffle(mode=shuffle), batch_size=7)
+    assert raw and all(h.HasField("provenance") == (shuffle == "none") for h, _ in raw)
+    assert all(("_shard" in rows.schema.names) == (shuffle != "none") for _, rows in raw)
+    assert all("_shard" in rows.schema.names and not h.HasField("provenance") for h, rows in plain)
+
+    def batches(**kw) -> list:  # type: ignore[no-untyped-def]
+        out = []
+        with Loader(endpoints, "toy@1", batch_size=7, world_size=2, rank=1, shuffle=shuffle != "none", **kw) as ld:
+            for b in ld:
+                info = ld.last_batch
+                assert info is not None
+                out.append((info.shards, info.rows, b))
+        return out
+
+    bare, full = batches(), batches(provenance=True)
+    assert len(bare) == len(full) > 3
+    for (shards, rows, b), (shards2, rows2, b2) in zip(bare, full, strict=True):
+        assert "_shard" not in b and list(b2)[-2:] == ["_shard", "_row"]
+        np.testing.assert_array_equal(b["id"], b2["id"])
+        np.testing.assert_array_equal(shards, b2["_shard"])
+        np.testing.assert_array_equal(rows, b2["_row"])
+        np.testing.assert_array_equal(shards2, shards)
+        np.testing.assert_array_equal(rows2, rows)
+
+
 @pytest.mark.parametrize(
     ("fields", "code", "text"),
     [

@@ -22,6 +22,12 @@ is a slice of that row group with its provenance, made once for it (reader.Group
 goes on into the next row groups the cache holds. One build a row group or two instead of one a
 message: ~95 -> ~45 us of CPU a 2 MiB message in process, the same bytes (tests/test_group_runs.py).
 
+A stream whose client asked for `ReadRequest.provenance_in_header` and reads in the stored order
+(`ReadPlan.bare`) gets no `_shard`/`_row` columns: each message's header names its rows' provenance
+(`ReadHeader.provenance`: one run for a message cut from a row group, `GroupRun(bare=True)` making no
+provenance columns at all; the runs of a general build's columns, `_bared`). 12 bytes a row less on
+the wire — 19% of a 64-byte row — and no provenance made a build (tests/test_group_runs.py).
+
 Memory (server/serving/admission.py): `Message.holds` is what a built message keeps alive — its Arrow buffers,
 counted whole even where the message is a slice of them (a zero-copy slice of a row group keeps the
 row group alive after the cache lets it go) — and lets go when it is sent: messages cut from one row
@@ -47,6 +53,8 @@ from prometheus_client import Counter, Histogram
 from shardstream.errors import InvalidArgumentError
 from shardstream.extension_types import plain_schema
 from shardstream.ipc import ipc_size, plain_batch
+from shardstream.numpy_view import numpy_view
+from shardstream.provenance import runs_of
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .balanced_layout import BalancedLayout, Positions, hull, positions_array, rank_positions
@@ -83,9 +91,13 @@ def _message(
     parts: bool = False,
     nbytes: int | None = None,
     compact: bool = False,
+    bare: bool = False,
 ) -> Message:
     """`compact`: the batch is all its build made (nothing else keeps its buffers alive), so one
-    slicing much larger buffers is copied out of them."""
+    slicing much larger buffers is copied out of them. `bare`: its provenance columns go into the
+    header (`ReadPlan.bare`; `nbytes`, counted with them, stays a bound)."""
+    if bare:
+        header, batch = _bared(header, batch)
     batch = plain_batch(batch)  # no extension type leaves the server (extension_types.py)
     size = _size(header, batch) if nbytes is None else nbytes
     holds = batch.get_total_buffer_size()
@@ -125,7 +137,7 @@ class MessageBuilder:
         what the build keeps alive, each let go when its message is (the data plane's reservations)."""
         if plan.nothing_left:
             header, empty = self.end_of_epoch_batch(plan)
-            yield [_message(header, empty, 0, 0)]
+            yield [_message(header, empty, 0, 0, bare=plan.bare)]
             return
         steps = MessageSteps(plan)
         order = OrderAhead(plan)
@@ -186,7 +198,8 @@ class MessageBuilder:
         if found is None or place is None:
             return [], chunk
         shard, group, start, row = place
-        run = reader.group_run(shard, group, row - start, plan.columns)
+        bare = plan.bare
+        run = reader.group_run(shard, group, row - start, plan.columns, bare=bare)
         if run is None:
             return [], chunk
         runs = [run]
@@ -207,6 +220,8 @@ class MessageBuilder:
                 n = found[1]
                 header, _ = self._header(plan, chunk)
                 batch = run.batch(start, n)
+                if bare:
+                    header.provenance.CopyFrom(run.provenance(start, n))
                 size = _size(header, batch, run.ipc_size(batch, start))
                 if size > cap:  # parts of a step, or steps grouped under the cap: _encode's way
                     break
@@ -234,7 +249,7 @@ class MessageBuilder:
                 if held + run.nbytes > limit:  # (the next row group is as large as this one, mostly)
                     break
                 shard, group, start, row = place
-                nxt = reader.group_run(shard, group, row - start, plan.columns, held=True)
+                nxt = reader.group_run(shard, group, row - start, plan.columns, held=True, bare=bare)
                 if nxt is None:
                     break
                 if nxt.schema != schema or held + nxt.nbytes > limit:
@@ -348,7 +363,9 @@ class MessageBuilder:
         cap = plan.message_cap_bytes
         size = _size(header, batch) if chunk.samples is None else cap + 1
         if size <= cap:  # the common case: sized once
-            message = _message(header, batch, len(header.steps), batch.num_rows, nbytes=size, compact=True)
+            message = _message(
+                header, batch, len(header.steps), batch.num_rows, nbytes=size, compact=True, bare=plan.bare
+            )
             del batch
             yield message
             return
@@ -367,7 +384,7 @@ class MessageBuilder:
                 j += 1
             out, rows = group(i, j)
             if chunk.samples is None and (j - i > 1 or _size(out, rows) <= cap):
-                yield _message(out, rows, j - i, rows.num_rows)
+                yield _message(out, rows, j - i, rows.num_rows, bare=plan.bare)
             else:
                 yield from self._parts(plan, chunk, out, rows, part)
             i = j
@@ -404,7 +421,7 @@ class MessageBuilder:
             st.more_parts = not (last and chunk.last)
             if k:  # the part's skipped samples travel with its first piece
                 del st.skipped[:]
-            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, parts=True)
+            yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, parts=True, bare=plan.bare)
 
     def _transform(
         self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray
@@ -451,6 +468,15 @@ def _spans(plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader) -> ListSpans | N
     )
 
 
+
+
+def _bared(header: pb.ReadHeader, batch: pa.RecordBatch) -> tuple[pb.ReadHeader, pa.RecordBatch]:
+    """`header` with the provenance of `batch`'s rows, and `batch` without its `_shard` and `_row`."""
+    names = batch.schema.names
+    shard_at, row_at = names.index("_shard"), names.index("_row")
+    shards, rows = numpy_view(batch.column(shard_at)), numpy_view(batch.column(row_at))
+    header.provenance.CopyFrom(runs_of(shards, rows))
+    return header, batch.select([i for i in range(len(names)) if i not in (shard_at, row_at)])
 
 
 def _size(header: pb.ReadHeader, batch: pa.RecordBatch, batch_bytes: int | None = None) -> int:

@@ -77,8 +77,23 @@ class ReadPlan:
     split_steps: bool = False
     movable: bool = False  # its worker may end it for a less busy one to take (serving/placement.py)
     handover: bool = False  # ... by asking its client to (ReadHeader.move_at), which opens the next stream first
+    provenance_in_header: bool = False  # the client asked for ReadHeader.provenance (`bare`: where it gets it)
     per_sample: bool = True
     sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
+
+    @property
+    def bare(self) -> bool:
+        """Whether this stream's messages carry their provenance in the header, not as the `_shard` and
+        `_row` columns: asked for, and the stream is in the stored order (no shuffle, transform,
+        balance or mixture), whose messages are runs of rows."""
+        return (
+            self.provenance_in_header
+            and self.pipeline is None
+            and not self.mixture
+            and isinstance(self.selector, DatasetOrder)
+            and self.selector.spec.mode == "none"
+            and not isinstance(self.layout, BalancedLayout)
+        )
 
     @property
     def nothing_left(self) -> bool:
@@ -225,6 +240,7 @@ class ReadPlanner:
             split_steps=q.split_steps,
             movable=q.movable,
             handover=q.handover,
+            provenance_in_header=q.provenance_in_header,
             per_sample=pipeline is None or pipeline.per_sample,
             sample_bytes=_sample_bytes(readers, columns, pipeline),
         )

@@ -35,7 +35,9 @@ from shardstream.errors import DataLossError, InvalidArgumentError, ShardstreamE
 from shardstream.ipc import ipc_size
 from shardstream.manifest import Manifest
 from shardstream.order.read_order import RowLocator
+from shardstream.provenance import one_run
 from shardstream.storage import ObjectRef
+from shardstream.v1 import shardstream_pb2 as pb
 
 from .cache import Lease, LRUCache
 from .gather import ListSpans, empty_batch, gather, gather_spans, int_array
@@ -299,10 +301,18 @@ class DatasetReader:
         return key
 
     def group_run(
-        self, shard: int, group: int, start_row: int, columns: Sequence[str], *, held: bool = False
+        self,
+        shard: int,
+        group: int,
+        start_row: int,
+        columns: Sequence[str],
+        *,
+        held: bool = False,
+        bare: bool = False,
     ) -> GroupRun | None:
         """Row group `group` of `shard` (its first row is row `start_row` of the shard), leased, to
-        cut consecutive rows from (`GroupRun`); None when its columns are not one chunk each, or,
+        cut consecutive rows from (`GroupRun`; `bare`: without the provenance columns); None when
+        its columns are not one chunk each, or,
         with `held`, when the cache does not hold it or cannot pin it at once (a build that leases
         one row group already never waits for another)."""
         cols = tuple(columns)
@@ -319,7 +329,7 @@ class DatasetReader:
             if cut is None:
                 lease.release()
                 return None
-            return GroupRun(lease, cut)
+            return GroupRun(lease, cut, bare)
         except BaseException:
             lease.release()
             raise
@@ -354,7 +364,8 @@ class DatasetReader:
 
 class GroupRun:
     """One row group, leased, from which an unshuffled stream's messages are cut: each is a slice
-    of its rows with their provenance, made once for the row group, instead of a take per message.
+    of its rows with their provenance, made once for the row group, instead of a take per message;
+    or, `bare`, of its rows alone (a stream whose headers carry the provenance: `one_run`).
 
     The batches are those `DatasetReader.take` makes of the same rows, buffer for buffer as the
     IPC writer writes them (tests/test_group_runs.py). The writer writes a fixed-width array at an
@@ -369,25 +380,32 @@ class GroupRun:
     once a build (`_Cut`, ~20-25 us in process): a row group's table is one object as long as the
     cache holds it, and the cut is forgotten with it. Its provenance (12 bytes a row) is not counted
     in the cache's bytes, so it is kept only for rows of 192 bytes or more (at most 1/16 over what
-    the cache counts); rows smaller than that get a cut of their own each build, as before."""
+    the cache counts); rows smaller than that get a cut of their own each build, as before. A bare
+    run makes no provenance columns at all."""
 
-    def __init__(self, lease: Lease[pa.Table], cut: _Cut) -> None:
+    def __init__(self, lease: Lease[pa.Table], cut: _Cut, bare: bool = False) -> None:
         self._lease = lease
         self.rows = cut.rows
-        self._full = cut.full
-        self._shard = cut.shard
-        self.schema = cut.schema
-        self._shard_at = len(cut.schema) - 2
-        self.nbytes = cut.nbytes  # what its batches keep alive
-        self._sizes = cut.sizes
+        self.bare = bare
+        self.shard_id, self.start_row = cut.shard_id, cut.start_row
+        self._full = cut.data if bare else cut.full
+        self.schema = self._full.schema
+        self._shard_at = len(self.schema) - 2
+        self.nbytes = self._full.get_total_buffer_size()  # what its batches keep alive
+        self._sizes = cut.sizes[bare] if cut.sizes is not None else None
+        self._cut = cut
 
     def batch(self, start: int, n: int) -> pa.RecordBatch:
-        """Rows [start, start + n) of the row group with their provenance (n >= 1)."""
+        """Rows [start, start + n) of the row group, with their provenance unless bare (n >= 1)."""
         batch = self._full.slice(start, n)
-        if n % 2 and start + n < self.rows:
-            shard = pa.Array.from_buffers(pa.int32(), n, [None, self._shard.slice(0, 4 * n)])
+        if not self.bare and n % 2 and start + n < self.rows:
+            shard = pa.Array.from_buffers(pa.int32(), n, [None, self._cut.shard.slice(0, 4 * n)])
             batch = batch.set_column(self._shard_at, _PROVENANCE_FIELDS[0], shard)
         return batch
+
+    def provenance(self, start: int, n: int) -> pb.Provenance:
+        """Rows [start, start + n) of the row group's provenance: one run (a bare run's header's)."""
+        return one_run(self.shard_id, self.start_row + start, n)
 
     def ipc_size(self, batch: pa.RecordBatch, start: int) -> int:
         """`ipc_size(batch)` of `batch(start, n)`. Where every column is fixed-width without nulls,
@@ -407,28 +425,36 @@ class GroupRun:
 
 
 class _Cut:
-    """A row group's table with its provenance columns, as every `GroupRun` of it cuts messages
-    from, kept while the cache holds the table (a weak reference to it: the entry goes with it)."""
+    """A row group's table as one batch (`data`) and with its provenance columns (`full`, made when
+    first asked for), as every `GroupRun` of it cuts messages from, kept while the cache holds the
+    table (a weak reference to it: the entry goes with it)."""
 
-    __slots__ = ("full", "nbytes", "rows", "schema", "shard", "shard_id", "sizes", "start_row")
+    __slots__ = ("_full", "data", "rows", "shard", "shard_id", "sizes", "start_row")
 
     _MADE: dict[int, tuple[weakref.ref[pa.Table], _Cut]] = {}
 
     def __init__(self, table: pa.Table, shard: int, start_row: int) -> None:
-        (data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
-        self.rows = n = table.num_rows
+        (self.data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
+        self.rows = table.num_rows
         self.shard_id, self.start_row = shard, start_row
-        self.shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
-        rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
-        self.full = data.append_column(
-            _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self.shard], offset=1)
-        ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
-        self.schema = self.full.schema
-        self.nbytes = self.full.get_total_buffer_size()
-        # sizes by (rows, first, last) where they depend on nothing else (`GroupRun.ipc_size`)
-        self.sizes: dict[tuple[int, bool, bool], int] | None = (
-            {} if all(_fixed_width(c.type) and not c.null_count for c in data.columns) else None
+        self._full: pa.RecordBatch | None = None
+        self.shard: pa.Buffer | None = None
+        # sizes by (rows, first, last) where they depend on nothing else (`GroupRun.ipc_size`), of
+        # the full batches [False] and of the bare ones [True]
+        self.sizes: tuple[dict[tuple[int, bool, bool], int], dict[tuple[int, bool, bool], int]] | None = (
+            ({}, {}) if all(_fixed_width(c.type) and not c.null_count for c in self.data.columns) else None
         )
+
+    @property
+    def full(self) -> pa.RecordBatch:
+        if self._full is None:
+            n, shard, start_row = self.rows, self.shard_id, self.start_row
+            self.shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
+            rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
+            self._full = self.data.append_column(
+                _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self.shard], offset=1)
+            ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
+        return self._full
 
     @classmethod
     def of(cls, table: pa.Table, shard: int, start_row: int) -> _Cut | None:

@@ -128,6 +128,7 @@ class ReadQuery:
     split_steps: bool = False
     movable: bool = False  # the client follows a stream its worker hands to a less busy one
     handover: bool = False  # ... and opens the successor itself when a header says move
+    provenance_in_header: bool = False  # `_shard`/`_row` as ReadHeader.provenance (stored order only)
     # balanced steps (balance.py): None or "tokens"; pad_rows pads a rank's rows to the step's largest
     balance: str | None = None  # None, "tokens", "attention" or "cost"
     pad_rows: bool = False
@@ -164,6 +165,7 @@ def encode(query: ReadQuery) -> pb.ReadRequest:
         split_steps=query.split_steps,
         movable=query.movable,
         handover=query.handover,
+        provenance_in_header=query.provenance_in_header,
     )
     if query.balance is not None or query.pad_rows:
         req.balance.CopyFrom(
@@ -224,6 +226,7 @@ def decode(req: pb.ReadRequest) -> ReadQuery:
         split_steps=req.split_steps,
         movable=req.movable,
         handover=req.handover,
+        provenance_in_header=req.provenance_in_header,
         balance=_BALANCE_NAMES[req.balance.mode],
         pad_rows=req.balance.pad_rows,
         balance_column=req.balance.cost_column,

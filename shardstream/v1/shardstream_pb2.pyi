@@ -84,7 +84,7 @@ class MixtureSource(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases", "balance", "movable", "handover")
+    __slots__ = ("dataset", "fingerprint", "seed", "epoch", "shuffle", "start_offset", "rank", "world_size", "batch_size", "first_step", "num_steps", "drop_last", "columns", "max_message_bytes", "mixture", "mixture_block", "mixture_epoch_samples", "step_stride", "transforms", "on_error", "split_steps", "batch_schedule", "skip", "mixture_phases", "balance", "movable", "handover", "provenance_in_header")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class ReadRequest(_message.Message):
     BALANCE_FIELD_NUMBER: _ClassVar[int]
     MOVABLE_FIELD_NUMBER: _ClassVar[int]
     HANDOVER_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_IN_HEADER_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     fingerprint: str
     seed: int
@@ -139,7 +140,8 @@ class ReadRequest(_message.Message):
     balance: Balance
     movable: bool
     handover: bool
-    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ..., movable: _Optional[bool] = ..., handover: _Optional[bool] = ...) -> None: ...
+    provenance_in_header: bool
+    def __init__(self, dataset: _Optional[str] = ..., fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., start_offset: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., first_step: _Optional[int] = ..., num_steps: _Optional[int] = ..., drop_last: _Optional[bool] = ..., columns: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., mixture: _Optional[_Iterable[_Union[MixtureSource, _Mapping]]] = ..., mixture_block: _Optional[int] = ..., mixture_epoch_samples: _Optional[int] = ..., step_stride: _Optional[int] = ..., transforms: _Optional[_Iterable[_Union[Transform, _Mapping]]] = ..., on_error: _Optional[str] = ..., split_steps: _Optional[bool] = ..., batch_schedule: _Optional[_Iterable[_Union[BatchPhase, _Mapping]]] = ..., skip: _Optional[_Iterable[_Union[SkipRange, _Mapping]]] = ..., mixture_phases: _Optional[_Iterable[_Union[MixturePhase, _Mapping]]] = ..., balance: _Optional[_Union[Balance, _Mapping]] = ..., movable: _Optional[bool] = ..., handover: _Optional[bool] = ..., provenance_in_header: _Optional[bool] = ...) -> None: ...
 
 class Balance(_message.Message):
     __slots__ = ("mode", "pad_rows", "cost_column")
@@ -240,20 +242,32 @@ class SkippedSample(_message.Message):
     def __init__(self, position: _Optional[int] = ..., shard: _Optional[int] = ..., row: _Optional[int] = ..., source: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReadHeader(_message.Message):
-    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "stream_id", "move_at")
+    __slots__ = ("epoch", "steps", "end_of_epoch", "dropped", "stream_id", "move_at", "provenance")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     END_OF_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MOVE_AT_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     steps: _containers.RepeatedCompositeFieldContainer[StepInfo]
     end_of_epoch: bool
     dropped: int
     stream_id: str
     move_at: int
-    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ..., move_at: _Optional[int] = ...) -> None: ...
+    provenance: Provenance
+    def __init__(self, epoch: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepInfo, _Mapping]]] = ..., end_of_epoch: _Optional[bool] = ..., dropped: _Optional[int] = ..., stream_id: _Optional[str] = ..., move_at: _Optional[int] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("shards", "rows", "lengths")
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    shards: bytes
+    rows: bytes
+    lengths: bytes
+    def __init__(self, shards: _Optional[bytes] = ..., rows: _Optional[bytes] = ..., lengths: _Optional[bytes] = ...) -> None: ...
 
 class CheckpointCommand(_message.Message):
     __slots__ = ("job", "put_chunks", "get_chunks", "has", "put_part", "commit", "abort", "steps", "manifest")
