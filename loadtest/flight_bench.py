@@ -197,6 +197,7 @@ def read_request(
         world_size=1,
         batch_size=batch_rows,
         split_steps=True,
+        provenance_in_header=True,  # (a Loader without provenance=True asks for it)
     )
 
 
