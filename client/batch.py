@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DOCUMENTS", "PROVENANCE", "BatchInfo", "PackedDocument", "SkippedSample"]
+__all__ = ["DOCUMENTS", "PROVENANCE", "BatchInfo", "PackedDocument", "RowProvenance", "SkippedSample"]
 
 # The provenance columns a Read message carries (dropped from batches unless provenance=True); a
 # stored-order stream sends `_shard`/`_row` in its headers instead (decode.py, ReadRequest.provenance_in_header).
@@ -38,9 +39,52 @@ class SkippedSample:
     reason: str
 
 
+class RowProvenance:
+    """Rows [start, stop) of a message's provenance: each row's shard (int32, its index in the
+    version's manifest) and row in that shard (int64). A message whose header names them as runs
+    (ReadHeader.provenance) makes the arrays the first time a batch's are read, once for all its
+    batches; a message's columns are read as they are (`of`)."""
+
+    __slots__ = ("_arrays", "_make", "start", "stop")
+
+    def __init__(self, make: Callable[[], tuple[np.ndarray, np.ndarray]], start: int, stop: int) -> None:
+        self._make = make  # the message's (shards, rows), cached by its maker
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.start, self.stop = start, stop
+
+    @classmethod
+    def of(cls, shards: np.ndarray, rows: np.ndarray) -> RowProvenance:
+        """Provenance already in arrays (a message's columns, sliced)."""
+        out = cls(lambda: (shards, rows), 0, len(rows))
+        out._arrays = (shards, rows)
+        return out
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            shards, rows = self._make()
+            self._arrays = (shards[self.start : self.stop], rows[self.start : self.stop])
+        return self._arrays
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RowProvenance):
+            return NotImplemented
+        (a, b), (c, d) = self.arrays(), other.arrays()
+        return bool(np.array_equal(a, c) and np.array_equal(b, d))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shards, rows = self.arrays()
+        return f"RowProvenance(shards={shards!r}, rows={rows!r})"
+
+
 @dataclass(frozen=True)
 class BatchInfo:
-    """Where a batch came from: epoch, global positions, and each row's (source,) shard and row."""
+    """Where a batch came from: epoch, global positions, and each row's (source,) shard and row
+    (`shards`, `rows`: numpy arrays, one value a row)."""
 
     epoch: int
     step: int  # global step index in the epoch, counted from the stream's start offset
@@ -48,8 +92,7 @@ class BatchInfo:
     position_end: int
     global_start: int  # the global step's positions over all ranks
     global_end: int
-    shards: np.ndarray  # int32 index into the manifest's shard list, per row
-    rows: np.ndarray  # int64 row within the shard, per row
+    provenance: RowProvenance  # `shards` and `rows`, made when first read
     sources: np.ndarray | None = None  # int32 index into the mixture's sources (mixtures only)
     # Samples of this step a server-side transform could not process (on_error="skip"): left out.
     skipped: tuple[SkippedSample, ...] = ()
@@ -65,3 +108,18 @@ class BatchInfo:
     # column) and every rank's: cost * world_size / step_cost is its load against the step's mean
     cost: float = 0.0
     step_cost: float = 0.0
+
+    @property
+    def shards(self) -> np.ndarray:
+        """int32 index into the manifest's shard list, per row."""
+        return self.provenance.arrays()[0]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """int64 row within the shard, per row."""
+        return self.provenance.arrays()[1]
+
+    @property
+    def num_rows(self) -> int:
+        """The batch's rows (without making `shards` and `rows`)."""
+        return len(self.provenance)

@@ -13,16 +13,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
 from shardstream.numpy_view import numpy_view
 from shardstream.order.cursor_math import cursor_after, is_last_step
 from shardstream.order.scheduled_steps import Layout
-from shardstream.provenance import expand
+from shardstream.provenance import check, expand
 from shardstream.v1 import shardstream_pb2 as pb
 
-from .batch import DOCUMENTS, PROVENANCE, BatchInfo, PackedDocument, SkippedSample
+from .batch import DOCUMENTS, PROVENANCE, BatchInfo, PackedDocument, RowProvenance, SkippedSample
 from .convert import splitter
 from .spec import ReadSpec
 
@@ -75,8 +76,11 @@ def decode_message(
     at = {name: i for i, name in enumerate(names)}
     prov = {c: numpy_view(batch.column(at[c])) for c in PROVENANCE if c in at}
     shards, rows = prov.get("_shard"), prov.get("_row")  # (every message with steps has them, or:)
+    runs = None
     if shards is None and header.HasField("provenance"):  # ReadRequest.provenance_in_header
-        shards, rows = expand(header.provenance, batch.num_rows)
+        runs = _Runs(header.provenance, batch.num_rows)  # (checked now, made only if a batch's are read)
+    elif shards is None and steps:
+        raise DataLossError("the server sent rows without their provenance (no _shard/_row columns, no header provenance)")
     sources = prov.get("_source")
     mixture = sources is not None
     documents = batch.column(at[DOCUMENTS]) if DOCUMENTS in at else None
@@ -122,8 +126,7 @@ def decode_message(
             position_end=st.position_end,
             global_start=global_start,
             global_end=global_end,
-            shards=shards[row:end],  # type: ignore[index]
-            rows=rows[row:end],  # type: ignore[index]
+            provenance=RowProvenance(runs, row, end) if runs is not None else RowProvenance.of(shards[row:end], rows[row:end]),  # type: ignore[index]
             sources=sources[row:end] if mixture else None,
             skipped=_skipped(st.skipped, mixture) if st.skipped else (),
             documents=None if documents is None else _documents(documents.slice(row, n), mixture),
@@ -142,6 +145,22 @@ def decode_message(
         yield Item(epoch, *cursor_after(layout, epoch, step, spec.split), header.dropped if last else 0, out, info)
     if header.end_of_epoch and not steps:
         yield empty_epoch(spec, epoch, header.dropped)
+
+
+class _Runs:
+    """A message's provenance as its header names it (runs), made into arrays when first asked for."""
+
+    __slots__ = ("_arrays", "_n", "_provenance")
+
+    def __init__(self, provenance: pb.Provenance, n: int) -> None:
+        check(provenance, n)
+        self._provenance, self._n = provenance, n
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = expand(self._provenance, self._n)
+        return self._arrays
 
 
 def _skipped(skipped: Any, mixture: bool) -> tuple[SkippedSample, ...]:

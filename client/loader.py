@@ -395,7 +395,7 @@ class Loader:
                 clock.waited(waited)
                 if reporter is not None:
                     info = None if isinstance(item, Done) else item.info
-                    reporter.record(waited, 0 if info is None else len(info.rows))
+                    reporter.record(waited, 0 if info is None else info.num_rows)
                 if isinstance(item, Done):
                     return
                 if item.next_epoch != item.epoch:

@@ -189,7 +189,7 @@ def ids_of(n: int) -> pa.Array:
 def test_a_row_groups_cut_is_made_once_while_the_cache_holds_it(root: Path) -> None:
     """Builds of the same cached row group cut messages from one table with provenance, kept while
     the table lives (its cache entry); a row group read anew gets a cut of its own. Rows under 192
-    bytes (the provenance over 1/16 of them) get a cut each build."""
+    bytes (the provenance over 1/16 of them) get provenance columns each build; a bare run, none."""
     req = pb.ReadRequest(dataset="wide", world_size=1, batch_size=4, columns=["id", "v"])
     with open_registry(str(root)) as registry:
         planner = ReadPlanner(registry, new_row_group_cache(64 << 20))
@@ -205,7 +205,10 @@ def test_a_row_groups_cut_is_made_once_while_the_cache_holds_it(root: Path) -> N
         runs = [small.group_run(0, 1, 64, ["id", "x"]) for _ in range(2)]
         assert runs[0] is not None and runs[1] is not None
         assert runs[0]._full is not runs[1]._full and runs[0]._full.equals(runs[1]._full)
-        for run in runs:
+        bare = [small.group_run(0, 1, 64, ["id", "x"], bare=True) for _ in range(2)]
+        assert bare[0] is not None and bare[1] is not None
+        assert bare[0]._full is bare[1]._full  # the row group as one batch (and its slices' sizes): kept
+        for run in [*runs, *bare]:
             run.release()
     # a cut goes with its table
     table = pa.table({"id": ids_of(256), "v": pa.array([b"x" * 200] * 256, pa.binary(200))})

@@ -1,7 +1,8 @@
 """The provenance of a message's rows in its header (shardstream/provenance.py): `runs_of` and
 `one_run` (the server's) and `expand` (the client's) give back every row's `_shard` and `_row`, in
 order, for any rows — runs of consecutive rows of one shard, rows in any order, repeats, no rows —
-in no more bytes than the two columns took; `expand` refuses a malformed or miscounted one."""
+in no more bytes than the two columns took; `expand` and `check` refuse a malformed or miscounted
+one. The client's BatchInfo makes a batch's arrays only when they are read (client/batch.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import DataLossError
-from shardstream.provenance import expand, one_run, runs_of
+from shardstream.provenance import check, expand, one_run, runs_of
 from shardstream.v1 import shardstream_pb2 as pb
 
 # pieces of a message: (shard, first row, rows) runs, each possibly shuffled within itself
@@ -35,6 +36,9 @@ def _rows(parts: list[tuple[int, int, int, bool]], seed: int) -> tuple[np.ndarra
 def test_runs_give_back_every_rows_provenance_in_no_more_bytes(parts: list[tuple[int, int, int, bool]], seed: int) -> None:
     shards, rows = _rows(parts, seed)
     p = runs_of(shards, rows)
+    check(p, len(rows))
+    with pytest.raises(DataLossError):
+        check(p, len(rows) + 1)
     got_shards, got_rows = expand(pb.Provenance.FromString(p.SerializeToString()), len(rows))
     assert got_shards.dtype == np.int32 and got_rows.dtype == np.int64
     np.testing.assert_array_equal(got_shards, shards)
@@ -66,5 +70,27 @@ def test_a_run_of_one_row_group_is_twenty_bytes() -> None:
     ],
 )
 def test_a_malformed_provenance_is_data_loss(p: pb.Provenance, n: int, says: str) -> None:
+    """Whether made into arrays or only checked (the client checks each message as it comes, and
+    makes a batch's arrays when they are read)."""
     with pytest.raises(DataLossError, match=says):
         expand(p, n)
+    with pytest.raises(DataLossError, match=says):
+        check(p, n)
+
+
+def test_a_batch_makes_its_provenance_when_it_is_read() -> None:
+    from shardstream.client.batch import RowProvenance
+
+    made = []
+
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        made.append(1)
+        return expand(one_run(2, 100, 10), 10)
+
+    lazy = RowProvenance(make, 3, 7)
+    assert len(lazy) == 4 and not made
+    shards, rows = lazy.arrays()
+    assert made == [1] and (shards == 2).all() and rows.tolist() == [103, 104, 105, 106]
+    assert lazy.arrays()[1] is rows and made == [1]
+    assert lazy == RowProvenance.of(np.full(4, 2, np.int32), np.arange(103, 107))
+    assert lazy != RowProvenance.of(np.full(4, 2, np.int32), np.arange(104, 108))

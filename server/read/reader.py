@@ -376,30 +376,30 @@ class GroupRun:
     an exact array of its own. `release()` ends the lease; the batches keep the row group's buffers
     alive as take's do.
 
-    The row group with its provenance columns is made once for each row group the cache holds, not
-    once a build (`_Cut`, ~20-25 us in process): a row group's table is one object as long as the
-    cache holds it, and the cut is forgotten with it. Its provenance (12 bytes a row) is not counted
-    in the cache's bytes, so it is kept only for rows of 192 bytes or more (at most 1/16 over what
-    the cache counts); rows smaller than that get a cut of their own each build, as before. A bare
-    run makes no provenance columns at all."""
+    The row group as one batch, and the IPC sizes of its slices, are made once for each row group the
+    cache holds, not once a build (`_Cut`): a row group's table is one object as long as the cache
+    holds it, and the cut is forgotten with it. So are its provenance columns (~20-25 us in process)
+    for rows of 192 bytes or more: they are not counted in the cache's bytes (12 bytes a row, at most
+    1/16 over what the cache counts); rows smaller than that get provenance columns of their own each
+    build. A bare run makes no provenance columns at all."""
 
     def __init__(self, lease: Lease[pa.Table], cut: _Cut, bare: bool = False) -> None:
         self._lease = lease
         self.rows = cut.rows
         self.bare = bare
         self.shard_id, self.start_row = cut.shard_id, cut.start_row
-        self._full = cut.data if bare else cut.full
+        self._full, self._shard = (cut.data, None) if bare else cut.full
         self.schema = self._full.schema
         self._shard_at = len(self.schema) - 2
         self.nbytes = self._full.get_total_buffer_size()  # what its batches keep alive
         self._sizes = cut.sizes[bare] if cut.sizes is not None else None
-        self._cut = cut
 
     def batch(self, start: int, n: int) -> pa.RecordBatch:
         """Rows [start, start + n) of the row group, with their provenance unless bare (n >= 1)."""
         batch = self._full.slice(start, n)
         if not self.bare and n % 2 and start + n < self.rows:
-            shard = pa.Array.from_buffers(pa.int32(), n, [None, self._cut.shard.slice(0, 4 * n)])
+            assert self._shard is not None
+            shard = pa.Array.from_buffers(pa.int32(), n, [None, self._shard.slice(0, 4 * n)])
             batch = batch.set_column(self._shard_at, _PROVENANCE_FIELDS[0], shard)
         return batch
 
@@ -429,7 +429,7 @@ class _Cut:
     first asked for), as every `GroupRun` of it cuts messages from, kept while the cache holds the
     table (a weak reference to it: the entry goes with it)."""
 
-    __slots__ = ("_full", "data", "rows", "shard", "shard_id", "sizes", "start_row")
+    __slots__ = ("_full", "data", "rows", "shard_id", "sizes", "start_row")
 
     _MADE: dict[int, tuple[weakref.ref[pa.Table], _Cut]] = {}
 
@@ -437,8 +437,7 @@ class _Cut:
         (self.data,) = table.to_batches()  # one: its columns are one chunk each (`group_run`)
         self.rows = table.num_rows
         self.shard_id, self.start_row = shard, start_row
-        self._full: pa.RecordBatch | None = None
-        self.shard: pa.Buffer | None = None
+        self._full: tuple[pa.RecordBatch, pa.Buffer] | None = None
         # sizes by (rows, first, last) where they depend on nothing else (`GroupRun.ipc_size`), of
         # the full batches [False] and of the bare ones [True]
         self.sizes: tuple[dict[tuple[int, bool, bool], int], dict[tuple[int, bool, bool], int]] | None = (
@@ -446,15 +445,21 @@ class _Cut:
         )
 
     @property
-    def full(self) -> pa.RecordBatch:
-        if self._full is None:
-            n, shard, start_row = self.rows, self.shard_id, self.start_row
-            self.shard = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
-            rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
-            self._full = self.data.append_column(
-                _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, self.shard], offset=1)
-            ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
-        return self._full
+    def full(self) -> tuple[pa.RecordBatch, pa.Buffer]:
+        """The batch with its provenance columns, and the buffer of its `_shard` values (one more
+        than its rows); made once where the provenance is small beside the rows (`_KEPT_CUT_FACTOR`),
+        else each time asked for (its caller's build holds it as long as its messages do)."""
+        if self._full is not None:
+            return self._full
+        n, shard, start_row = self.rows, self.shard_id, self.start_row
+        shards = pa.py_buffer(np.full(n + 1, shard, dtype=np.int32))
+        rows = pa.py_buffer(np.arange(start_row - 1, start_row + n, dtype=np.int64))
+        full = self.data.append_column(
+            _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, shards], offset=1)
+        ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
+        if _PROVENANCE_ROW_BYTES * _KEPT_CUT_FACTOR * n <= self.data.get_total_buffer_size():
+            self._full = (full, shards)
+        return full, shards
 
     @classmethod
     def of(cls, table: pa.Table, shard: int, start_row: int) -> _Cut | None:
@@ -469,8 +474,7 @@ class _Cut:
         if not table.num_rows or not table.num_columns or any(c.num_chunks != 1 for c in table.columns):
             return None
         cut = cls(table, shard, start_row)
-        if _PROVENANCE_ROW_BYTES * _KEPT_CUT_FACTOR * cut.rows <= table.get_total_buffer_size():
-            cls._MADE[key] = (weakref.ref(table, lambda _, key=key: cls._MADE.pop(key, None)), cut)
+        cls._MADE[key] = (weakref.ref(table, lambda _, key=key: cls._MADE.pop(key, None)), cut)
         return cut
 
 
