@@ -76,6 +76,9 @@ class RowProvenance:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __reduce__(self) -> tuple[Callable[..., RowProvenance], tuple[np.ndarray, np.ndarray]]:
+        return RowProvenance.of, self.arrays()  # pickled (and copied) as its arrays
+
     def __repr__(self) -> str:
         shards, rows = self.arrays()
         return f"RowProvenance(shards={shards!r}, rows={rows!r})"

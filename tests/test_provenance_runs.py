@@ -6,6 +6,8 @@ one. The client's BatchInfo makes a batch's arrays only when they are read (clie
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -94,3 +96,5 @@ def test_a_batch_makes_its_provenance_when_it_is_read() -> None:
     assert lazy.arrays()[1] is rows and made == [1]
     assert lazy == RowProvenance.of(np.full(4, 2, np.int32), np.arange(103, 107))
     assert lazy != RowProvenance.of(np.full(4, 2, np.int32), np.arange(104, 108))
+    again = pickle.loads(pickle.dumps(RowProvenance(make, 0, 10)))  # (as its arrays: no maker travels)
+    assert again == RowProvenance.of(np.full(10, 2, np.int32), np.arange(100, 110)) and len(again) == 10
