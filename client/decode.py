@@ -62,7 +62,8 @@ def decode_message(
     GIL for a whole message of small steps while the training loop waits for it.
 
     Per message, not per step: the header's steps are read once, the provenance columns become
-    numpy views (no copy; or arrays made from the header's runs) that each step slices, columns are converted once and sliced per step
+    numpy views (no copy) that each step slices (the header's runs instead: checked here, made into
+    arrays when a batch's are first read), columns are converted once and sliced per step
     (convert.splitter). The message's size for the bytes counter is the size of its buffers
     (`get_total_buffer_size`, ~0.2 us; `nbytes` walks every buffer's referenced range: ~10 us)."""
     if header.epoch != epoch:
@@ -126,7 +127,11 @@ def decode_message(
             position_end=st.position_end,
             global_start=global_start,
             global_end=global_end,
-            provenance=RowProvenance(runs, row, end) if runs is not None else RowProvenance.of(shards[row:end], rows[row:end]),  # type: ignore[index]
+            provenance=(
+                RowProvenance(runs, row, end)
+                if runs is not None
+                else RowProvenance.of(shards[row:end], rows[row:end])  # type: ignore[index]
+            ),
             sources=sources[row:end] if mixture else None,
             skipped=_skipped(st.skipped, mixture) if st.skipped else (),
             documents=None if documents is None else _documents(documents.slice(row, n), mixture),
