@@ -4,7 +4,8 @@ The server sends such a step as consecutive messages that each carry the same on
 `part` = 0, 1, 2, ... and `more_parts` on all but the last (protos/shardstream/v1, StepInfo).
 `StepParts.add` takes every message of a stream: a whole-step message comes back as it is; a part
 is kept until the step's last one, which comes back as one message — one StepInfo with the rows and
-skipped samples of all the parts, and one record batch with their rows in order — so the decoder
+skipped samples of all the parts, one record batch with their rows in order, and, where the parts'
+headers name their rows' provenance (ReadHeader.provenance), the parts' runs joined — so the decoder
 and the cursor only ever see whole steps. A stream that breaks mid-step is resumed at that step
 (its session's next step moves only with whole steps), so `reset()` drops the parts received.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from shardstream.errors import DataLossError
+from shardstream.provenance import joined
 from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["StepParts"]
@@ -27,10 +29,12 @@ class StepParts:
     def __init__(self) -> None:
         self._header: pb.ReadHeader | None = None
         self._batches: list[pa.RecordBatch] = []
+        self._provenance: list[pb.Provenance] = []  # each part's, where the header carries it
 
     def reset(self) -> None:
         self._header = None
         self._batches = []
+        self._provenance = []
 
     def add(self, header: pb.ReadHeader, payload: pa.RecordBatch) -> Message | None:
         """The message to hand on (a whole step's, or a step whose last part this is); None while
@@ -59,16 +63,22 @@ class StepParts:
             first.part = part.part
             first.skipped.extend(part.skipped)
         self._batches.append(payload)
+        if header.HasField("provenance"):  # (ReadRequest.provenance_in_header: each part names its own rows)
+            self._provenance.append(header.provenance)
         whole = self._header.steps[0]
         whole.rows += part.rows
         if part.more_parts:
             return None
-        out, batches = self._header, self._batches
+        out, batches, provenance = self._header, self._batches, self._provenance
         self.reset()
         step = out.steps[0]
         step.part = 0
         step.more_parts = False
         out.end_of_epoch, out.dropped = header.end_of_epoch, header.dropped  # the last part's
+        if provenance:
+            if len(provenance) != len(batches):
+                raise DataLossError(f"step {step.step}: {len(provenance)} of its {len(batches)} parts name their rows' provenance")
+            out.provenance.CopyFrom(joined(provenance))
         return out, _concat(batches)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import DataLossError
 from .v1 import shardstream_pb2 as pb
 
-__all__ = ["PROVENANCE_COLUMNS", "check", "expand", "one_run", "runs_of"]
+__all__ = ["PROVENANCE_COLUMNS", "check", "expand", "joined", "one_run", "runs_of"]
 
 PROVENANCE_COLUMNS = ("_shard", "_row")
 
@@ -48,6 +48,17 @@ def runs_of(shards: np.ndarray, rows: np.ndarray) -> pb.Provenance:
     starts = np.concatenate([[0], breaks])
     lengths = np.diff(np.append(starts, n))
     return pb.Provenance(shards=_le(shards[starts], "<i4"), rows=_le(rows[starts], "<i8"), lengths=_le(lengths, "<i8"))
+
+
+def joined(parts: list[pb.Provenance]) -> pb.Provenance:
+    """The provenance of the rows of `parts`, one after another (a step sent in parts, put back
+    together: client/parts.py); row by row only if every part is."""
+    if all(not p.lengths for p in parts):
+        return pb.Provenance(shards=b"".join(p.shards for p in parts), rows=b"".join(p.rows for p in parts))
+    lengths = [p.lengths or np.ones(len(p.rows) // 8, "<i8").tobytes() for p in parts]
+    return pb.Provenance(
+        shards=b"".join(p.shards for p in parts), rows=b"".join(p.rows for p in parts), lengths=b"".join(lengths)
+    )
 
 
 def check(p: pb.Provenance, n: int) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import DataLossError
-from shardstream.provenance import check, expand, one_run, runs_of
+from shardstream.provenance import check, expand, joined, one_run, runs_of
 from shardstream.v1 import shardstream_pb2 as pb
 
 # pieces of a message: (shard, first row, rows) runs, each possibly shuffled within itself
@@ -49,6 +49,13 @@ def test_runs_give_back_every_rows_provenance_in_no_more_bytes(parts: list[tuple
     if p.lengths:  # runs: as few as there are maximal runs of consecutive rows of one shard
         breaks = np.count_nonzero((np.diff(rows) != 1) | (np.diff(shards) != 0))
         assert len(p.lengths) == 8 * (breaks + 1)
+    # cut anywhere into parts (a step sent in parts), each part's runs joined: the whole again
+    cuts = sorted(np.random.default_rng(seed).integers(0, len(rows) + 1, 3).tolist())
+    bounds = [0, *cuts, len(rows)]
+    parts = [runs_of(shards[a:b], rows[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    again = expand(joined(parts), len(rows))
+    np.testing.assert_array_equal(again[0], shards)
+    np.testing.assert_array_equal(again[1], rows)
 
 
 def test_a_run_of_one_row_group_is_twenty_bytes() -> None:

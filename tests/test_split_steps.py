@@ -27,6 +27,7 @@ from shardstream.client.parts import StepParts
 from shardstream.client.spec import RetryPolicy
 from shardstream.client.transport.session import CallRegistry, StreamSession
 from shardstream.errors import RETRY_PUSHBACK_KEY, DataLossError, InvalidArgumentError, from_grpc_error
+from shardstream.provenance import expand, one_run, runs_of
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.message_steps import Message
@@ -170,6 +171,28 @@ def test_step_parts_refuse_what_does_not_make_a_step() -> None:
     parts.add(*part(0, 0, True, [1]))
     with pytest.raises(DataLossError, match="step 0 ended after part 0"):
         parts.add(pb.ReadHeader(steps=[pb.StepInfo(step=1, rows=0)]), pa.record_batch({"id": pa.array([], pa.int64())}))
+
+
+def test_step_parts_join_their_provenance() -> None:
+    """Parts whose headers name their rows' provenance (ReadRequest.provenance_in_header) come back
+    as one step whose header names all of them, in order, whichever form each part's runs take; a
+    step whose parts do not all name theirs is DATA_LOSS."""
+    parts = StepParts()
+    pieces = [(one_run(1, 100, 3), [0, 1, 2]), (runs_of(np.array([1, 2], np.int32), np.array([7, 3])), [3, 4]), (one_run(2, 4, 4), [5, 6, 7, 8])]
+    out = None
+    for k, (prov, rows) in enumerate(pieces):
+        header, batch = part(0, k, k < len(pieces) - 1, rows)
+        header.provenance.CopyFrom(prov)
+        out = parts.add(header, batch)
+    assert out is not None
+    header, batch = out
+    shards, rows = expand(header.provenance, batch.num_rows)
+    assert shards.tolist() == [1, 1, 1, 1, 2, 2, 2, 2, 2] and rows.tolist() == [100, 101, 102, 7, 3, 4, 5, 6, 7]
+    header, batch = part(0, 0, True, [0])
+    header.provenance.CopyFrom(one_run(0, 0, 1))
+    parts.add(header, batch)
+    with pytest.raises(DataLossError, match="1 of its 2 parts name their rows' provenance"):
+        parts.add(*part(0, 1, False, [1]))
 
 
 class _Error(grpc.RpcError):
