@@ -9,7 +9,8 @@ and text.pack's `_documents` (server/transforms/pipeline.py `PROVENANCE`, client
 A client that sets `ReadRequest.provenance_in_header` gets the two columns of a stream in the stored
 order as a `Provenance` in each message's header instead: runs of consecutive rows of one shard
 (`one_run`, `runs_of`, the server's) that `expand` turns back into the two columns' values (the
-client's; `check` says whether they add up without making them). A message cut from one row group is one run of 20 bytes where the columns took 12 a row.
+client's; `check` says whether they add up without making them). A message cut from one row group
+is one run of 20 bytes where the columns took 12 a row.
 
 Core: both sides may read it.
 """
@@ -23,12 +24,12 @@ import numpy as np
 from .errors import DataLossError
 from .v1 import shardstream_pb2 as pb
 
-__all__ = ["PROVENANCE_COLUMNS", "check", "expand", "joined", "one_run", "runs_of"]
+__all__ = ["PROVENANCE_COLUMNS", "ROW_BYTES", "check", "expand", "joined", "one_run", "runs_of"]
 
 PROVENANCE_COLUMNS = ("_shard", "_row")
 
 _RUN_BYTES = 20  # a run: int32 shard, int64 first row, int64 length
-_ROW_BYTES = 12  # a row as the columns carry it: int32 shard, int64 row
+ROW_BYTES = 12  # a row as the columns carry it: int32 shard, int64 row
 
 
 def one_run(shard: int, row: int, rows: int) -> pb.Provenance:
@@ -43,7 +44,7 @@ def runs_of(shards: np.ndarray, rows: np.ndarray) -> pb.Provenance:
     if n == 0:
         return pb.Provenance()
     breaks = np.flatnonzero((np.diff(rows) != 1) | (np.diff(shards) != 0)) + 1
-    if _RUN_BYTES * (len(breaks) + 1) >= _ROW_BYTES * n:
+    if _RUN_BYTES * (len(breaks) + 1) >= ROW_BYTES * n:
         return pb.Provenance(shards=_le(shards, "<i4"), rows=_le(rows, "<i8"))
     starts = np.concatenate([[0], breaks])
     lengths = np.diff(np.append(starts, n))

@@ -35,7 +35,7 @@ from shardstream.errors import DataLossError, InvalidArgumentError, ShardstreamE
 from shardstream.ipc import ipc_size
 from shardstream.manifest import Manifest
 from shardstream.order.read_order import RowLocator
-from shardstream.provenance import one_run
+from shardstream.provenance import ROW_BYTES, one_run
 from shardstream.storage import ObjectRef
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -457,7 +457,7 @@ class _Cut:
         full = self.data.append_column(
             _PROVENANCE_FIELDS[0], pa.Array.from_buffers(pa.int32(), n, [None, shards], offset=1)
         ).append_column(_PROVENANCE_FIELDS[1], pa.Array.from_buffers(pa.int64(), n, [None, rows], offset=1))
-        if _PROVENANCE_ROW_BYTES * _KEPT_CUT_FACTOR * n <= self.data.get_total_buffer_size():
+        if ROW_BYTES * _KEPT_CUT_FACTOR * n <= self.data.get_total_buffer_size():
             self._full = (full, shards)
         return full, shards
 
@@ -478,7 +478,6 @@ class _Cut:
         return cut
 
 
-_PROVENANCE_ROW_BYTES = 12  # `_shard` int32 + `_row` int64
 _KEPT_CUT_FACTOR = 16  # a cut is kept while its row group's bytes are at least 16x its provenance's
 
 
