@@ -195,6 +195,38 @@ def test_fixed_shape_tensors_take_the_numpy_gather_and_make_the_same_bytes() -> 
     assert ipc_bytes(fast.to_batches()[0]) == ipc_bytes(want.to_batches()[0])
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_rows_gathered_with_their_provenance_in_one_batch_are_those_appended_after(seed: int) -> None:
+    """`gather_with` (a shuffled message's rows and provenance in one batch, on a schema made once)
+    gives the batch, schema metadata and IPC bytes of a gather with the columns appended after it;
+    and None where a column is not fixed-width."""
+    rng = np.random.default_rng(seed)
+    meta = {b"origin": b"test"}
+    tables = [
+        pa.table(
+            {
+                "image": tensor_array(rng.integers(0, 255, (10, 2, 3, 3), dtype=np.uint8)),
+                "x": pa.array(rng.random(10, dtype=np.float32)),
+            }
+        ).replace_schema_metadata(meta)
+        for _ in range(int(rng.integers(1, 5)))
+    ]
+    n = int(rng.integers(0, 30))
+    group = rng.integers(0, len(tables), n)
+    row = rng.integers(0, 10, n)
+    fields = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
+    columns = [pa.array(rng.integers(0, 9, n), pa.int32()), pa.array(rng.integers(0, 99, n), pa.int64())]
+    got = gather_module.gather_with(tables, group, row, fields, columns)
+    assert got is not None
+    want = gather_module.gather(tables, group, row)
+    want = pa.Table.from_arrays([*want.columns, *columns], schema=pa.schema([*want.schema, *fields], metadata=meta))
+    want_batch = want.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], schema=want.schema)
+    assert got.schema.equals(want_batch.schema, check_metadata=True)
+    assert ipc_bytes(got) == ipc_bytes(want_batch)
+    strings = [pa.table({"s": pa.array(["a", "b"])})]
+    assert gather_module.gather_with(strings, np.zeros(1, np.int64), np.ones(1, np.int64), fields, columns[:0]) is None
+
+
 def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:
     n = 50
     ids = np.arange(n, dtype=np.int64)

@@ -33,13 +33,30 @@ from shardstream.numpy_view import numpy_view
 
 from .message_buffers import message_buffers
 
-__all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans"]
+__all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans", "gather_with"]
 
 
 def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
     """Row `row[i]` of `tables[group[i]]` for every i, in order, touching only the rows taken."""
     fixed = _gather_fixed(tables, group, row)
+    assert fixed is None or isinstance(fixed, pa.Table)
     return fixed if fixed is not None else gather_arrow(tables, group, row)
+
+
+def gather_with(
+    tables: list[pa.Table],
+    group: np.ndarray,
+    row: np.ndarray,
+    fields: tuple[pa.Field, ...],
+    columns: list[pa.Array],
+) -> pa.RecordBatch | None:
+    """`gather`'s rows with `columns` (named and typed by `fields`, as long as `row`) after them, as
+    one record batch, where every column is fixed-width without nulls; None otherwise (the caller
+    gathers and appends them its own way). A shuffled message with its provenance columns in one
+    step: no table, no batch of it and no schema made twice a message."""
+    fixed = _gather_fixed(tables, group, row, (fields, columns))
+    assert fixed is None or isinstance(fixed, pa.RecordBatch)
+    return fixed
 
 
 def int_array(values: np.ndarray, signed_bits: int = 64) -> pa.Array:
@@ -80,6 +97,41 @@ def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> 
 _Views = tuple[tuple[np.ndarray, int], ...] | None
 _VIEWS: dict[int, tuple[weakref.ref[pa.Table], _Views, bytes]] = {}
 _SCHEMAS: dict[bytes, bytes] = {}  # one entry per schema served
+
+
+class _Recipe:
+    """What a gathered message of one schema is made of, worked out once per schema (by its interned
+    IPC form): per column its type, its storage type and, for a fixed-size list, its value type and
+    size; the schema as one object, and with extra columns appended (the provenance columns). A
+    message then builds its arrays without a pyarrow call per field to ask, and its batch shares
+    one schema object with every other of the schema's messages, which later checks of the schema
+    (`plain_schema`, `ipc_size`'s framing) compare by identity instead of by fingerprints (~6% of
+    a shuffled message's build, profiled)."""
+
+    __slots__ = ("columns", "schema", "_widened")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        columns = []
+        for field in schema:
+            t = field.type
+            storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+            if pa.types.is_fixed_size_list(storage):
+                columns.append((t, storage, storage.value_type, storage.list_size))
+            else:
+                columns.append((t, storage, None, 1))
+        self.columns = tuple(columns)
+        self._widened: tuple[tuple[pa.Field, ...], pa.Schema] | None = None
+
+    def widened(self, extra: tuple[pa.Field, ...]) -> pa.Schema:
+        """The schema with the fields `extra` appended (kept for the last `extra` tuple asked with)."""
+        held = self._widened
+        if held is None or held[0] is not extra:
+            held = self._widened = (extra, pa.schema([*self.schema, *extra], metadata=self.schema.metadata))
+        return held[1]
+
+
+_RECIPES: dict[bytes, _Recipe] = {}  # by interned schema form, one per schema served
 
 
 def _element_type(t: pa.DataType) -> pa.DataType | None:
@@ -142,12 +194,13 @@ def _views(table: pa.Table) -> tuple[_Views, bytes]:
     return out, form
 
 
-def _table_views(tables: list[pa.Table]) -> list[tuple[tuple[np.ndarray, int], ...]] | None:
-    """Each table's views, if every table has them and all have one schema (else None). The views
-    of a table are found by its id alone: an entry's weak reference removes it as its table dies,
-    before its id can be another's. Equal schemas share one interned bytes object, so the set of
-    the schemas is one item when they are all equal. (A full shuffle's message has a table per row
-    group: 128 tables took 29 us with a `_views` call and a schema comparison each, 13 this way.)"""
+def _table_views(tables: list[pa.Table]) -> tuple[list[tuple[tuple[np.ndarray, int], ...]], bytes] | None:
+    """Each table's views and their one schema's interned form, if every table has views and all
+    have one schema (else None). The views of a table are found by its id alone: an entry's weak
+    reference removes it as its table dies, before its id can be another's. Equal schemas share one
+    interned bytes object, so the set of the schemas is one item when they are all equal. (A full
+    shuffle's message has a table per row group: 128 tables took 29 us with a `_views` call and a
+    schema comparison each, 13 this way.)"""
     get = _VIEWS.get
     held = [get(id(t)) for t in tables]
     if None in held:  # a table not seen yet
@@ -155,52 +208,61 @@ def _table_views(tables: list[pa.Table]) -> list[tuple[tuple[np.ndarray, int], .
     views = [h[1] for h in held]
     if None in views or len({h[2] for h in held}) != 1:
         return None
-    return views  # type: ignore[return-value]  (no None left)
+    return views, held[0][2]  # type: ignore[return-value]  (no None left)
 
 
-def _gather_fixed(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table | None:
-    """`gather` for tables whose every column is fixed-width without nulls; None otherwise."""
+def _gather_fixed(
+    tables: list[pa.Table],
+    group: np.ndarray,
+    row: np.ndarray,
+    extra: tuple[tuple[pa.Field, ...], list[pa.Array]] | None = None,
+) -> pa.Table | pa.RecordBatch | None:
+    """`gather` for tables whose every column is fixed-width without nulls; None otherwise. With
+    `extra` (fields, arrays of the message's length), one record batch of the rows and those
+    columns after them, else a table of the rows."""
     if not tables or not tables[0].num_columns:
         return None
-    per_table = _table_views(tables)
-    if per_table is None:
+    found = _table_views(tables)
+    if found is None:
         return None
-    schema = tables[0].schema
+    per_table, form = found
+    recipe = _RECIPES.get(form)
+    if recipe is None:
+        recipe = _RECIPES.setdefault(form, _Recipe(tables[0].schema))
     n = len(row)
     # each row group of a message is a run at least: past _MAX_RUNS of them, no need to look
     runs = _runs(group, row) if 1 < len(tables) <= _MAX_RUNS else None
-    buffers: list[pa.Buffer] = []
     pool = message_buffers()
     across: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (lengths, group, row): once a message
-    for c in range(len(schema)):
+    addresses: np.ndarray | None = None  # [column, table]: once a message
+    arrays = []
+    for c, (t, storage, value_type, size) in enumerate(recipe.columns):
         views = [v[c][0] for v in per_table]  # type: ignore[index]
         buf = pool.get(n * views[0].itemsize)  # reused warm pages where it can (message_buffers.py)
-        buffers.append(buf)
-        if not n:
-            continue
-        out = np.frombuffer(buf, dtype=views[0].dtype)
-        if len(views) == 1:
+        out = np.frombuffer(buf, dtype=views[0].dtype) if n else None
+        if out is None:
+            pass  # no rows
+        elif len(views) == 1:
             np.take(views[0], row, axis=0, out=out)
         elif runs is not None:  # a few runs of consecutive rows (an unshuffled read across row groups)
             for a, b in runs:
                 r = int(row[a])
                 out[a:b] = views[int(group[a])][r : r + b - a]
         else:
-            addresses = np.array([v[c][1] for v in per_table], dtype=np.int64)  # type: ignore[index]
-            if across is None:
+            if across is None or addresses is None:  # the first column: what all of them share
                 across = _rows_across(views, group, row)
-            _take_across(views, addresses, group, row, out, across)
-    arrays = []
-    for field, buf in zip(schema, buffers, strict=True):
-        t = field.type
-        storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
-        if pa.types.is_fixed_size_list(storage):
-            values = pa.Array.from_buffers(storage.value_type, n * storage.list_size, [None, buf])
+                addresses = np.array([[a for _, a in v] for v in per_table], dtype=np.int64).T.copy()  # type: ignore[union-attr]
+            _take_across(views, addresses[c], group, row, out, across)
+        if value_type is not None:
+            values = pa.Array.from_buffers(value_type, n * size, [None, buf])
             arr = pa.Array.from_buffers(storage, n, [None], children=[values])
         else:
             arr = pa.Array.from_buffers(storage, n, [None, buf])
         arrays.append(pa.ExtensionArray.from_storage(t, arr) if storage is not t else arr)
-    return pa.Table.from_arrays(arrays, schema=schema)
+    if extra is not None:
+        fields, columns = extra
+        return pa.RecordBatch.from_arrays([*arrays, *columns], schema=recipe.widened(fields))
+    return pa.Table.from_arrays(arrays, schema=recipe.schema)
 
 
 _MAX_RUNS = 8  # a message of at most this many runs of consecutive rows is copied run by run

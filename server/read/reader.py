@@ -40,7 +40,7 @@ from shardstream.storage import ObjectRef
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .cache import Lease, LRUCache
-from .gather import ListSpans, empty_batch, gather, gather_spans, int_array
+from .gather import ListSpans, empty_batch, gather, gather_spans, gather_with, int_array
 from .shards import ShardFile, open_shard
 from .spill import SpillTier
 
@@ -283,6 +283,11 @@ class DatasetReader:
         by_group = self._group_keys(cols)
         keys = [by_group[i] or self._group_key(by_group, i, cols) for i in unique.tolist()]
         with self._leased(list(zip(s.tolist(), group.tolist(), strict=True)), cols, keys) as lease:
+            if spans is None and n:  # fixed-width rows: gathered with their provenance in one batch
+                provenance = [int_array(shard, 32), int_array(row_in_shard)]
+                batch = gather_with(lease.values, inverse, row_in_group, _PROVENANCE_FIELDS, provenance)
+                if batch is not None:
+                    return batch
             table = _spanned(lease.values, inverse, row_in_group, spans)
         return _with_provenance(table, shard, row_in_shard)
 
