@@ -1,7 +1,9 @@
 """Which steps each Read message of a stream covers, and what a stream reserves before building one.
 
 `MessageSteps` decides what each build covers: one step first, for a quick first batch, then as
-many steps as the last message says fit `max_message_bytes` (at most MAX_STEPS_PER_MESSAGE). A
+many steps as the last message says fit its target (at most MAX_STEPS_PER_MESSAGE): the client's
+`max_message_bytes`, or the server's default (2 MiB), which the data plane raises up to 8 MiB while
+its buffer budget has room for every stream's messages at that size (`grown_target`). A
 step whose samples would not fit the cap is built in parts of its samples, each sized from the
 bytes a sample took so far, when every transform is per-sample (build.py cuts a built message still
 over the cap). `Message` is what a build makes (build.py), `build_estimate` what a stream reserves before one
@@ -21,12 +23,41 @@ from shardstream.v1 import shardstream_pb2 as pb
 from .balanced_layout import rank_positions
 from .plan import ReadPlan
 
-__all__ = ["BUILD_PEAK_FACTOR", "MAX_STEPS_PER_MESSAGE", "Chunk", "Message", "MessageSteps", "build_estimate"]
+__all__ = [
+    "BUILD_PEAK_FACTOR",
+    "GROWN_MESSAGE_BYTES",
+    "MAX_STEPS_PER_MESSAGE",
+    "Chunk",
+    "Message",
+    "MessageSteps",
+    "build_estimate",
+    "grown_target",
+]
 
 MAX_STEPS_PER_MESSAGE = 4096
 # A build takes the rows (gather.py: the pieces, their concatenation, the reordering take) before it
 # lets go of its intermediates: about twice the message at its peak, measured on block shuffle.
 BUILD_PEAK_FACTOR = 2
+GROWN_MESSAGE_BYTES = 8 << 20  # the largest target `grown_target` gives
+# What a stream holds at most, in messages of its target: the build's reservation (BUILD_PEAK_FACTOR)
+# and the message Flight is writing, with one to spare
+_HELD_MESSAGES = BUILD_PEAK_FACTOR + 2
+
+
+def grown_target(target: int, cap: int, budget_bytes: int, streams: int) -> int:
+    """A stream's message target raised from `target` (the server's default) towards
+    GROWN_MESSAGE_BYTES, as far as the buffer budget holds every one of `streams` streams' messages
+    at that size (a stream holds up to _HELD_MESSAGES of them); never over `cap`, never under
+    `target`.
+
+    A gathered message's build and send cost a fixed ~0.3-0.4 ms of Python and Arrow calls besides
+    its copy (the cache lease, the gather's arrays, the header and sizes, Flight's hand-over, the
+    client's decode): at 2 MiB, ~0.15-0.2 CPU-s a GB on each side. A server with room for larger
+    messages sends fewer: with 2 MiB steps, block shuffle, two steps a message took the server from
+    1.36x to 1.07x of a Flight server gathering the same rows (loadtest/README.md). A server with many
+    streams keeps the default, so the budget admits as many as before."""
+    share = budget_bytes // (_HELD_MESSAGES * max(1, streams))
+    return max(target, min(GROWN_MESSAGE_BYTES, cap, share))
 
 
 class Chunk(NamedTuple):
@@ -58,18 +89,18 @@ class Message(NamedTuple):
 
 
 
-def build_estimate(plan: ReadPlan, last: Message | None) -> int:
+def build_estimate(plan: ReadPlan, last: Message | None, target: int | None = None) -> int:
     """Bytes a stream reserves before building its next message: BUILD_PEAK_FACTOR times the
     message it expects — the first, one step at the plan's estimated bytes per sample; later ones,
-    what the last one held, or the plan's message target if more (the builder grows messages
-    towards it) — never over BUILD_PEAK_FACTOR times the server's message cap."""
+    what the last one held, or the message target (`target`, else the plan's) if more (the builder
+    grows messages towards it) — never over BUILD_PEAK_FACTOR times the server's message cap."""
     if last is None:
         if plan.first_step >= min(plan.end_step, plan.layout.num_steps):
             expected = 0.0  # the end-of-epoch message only
         else:
             expected = len(rank_positions(plan.layout, plan.first_step, plan.rank)) * plan.sample_bytes
     else:
-        expected = max(last.holds, plan.max_message_bytes)
+        expected = max(last.holds, plan.max_message_bytes if target is None else target)
     return int(BUILD_PEAK_FACTOR * max(1.0, min(expected, plan.message_cap_bytes)))
 
 
@@ -82,6 +113,9 @@ class MessageSteps:
         self.sample = 0  # in a step built in parts: its first sample not built yet
         self.per_message = 1  # one step first, for a quick first batch
         self.sample_bytes = max(1.0, plan.sample_bytes)
+        # bytes a message aims at: the plan's, or more where the data plane grows it (`grown_target`);
+        # set before a build, it sizes the chunks after it
+        self.target = plan.max_message_bytes
 
     @property
     def remaining(self) -> bool:
@@ -124,5 +158,5 @@ class MessageSteps:
         self.sample_bytes = max(1.0, nbytes / max(1, samples))
         if chunk.samples is None:
             self.per_message = max(
-                1, min(MAX_STEPS_PER_MESSAGE, self._plan.max_message_bytes * len(chunk.steps) // nbytes)
+                1, min(MAX_STEPS_PER_MESSAGE, self.target * len(chunk.steps) // nbytes)
             )

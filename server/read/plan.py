@@ -80,20 +80,34 @@ class ReadPlan:
     provenance_in_header: bool = False  # the client asked for ReadHeader.provenance (`bare`: where it gets it)
     per_sample: bool = True
     sample_bytes: float = 0.0  # bytes a sample takes in a message, estimated before the first one
+    message_target_asked: bool = False  # the client named max_message_bytes (else the server's default)
 
     @property
-    def bare(self) -> bool:
-        """Whether this stream's messages carry their provenance in the header, not as the `_shard` and
-        `_row` columns: asked for, and the stream is in the stored order (no shuffle, transform,
-        balance or mixture), whose messages are runs of rows."""
+    def stored_runs(self) -> bool:
+        """Whether the stream is in the stored order (no shuffle, transform, balance or mixture): its
+        messages are runs of rows, cut from their row groups (build.py `_group_run`)."""
         return (
-            self.provenance_in_header
-            and self.pipeline is None
+            self.pipeline is None
             and not self.mixture
             and isinstance(self.selector, DatasetOrder)
             and self.selector.spec.mode == "none"
             and not isinstance(self.layout, BalancedLayout)
         )
+
+    @property
+    def bare(self) -> bool:
+        """Whether this stream's messages carry their provenance in the header, not as the `_shard` and
+        `_row` columns: asked for, and the stream is in the stored order, whose messages are runs of
+        rows."""
+        return self.provenance_in_header and self.stored_runs
+
+    @property
+    def target_grows(self) -> bool:
+        """Whether the server may raise this stream's message target over `max_message_bytes` while
+        its buffer budget has room (message_steps.py `grown_target`): the client named no size, and
+        the stream's builds gather their rows (a message cut from a row group in the stored order
+        costs little a message, and a larger one would straddle row groups and be copied)."""
+        return not self.message_target_asked and not self.stored_runs
 
     @property
     def nothing_left(self) -> bool:
@@ -243,6 +257,7 @@ class ReadPlanner:
             provenance_in_header=q.provenance_in_header,
             per_sample=pipeline is None or pipeline.per_sample,
             sample_bytes=_sample_bytes(readers, columns, pipeline),
+            message_target_asked=q.max_message_bytes != 0,
         )
 
 

@@ -68,7 +68,7 @@ from shardstream.v1 import shardstream_pb2 as pb
 from ..checkpoints import CHUNK_TICKET_PREFIX, CheckpointPlane
 from ..policy.auth import Principal
 from ..policy.grants import caller_principal
-from ..read.message_steps import Message, MessageSteps, build_estimate
+from ..read.message_steps import Message, MessageSteps, build_estimate, grown_target
 from ..read.plan import ReadPlan
 from .admission import Ticket, peer_host
 from .audit import StreamAudit
@@ -434,11 +434,19 @@ class _Messages:
         self._lock = threading.Lock()  # the builds of one stream run one at a time, in order
         self._last: Message | None = None  # the last message built (its size sizes the next reservation)
         self._built: deque[Message] = deque()  # built, not yet handed to Flight
+        # the message target: the plan's, grown while the buffer budget has room (message_steps.py
+        # `grown_target`), looked at again before every build as streams come and go
+        self._target = plan.max_message_bytes
+        admission = svc.admission
 
-        def read_ahead(steps: MessageSteps) -> None:
+        def before_build(steps: MessageSteps) -> None:
+            if plan.target_grows:
+                steps.target = self._target = grown_target(
+                    plan.max_message_bytes, plan.message_cap_bytes, admission.limits.buffer_bytes, admission.streams
+                )
             svc.read_ahead.schedule(plan, steps.ahead(svc.read_ahead.messages))
 
-        self._it = svc.builder.builds(plan, read_ahead)
+        self._it = svc.builder.builds(plan, before_build)
         self._pending: Pending[list[Message]] | None = None
         self._pending_reserved = 0
 
@@ -471,7 +479,7 @@ class _Messages:
     def ahead(self) -> None:
         if self._pending is not None or len(self._built) > 1:  # (the next build: under the last two)
             return
-        reserved = build_estimate(self._plan, self._last)
+        reserved = build_estimate(self._plan, self._last, self._target)
         if self._admitted.reserve(reserved):
             self._pending_reserved = reserved
             self._pending = self._pool.submit(self._build, reserved)
@@ -482,7 +490,7 @@ class _Messages:
         pending, self._pending = self._pending, None
         if pending is not None:
             return self._take(pending.result())
-        reserved = build_estimate(self._plan, self._last)
+        reserved = build_estimate(self._plan, self._last, self._target)
         if not self._admitted.reserve(reserved, wait=True, cancelled=self._cancelled):
             raise _Gone
         return self._take(self._build(reserved))
