@@ -274,6 +274,13 @@ class Registry:
         """The manifest for `name`, `name@N` or `name@tag`; NotFoundError naming what is missing,
         DataLossError naming the version when its manifest cannot be read."""
         r = DatasetRef.parse(ref) if isinstance(ref, str) else ref
+        return self._load_resolved(r, self.version_of(r))
+
+    def version_of(self, ref: str | DatasetRef) -> int:
+        """The version `name`, `name@N` or `name@tag` names (a tag's file read, or the versions
+        listed for the latest; its manifest is not read): NotFoundError for no such dataset or tag,
+        DataLossError for a tag that cannot be read."""
+        r = DatasetRef.parse(ref) if isinstance(ref, str) else ref
         version = r.version
         if r.tag is not None:
             if self.storage.is_link(r.name):
@@ -291,6 +298,10 @@ class Registry:
             version = self.latest(r.name)
             if version is None:
                 raise NotFoundError(f"no dataset named {r.name!r} under {self.root}")
+        return version
+
+    def _load_resolved(self, r: DatasetRef, version: int) -> Manifest:
+        """`resolve`'s manifest of version `version` of `r`'s dataset."""
         try:
             loaded = self.load(r.name, version)
         except NotFoundError:

@@ -102,3 +102,33 @@ def test_concurrent_writers_get_distinct_versions(tmp_path: Path) -> None:
     }
     assert len(shas) == 8  # nobody's manifest was overwritten
     assert not list((tmp_path / "ds" / "manifests").glob(".*tmp"))
+
+
+def test_a_servers_planner_reads_a_versions_manifest_once_and_sees_a_new_latest_at_once(tmp_path: Path) -> None:
+    """A resumed job's GetDataset of `name` (the latest) or of a tag costs the version's lookup, not
+    its manifest's parse and fingerprint each time; a version registered since is the latest at once."""
+    from shardstream.server.backends.roots import open_registry
+    from shardstream.server.read.plan import ReadPlanner
+    from shardstream.server.read.reader import new_row_group_cache
+
+    from .support.data import write_dataset
+
+    root = tmp_path / "root"
+    first = write_dataset(root, "toy", 60, row_group_rows=20, shard_rows=40)
+    Registry(root).set_tag("toy@1", "prod")
+    with open_registry(str(root)) as registry:
+        planner = ReadPlanner(registry, new_row_group_cache(1 << 20))
+        loads: list[int] = []
+        load = registry.load
+        registry.load = lambda name, version: loads.append(version) or load(name, version)  # type: ignore[method-assign]
+        planner.reader(planner.resolve("toy"))  # a stream of it: its reader kept
+        for ref in ("toy", "toy@prod", "toy@1", "toy"):
+            assert planner.resolve(ref).fingerprint == first.fingerprint
+        assert loads == [1]
+        second = write_dataset(root, "toy", 70, row_group_rows=20, shard_rows=40)
+        assert planner.resolve("toy").version == second.version == 2  # the new latest, read
+        assert planner.resolve("toy@prod").version == 1
+        with pytest.raises(NotFoundError, match="no tag"):
+            planner.resolve("toy@nope")
+        with pytest.raises(NotFoundError, match="no dataset"):
+            planner.resolve("nothing")
