@@ -245,7 +245,8 @@ def stream_pass(
     elif path == GENERATOR:
         steps = _chunks(int(where), [GENERATOR_TICKET] * epochs)
     elif path == GATHER:
-        steps = _chunks(int(where), [GATHER_TICKET + f"{mode}:{DEFAULT_WINDOW}".encode()] * epochs)
+        # each epoch's order made by its stream, as the Loader's server does (seeded by the epoch)
+        steps = _chunks(int(where), [GATHER_TICKET + f"{mode}:{DEFAULT_WINDOW}:{e}".encode() for e in range(epochs)])
     elif path == DOGET:
         tickets = [
             read_request(ref, fingerprint, batch_rows, e, mode).SerializeToString() for e in range(epochs)

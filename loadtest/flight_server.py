@@ -8,15 +8,18 @@ DoGet (any ticket) streams every shard listed in --shards, in order, read from P
 ticket `generator` serves the same batches through a `GeneratorStream` that yields each with
 METADATA_BYTES of app_metadata (a shardstream message's header is ~30-50 B): what handing Flight
 every message from Python costs with nothing built, the least a data plane that does so can cost
-(`loadtest.flight_bench --ceiling`: issue #26). With --from-memory, the ticket `gather:MODE:WINDOW`
-(MODE `block` or `full`) serves the table's rows in a shuffled order, each batch of --batch-rows rows
-copied out of the table as it is sent (`np.take` of whole rows, a column at a time) with the same
-app_metadata: the least a Flight server that shuffles does, against which shardstream's shuffled
-streams can be set (`loadtest.flight_bench --gather`). The order is shardstream's kind, not its
-permutation: full, any row anywhere; block, the row groups (of the Parquet shards) in a random order,
-the rows permuted within each WINDOW consecutive row groups. It is made at the first such DoGet and
-kept; a shardstream server works out its order as it goes. The port it picked is written, with its
-pid, to --ready-file once it serves; SIGTERM (default action) ends it.
+(`loadtest.flight_bench --ceiling`: issue #26). With --from-memory, the ticket
+`gather:MODE:WINDOW[:SEED]` (MODE `block` or `full`) serves the table's rows in a shuffled order,
+each batch of --batch-rows rows copied out of the table as it is sent (`np.take` of whole rows, a
+column at a time; a column of variable-width values, such as encoded images, by Arrow's take) with
+the same app_metadata: the least a Flight server that shuffles does, against which shardstream's
+shuffled streams can be set (`loadtest.flight_bench --gather`). The order is shardstream's kind, not
+its permutation: full, any row anywhere; block, the row groups (of the Parquet shards) in a random
+order, the rows permuted within each WINDOW consecutive row groups. Each such DoGet makes its own
+order from SEED (default 0; flight_bench sends the epoch), as a server that shuffles every epoch
+anew must: numpy's permutation, ~15-70 ns a row (until 2026-11-29 it was made at the first DoGet and
+kept, which left a tiny-row baseline ~0.7 CPU-s a GB short of shuffling). The port it picked is
+written, with its pid, to --ready-file once it serves; SIGTERM (default action) ends it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
 GENERATOR_TICKET = b"generator"
-GATHER_TICKET = b"gather:"  # + b"block:WINDOW" or b"full:WINDOW"
+GATHER_TICKET = b"gather:"  # + b"block:WINDOW" or b"full:WINDOW", then optionally b":SEED"
 METADATA_BYTES = 40
 
 
@@ -56,11 +59,11 @@ def shuffled_order(group_rows: list[int], mode: str, window: int, seed: int = 0)
     return np.concatenate(windows) if windows else np.zeros(0, np.int64)
 
 
-def _row_view(column: pa.ChunkedArray) -> np.ndarray:
+def _row_view(column: pa.ChunkedArray) -> np.ndarray | pa.Array:
     """A column of numbers, or of fixed-size lists of them, without nulls and in one chunk, as one
-    opaque numpy item per row (a row taken is one copy of its bytes). What server/read/gather.py's
-    `_column_view` does for shardstream, written again here on purpose: the baseline runs no
-    shardstream code."""
+    opaque numpy item per row (a row taken is one copy of its bytes); any other column as its one
+    Arrow array (taken by Arrow). What server/read/gather.py's `_column_view` does for shardstream,
+    written again here on purpose: the baseline runs no shardstream code."""
     arr = column.chunk(0) if column.num_chunks == 1 else None
     if arr is None or arr.null_count:
         raise ValueError("the gather serves columns of one chunk without nulls")
@@ -69,14 +72,16 @@ def _row_view(column: pa.ChunkedArray) -> np.ndarray:
     values = arr.values.slice(arr.offset * size, len(arr) * size) if pa.types.is_fixed_size_list(t) else arr
     vt = values.type
     if values.null_count or not (pa.types.is_integer(vt) or pa.types.is_floating(vt)):
-        raise ValueError(f"the gather serves fixed-width columns of numbers, not {t}")
+        return arr  # (binary rows, such as encoded images: Arrow's take)
     item = vt.bit_width // 8
     data = np.frombuffer(values.buffers()[1], np.uint8, len(arr) * size * item, values.offset * item)
     return data.view(np.dtype((np.void, size * item)))
 
 
-def _from_rows(t: pa.DataType, rows: np.ndarray) -> pa.Array:
-    """The column of type `t` whose rows are `rows` (`_row_view`'s items), over their buffer."""
+def _from_rows(t: pa.DataType, rows: np.ndarray | pa.Array) -> pa.Array:
+    """The column of type `t` whose rows are `rows` (`_row_view`'s items, or an Arrow array as it is)."""
+    if isinstance(rows, pa.Array):
+        return rows
     buf = pa.py_buffer(rows)
     if pa.types.is_fixed_size_list(t):
         values = pa.Array.from_buffers(t.value_type, len(rows) * t.list_size, [None, buf])
@@ -96,8 +101,8 @@ class ShardFlightServer(flight.FlightServerBase):
         self.batch_rows = batch_rows
         self.schema = pq.read_schema(shards[0]).remove_metadata()
         self.table = pa.Table.from_batches(list(self._batches()), self.schema) if from_memory else None
-        self._rows: list[np.ndarray] | None = None  # the table's columns, for the gather
-        self._orders: dict[bytes, np.ndarray] = {}
+        self._rows: list[np.ndarray | pa.Array] | None = None  # the table's columns, for the gather
+        self._groups: list[int] | None = None  # the row groups' rows, for the orders
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         for path in self.shards:
@@ -115,13 +120,12 @@ class ShardFlightServer(flight.FlightServerBase):
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(self.schema, self._batches()))
 
     def _order(self, ticket: bytes) -> np.ndarray:
-        order = self._orders.get(ticket)
-        if order is None:
-            mode, window = ticket[len(GATHER_TICKET) :].decode().split(":")
+        """The order a gather ticket names, made for this DoGet (a new epoch's order costs its server this)."""
+        mode, window, *seed = ticket[len(GATHER_TICKET) :].decode().split(":")
+        if self._groups is None:
             shards = [pq.ParquetFile(path).metadata for path in self.shards]
-            groups = [m.row_group(i).num_rows for m in shards for i in range(m.num_row_groups)]
-            order = self._orders[ticket] = shuffled_order(groups, mode, int(window))
-        return order
+            self._groups = [m.row_group(i).num_rows for m in shards for i in range(m.num_row_groups)]
+        return shuffled_order(self._groups, mode, int(window), int(seed[0]) if seed else 0)
 
     def _gathered(self, order: np.ndarray) -> Iterator[tuple[pa.RecordBatch, bytes]]:
         """The table's rows in `order`, each batch copied out of the table as it is asked for."""
@@ -133,8 +137,10 @@ class ShardFlightServer(flight.FlightServerBase):
         types = self.schema.types
         for a in range(0, len(order), self.batch_rows):
             rows = order[a : a + self.batch_rows]
+            taken = pa.array(rows) if any(isinstance(v, pa.Array) for v in self._rows) else None
             columns = [
-                _from_rows(t, np.take(view, rows, axis=0)) for t, view in zip(types, self._rows, strict=True)
+                _from_rows(t, view.take(taken) if isinstance(view, pa.Array) else np.take(view, rows, axis=0))
+                for t, view in zip(types, self._rows, strict=True)
             ]
             yield pa.RecordBatch.from_arrays(columns, schema=self.schema), metadata
 

@@ -59,19 +59,23 @@ def test_an_unknown_order_is_refused() -> None:
         shuffled_order([3], "none", 4)
 
 
-@pytest.mark.parametrize("mode", ["block", "full"])
-def test_the_gather_stream_serves_every_row_once_in_its_order(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "seed"), [("block", None), ("full", None), ("block", 7), ("full", 3)])
+def test_the_gather_stream_serves_every_row_once_in_its_order(tmp_path: Path, mode: str, seed: int | None) -> None:
+    """Each DoGet makes the order its ticket's seed names (default 0); fixed-width columns gathered
+    by numpy, a binary one (encoded images) by Arrow's take."""
     rows, batch_rows = 1_000, 64
     ids = np.arange(rows, dtype=np.int64)
     vec = np.random.default_rng(1).random((rows, 3), dtype=np.float32)
-    table = pa.table({"id": ids, "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), 3)})
+    blob = pa.array([bytes([i % 251]) * (i % 7) for i in range(rows)], pa.binary())
+    table = pa.table({"id": ids, "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), 3), "blob": blob})
     shards = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
     pq.write_table(table.slice(0, 600), shards[0], row_group_size=100)  # 6 row groups
     pq.write_table(table.slice(600), shards[1], row_group_size=150)  # 150, 150, 100
     with FlightProcess(tmp_path, shards, batch_rows, from_memory=True) as server:
         client = flight.connect(f"grpc://127.0.0.1:{server.port}")
         try:
-            reader = client.do_get(flight.Ticket(GATHER_TICKET + f"{mode}:3".encode()))
+            ticket = f"{mode}:3" + ("" if seed is None else f":{seed}")
+            reader = client.do_get(flight.Ticket(GATHER_TICKET + ticket.encode()))
             chunks = []
             while True:
                 try:
@@ -83,6 +87,8 @@ def test_the_gather_stream_serves_every_row_once_in_its_order(tmp_path: Path, mo
     assert all(c.app_metadata is not None and c.app_metadata.size == METADATA_BYTES for c in chunks)
     assert [c.data.num_rows for c in chunks] == [batch_rows] * (rows // batch_rows) + [rows % batch_rows]
     got = pa.Table.from_batches([c.data for c in chunks])
-    order = shuffled_order([100] * 6 + [150, 150, 100], mode, 3)
+    order = shuffled_order([100] * 6 + [150, 150, 100], mode, 3, seed or 0)
+    if seed:
+        assert not np.array_equal(order, shuffled_order([100] * 6 + [150, 150, 100], mode, 3))
     assert (np.diff(order) == 1).mean() < 0.1  # rows shuffled, not runs of their row groups
     assert got.equals(table.take(pa.array(order)))
