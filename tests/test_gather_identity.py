@@ -199,7 +199,7 @@ def test_fixed_shape_tensors_take_the_numpy_gather_and_make_the_same_bytes() -> 
 def test_rows_gathered_with_their_provenance_in_one_batch_are_those_appended_after(seed: int) -> None:
     """`gather_with` (a shuffled message's rows and provenance in one batch, on a schema made once)
     gives the batch, schema metadata and IPC bytes of a gather with the columns appended after it;
-    and None where a column is not fixed-width."""
+    and None where a column holds nulls."""
     rng = np.random.default_rng(seed)
     meta = {b"origin": b"test"}
     tables = [
@@ -223,8 +223,9 @@ def test_rows_gathered_with_their_provenance_in_one_batch_are_those_appended_aft
     want_batch = want.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], schema=want.schema)
     assert got.schema.equals(want_batch.schema, check_metadata=True)
     assert ipc_bytes(got) == ipc_bytes(want_batch)
-    strings = [pa.table({"s": pa.array(["a", "b"])})]
-    assert gather_module.gather_with(strings, np.zeros(1, np.int64), np.ones(1, np.int64), fields, columns[:0]) is None
+    with_nulls = [pa.table({"s": pa.array(["a", None])})]  # (Arrow's path gathers it)
+    one = [pa.array([0], pa.int32()), pa.array([1], pa.int64())]
+    assert gather_module.gather_with(with_nulls, np.zeros(1, np.int64), np.ones(1, np.int64), fields, one) is None
 
 
 def test_ipc_size_counts_the_stream_ipc_bytes_writes() -> None:
@@ -363,3 +364,38 @@ def test_gather_spans_takes_exactly_the_asked_values(seed: int, large: bool, sca
     holed = [pa.table({"x": pa.array([[1, None, 3]], t)})]  # a null token: refused, not read around
     with pytest.raises(DataLossError, match="null value inside a list"):
         gather_module.gather_spans(holed, np.zeros(1, np.int64), np.zeros(1, np.int64), "x", np.zeros(1), np.ones(1))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_binary_and_string_rows_gathered_in_one_copy_are_arrows_take(seed: int) -> None:
+    """Variable-width columns (binary, string, their large forms; empty values; row groups sliced)
+    beside fixed-width ones are gathered by numpy into the arrays Arrow's take makes, from any number
+    of row groups in any order; short values by index arrays, long ones a slice copy each."""
+    rng = np.random.default_rng(seed)
+    long_values = bool(seed % 2)  # ~100 B a value: slice copies; else a few bytes: index arrays
+    tables = []
+    for _ in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(1, 15))
+        sizes = rng.integers(0, 200 if long_values else 6, n)
+        blobs = [bytes(rng.integers(0, 256, int(k), dtype=np.uint8)) for k in sizes]
+        t = pa.table(
+            {
+                "blob": pa.array(blobs, pa.binary()),
+                "text": pa.array([b.hex() for b in blobs], pa.string()),
+                "big": pa.array(blobs, pa.large_binary()),
+                "name": pa.array([f"r{i}" for i in range(n)], pa.large_string()),
+                "x": pa.array(rng.random(n)),
+            }
+        )
+        if n > 2 and rng.random() < 0.5:
+            t = t.slice(1, n - 2)
+        tables.append(t)
+    m = int(rng.integers(0, 40))
+    group = rng.integers(0, len(tables), m)
+    row = np.array([rng.integers(0, tables[g].num_rows) for g in group], dtype=np.int64)
+    got = gather_module._gather_fixed(tables, group, row)
+    assert got is not None
+    want = previous_gather(tables, group, row).combine_chunks()
+    assert got.schema == want.schema and got.equals(want)
+    if m:
+        assert ipc_bytes(got.combine_chunks().to_batches()[0]) == ipc_bytes(want.to_batches()[0])

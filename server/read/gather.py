@@ -10,9 +10,11 @@ windows; extension types over those, such as fixed-shape tensors: decoded images
 cache) are gathered by numpy straight into the message's buffers, each row copied once, in
 message order (`_gather_fixed`): a shuffled message with one take a chunk of rows across all its
 row groups (`_take_across`), an unshuffled one that straddles row groups one slice copy a run. The
-buffers come from the process's message buffers (message_buffers.py), warm pages reused. Any other
-column takes Arrow's path (`gather_arrow`: a take per row group, their concatenation, a reordering
-take — three copies and ~17 pyarrow calls per row group). Measured on 2 MiB messages of 2,032 rows
+buffers come from the process's message buffers (message_buffers.py), warm pages reused. Binary and
+string columns without nulls (encoded images, text) are gathered beside them, each row's bytes
+copied once into the message's values (`_gather_values`). Any other column takes Arrow's path
+(`gather_arrow`: a take per row group, their concatenation, a reordering take — three copies and
+~17 pyarrow calls per row group). Measured on 2 MiB messages of 2,032 rows
 of 1,032 B from 32 cached row groups (2 shared vCPUs, `python -m loadtest.build_bench`), the whole
 build: block shuffle 4.4 ms with Arrow's path, 2.0 ms with a numpy take per row group into fresh
 buffers, 1.2 ms now (loadtest/README.md, "One message's build"). All give the same bytes
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +40,13 @@ __all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans",
 
 
 def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
-    """Row `row[i]` of `tables[group[i]]` for every i, in order, touching only the rows taken."""
+    """Row `row[i]` of `tables[group[i]]` for every i, in order, touching only the rows taken: one
+    run of consecutive rows of one table as its zero-copy slice (the batch a reader's message of one
+    run is, buffers and all: a feature cache's shared rows then make the same IPC bytes as running
+    the transforms on the message)."""
+    n = len(row)
+    if len(tables) == 1 and n and int(row[-1]) - int(row[0]) == n - 1 and (n == 1 or (np.diff(row) == 1).all()):
+        return tables[0].slice(int(row[0]), n)
     fixed = _gather_fixed(tables, group, row)
     assert fixed is None or isinstance(fixed, pa.Table)
     return fixed if fixed is not None else gather_arrow(tables, group, row)
@@ -94,7 +103,7 @@ def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> 
 # cached table: None for a table with a column that is not fixed-width without nulls in one chunk.
 # With each, its schema's IPC form, one bytes object for all tables of equal schemas (interned in
 # _SCHEMAS): a message compares its row groups' schemas by identity, not by a pyarrow call each.
-_Views = tuple[tuple[np.ndarray, int], ...] | None
+_Views = tuple[tuple["np.ndarray | _Values", int], ...] | None
 _VIEWS: dict[int, tuple[weakref.ref[pa.Table], _Views, bytes]] = {}
 _SCHEMAS: dict[bytes, bytes] = {}  # one entry per schema served
 
@@ -102,7 +111,7 @@ _SCHEMAS: dict[bytes, bytes] = {}  # one entry per schema served
 class _Recipe:
     """What a gathered message of one schema is made of, worked out once per schema (by its interned
     IPC form): per column its type, its storage type and, for a fixed-size list, its value type and
-    size; the schema as one object, and with extra columns appended (the provenance columns). A
+    size (0: binary or string values); the schema as one object, and with extra columns appended (the provenance columns). A
     message then builds its arrays without a pyarrow call per field to ask, and its batch shares
     one schema object with every other of the schema's messages, which later checks of the schema
     (`plain_schema`, `ipc_size`'s framing) compare by identity instead of by fingerprints (~6% of
@@ -118,8 +127,8 @@ class _Recipe:
             storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
             if pa.types.is_fixed_size_list(storage):
                 columns.append((t, storage, storage.value_type, storage.list_size))
-            else:
-                columns.append((t, storage, None, 1))
+            else:  # (size 0: variable-width values, `_gather_values`)
+                columns.append((t, storage, None, 0 if _variable_width(storage) else 1))
         self.columns = tuple(columns)
         self._widened: tuple[tuple[pa.Field, ...], pa.Schema] | None = None
 
@@ -143,13 +152,38 @@ def _element_type(t: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def _column_view(col: pa.ChunkedArray) -> np.ndarray | None:
+class _Values(NamedTuple):
+    """A column of variable-width values (binary or string, large or not) without nulls: each row's
+    offsets into `data` (int64, the array's offset applied) and the values' bytes."""
+
+    offsets: np.ndarray
+    data: np.ndarray
+
+
+def _variable_width(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+
+
+def _values_view(arr: pa.Array) -> _Values:
+    """A binary or string array without nulls as `_Values` (its offsets widened to int64 once)."""
+    n = len(arr)
+    _, offsets, data = arr.buffers()
+    if not n or offsets is None:
+        return _Values(np.zeros(1, np.int64), np.empty(0, np.uint8))
+    width = 8 if pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type) else 4
+    view = np.frombuffer(offsets, np.int64 if width == 8 else np.int32, n + 1, arr.offset * width)
+    return _Values(view.astype(np.int64), np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8))
+
+
+def _column_view(col: pa.ChunkedArray) -> np.ndarray | _Values | None:
     if col.num_chunks != 1 or col.null_count:
         return None
     arr = col.chunk(0)
     if isinstance(arr, pa.ExtensionArray):  # e.g. a fixed-shape tensor: gathered as its storage
         arr = arr.storage
     t = arr.type
+    if _variable_width(t):
+        return _values_view(arr)
     if pa.types.is_fixed_size_list(t):
         # the values of its rows (the array's offset applied; not `flatten`, a compute call that
         # imports pyarrow.compute, ~35 ms the first time in a process)
@@ -180,13 +214,13 @@ def _views(table: pa.Table) -> tuple[_Views, bytes]:
     held = _VIEWS.get(key)
     if held is not None and held[0]() is table:
         return held[1], held[2]
-    views: list[tuple[np.ndarray, int]] = []
+    views: list[tuple[np.ndarray | _Values, int]] = []
     for col in table.columns:
         v = _column_view(col)
         if v is None:
             views = []
             break
-        views.append((v, v.ctypes.data))
+        views.append((v, 0 if isinstance(v, _Values) else v.ctypes.data))
     out = tuple(views) if views else None
     form = table.schema.serialize().to_pybytes()
     form = _SCHEMAS.setdefault(form, form)  # (atomic: threads that meet a new schema at once agree)
@@ -217,7 +251,8 @@ def _gather_fixed(
     row: np.ndarray,
     extra: tuple[tuple[pa.Field, ...], list[pa.Array]] | None = None,
 ) -> pa.Table | pa.RecordBatch | None:
-    """`gather` for tables whose every column is fixed-width without nulls; None otherwise. With
+    """`gather` for tables whose every column is fixed-width, binary or string, without nulls; None
+    otherwise. With
     `extra` (fields, arrays of the message's length), one record batch of the rows and those
     columns after them, else a table of the rows."""
     if not tables or not tables[0].num_columns:
@@ -238,6 +273,12 @@ def _gather_fixed(
     arrays = []
     for c, (t, storage, value_type, size) in enumerate(recipe.columns):
         views = [v[c][0] for v in per_table]  # type: ignore[index]
+        if not size:  # binary or string values: one copy of the rows' bytes
+            values = _gather_values(storage, views, group, row)  # type: ignore[arg-type]
+            if values is None:
+                return None
+            arrays.append(pa.ExtensionArray.from_storage(t, values) if storage is not t else values)
+            continue
         buf = pool.get(n * views[0].itemsize)  # reused warm pages where it can (message_buffers.py)
         out = np.frombuffer(buf, dtype=views[0].dtype) if n else None
         if out is None:
@@ -382,30 +423,62 @@ def gather_spans(
         arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
         if arr.values.null_count:  # (whole rows would not do: the plan asked for these values only)
             raise DataLossError(f"column {column!r} holds a null value inside a list (a token that is null)")
-        views.append((numpy_view(arr.offsets).astype(np.int64, copy=False), numpy_view(arr.values)))
+        views.append(_Values(numpy_view(arr.offsets).astype(np.int64, copy=False), numpy_view(arr.values)))
+    dtype = views[0].data.dtype if views else np.dtype(np.int32)
+    out_offsets, values = _copy_spans(views, group, row, dtype, start, stop)
+    return _list_array(t, out_offsets, values)
+
+
+def _gather_values(t: pa.DataType, views: list[_Values], group: np.ndarray, row: np.ndarray) -> pa.Array | None:
+    """Row `row[i]` of the binary or string columns `views[group[i]]` for every i, as one array of
+    type `t`, each row's bytes copied once (Arrow's path takes a row group's rows, concatenates them
+    and takes them again in the message's order: three copies of, say, 150 KiB encoded images, which
+    made a shuffled image stream's build 4x Flight gathering the same rows). None when a message's
+    values would not fit 32-bit offsets (Arrow's path then)."""
+    out_offsets, values = _copy_spans(views, group, row, np.dtype(np.uint8))
+    large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    if not large and out_offsets[-1] > np.iinfo(np.int32).max:
+        return None
+    offsets = pa.py_buffer(out_offsets if large else out_offsets.astype(np.int32))
+    return pa.Array.from_buffers(t, len(row), [None, offsets, pa.py_buffer(values)])
+
+
+def _copy_spans(
+    views: list[_Values],
+    group: np.ndarray,
+    row: np.ndarray,
+    dtype: np.dtype,
+    start: np.ndarray | None = None,
+    stop: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of the spans [start[i], stop[i]) (clipped; whole rows without them) of row
+    `row[i]` of `views[group[i]]` for every i, in order: long spans a slice copy each, short ones a
+    few passes of index arrays over a row group's values."""
     n = len(row)
     order = np.argsort(group, kind="stable")  # rows by row group
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(tables)))])
-    mine = [order[bounds[g] : bounds[g + 1]] for g in range(len(tables))]
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(views)))])
+    mine = [order[bounds[g] : bounds[g + 1]] for g in range(len(views))]
     base = np.empty(n, np.int64)
     size = np.empty(n, np.int64)
     for (offsets, _), rows in zip(views, mine, strict=True):
         base[rows] = offsets[row[rows]]
         size[rows] = offsets[row[rows] + 1] - base[rows]
-    a = np.minimum(np.asarray(start, np.int64), size)
-    lens = np.maximum(np.minimum(np.asarray(stop, np.int64), size) - a, 0)
+    if start is None or stop is None:
+        a, lens = np.zeros(n, np.int64), size
+    else:
+        a = np.minimum(np.asarray(start, np.int64), size)
+        lens = np.maximum(np.minimum(np.asarray(stop, np.int64), size) - a, 0)
     out_offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=out_offsets[1:])
-    dtype = views[0][1].dtype if views else np.int32
     values = np.empty(int(out_offsets[-1]), dtype)
     src = base + a
-    if n and int(out_offsets[-1]) >= RUN_COPY_TOKENS * n:  # long runs (documents): a slice copy each
+    if n and int(out_offsets[-1]) >= RUN_COPY_TOKENS * n:  # long runs (documents, images): a slice copy each
         starts, stops, lengths = out_offsets[:-1].tolist(), src.tolist(), lens.tolist()
         for (_, vals), rows in zip(views, mine, strict=True):
             for i in rows.tolist():
                 o, f, k = starts[i], stops[i], lengths[i]
                 values[o : o + k] = vals[f : f + k]
-        return _list_array(t, out_offsets, values)
+        return out_offsets, values
     for (_, vals), rows in zip(views, mine, strict=True):  # short runs: a few passes over the values
         k = lens[rows]
         count = int(k.sum())
@@ -415,7 +488,7 @@ def gather_spans(
         at = np.cumsum(k) - k
         j = np.arange(count, dtype=np.int64)
         values[j + np.repeat(out_offsets[rows] - at, k)] = vals[j + np.repeat(src[rows] - at, k)]
-    return _list_array(t, out_offsets, values)
+    return out_offsets, values
 
 
 def _list_array(t: pa.DataType, out_offsets: np.ndarray, values: np.ndarray) -> pa.Array:
