@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.client import Loader
+from shardstream.ipc import read_ipc
 from shardstream.server.backends.roots import open_registry
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.message_steps import GROWN_MESSAGE_BYTES, MessageSteps, grown_target
@@ -24,6 +24,7 @@ from shardstream.server.read.reader import new_row_group_cache
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import write_dataset
+from .support.doget import wire_messages_on
 from .support.servers import Servers
 from .support.stalls import write_blobs
 
@@ -117,19 +118,9 @@ def _steps_per_message(server_data_port: int, mode: str, **kw: object) -> tuple[
     request = pb.ReadRequest(
         dataset="blobs@1", seed=1, epoch=0, shuffle=pb.Shuffle(mode=mode), world_size=1, batch_size=BATCH, **kw
     )
-    client = flight.connect(f"grpc://127.0.0.1:{server_data_port}")
-    try:
-        reader = client.do_get(flight.Ticket(request.SerializeToString()))
-        per, ids = [], []
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                break
-            per.append(len(pb.ReadHeader.FromString(chunk.app_metadata.to_pybytes()).steps))
-            ids += chunk.data.column("id").to_pylist()
-    finally:
-        client.close()
+    messages = wire_messages_on(server_data_port, request)
+    per = [len(pb.ReadHeader.FromString(header).steps) for header, _ in messages]
+    ids = [i for _, rows in messages for i in read_ipc(pa.py_buffer(rows)).column("id").to_pylist()]
     return per, ids
 
 
