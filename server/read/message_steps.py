@@ -53,8 +53,9 @@ def grown_target(target: int, cap: int, budget_bytes: int, streams: int) -> int:
     A gathered message's build and send cost a fixed ~0.3-0.4 ms of Python and Arrow calls besides
     its copy (the cache lease, the gather's arrays, the header and sizes, Flight's hand-over, the
     client's decode): at 2 MiB, ~0.15-0.2 CPU-s a GB on each side. A server with room for larger
-    messages sends fewer: with 2 MiB steps, block shuffle, two steps a message took the server from
-    1.36x to 1.07x of a Flight server gathering the same rows (loadtest/README.md). A server with many
+    messages sends fewer: 2 MiB steps, block shuffle, 1 KiB rows, a step a message at 1.35x the
+    server CPU of a Flight server gathering the same rows, two (5 MiB) at 1.07x, three (8 MiB) at
+    0.97x (loadtest/README.md, "Shuffled streams at Flight's gathering cost"). A server with many
     streams keeps the default, so the budget admits as many as before."""
     share = budget_bytes // (_HELD_MESSAGES * max(1, streams))
     return max(target, min(GROWN_MESSAGE_BYTES, cap, share))
