@@ -137,7 +137,8 @@ def read_through(port: int, req: pb.ReadRequest) -> int:
 
 def one_run(root: Path, n: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     batch_rows = max(1, args.message_kib // args.row_kib)
-    message_bytes = args.message_kib << 10
+    # --server-target: no size named, the server's own target (grown while its budget has room)
+    message_bytes = 0 if getattr(args, "server_target", False) else args.message_kib << 10
     limits = ("--max-streams", str(n), "--max-streams-per-peer", str(n))
     sizes = ("--stream-buffer-mib", str(args.budget_mib), "--cache-mib", str(args.cache_mib))
     server = LocalServer(root, metrics=True, extra_args=(*limits, *sizes, "--write-timeout", "600"))
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "stall_bench",
         "dataset": {"rows": args.rows, "row_bytes": args.row_kib << 10, "row_group_rows": ROW_GROUP_ROWS},
-        "message_bytes": args.message_kib << 10,
+        "message_bytes": 0 if getattr(args, "server_target", False) else args.message_kib << 10,
         "budget_mib": args.budget_mib,
         "cache_mib": args.cache_mib,
         "bound_factor": BOUND_FACTOR,
@@ -226,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2048, help="rows in the dataset")
     parser.add_argument("--row-kib", type=int, default=64, help="bytes per row, KiB")
     parser.add_argument("--message-kib", type=int, default=1024, help="the streams' max_message_bytes, KiB")
+    parser.add_argument(
+        "--server-target",
+        action="store_true",
+        help="streams name no max_message_bytes: the server's target, grown up to 8 MiB while its budget has "
+        "room (--message-kib then sets the step only)",
+    )
     parser.add_argument("--settle-s", type=float, default=2.0, help="RSS sampled this long after the last open")
     return bench_main(parser, argv, run, json_default=results_path("stall_bench"), report=report)
 
