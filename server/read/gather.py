@@ -251,10 +251,9 @@ def _gather_fixed(
     row: np.ndarray,
     extra: tuple[tuple[pa.Field, ...], list[pa.Array]] | None = None,
 ) -> pa.Table | pa.RecordBatch | None:
-    """`gather` for tables whose every column is fixed-width, binary or string, without nulls; None
-    otherwise. With
-    `extra` (fields, arrays of the message's length), one record batch of the rows and those
-    columns after them, else a table of the rows."""
+    """`gather` for tables whose every column is fixed-width (numpy's gather), binary or string
+    (`_gather_values`), without nulls; None otherwise. With `extra` (fields, arrays of the message's
+    length), one record batch of the rows and those columns after them, else a table of the rows."""
     if not tables or not tables[0].num_columns:
         return None
     found = _table_views(tables)
