@@ -274,7 +274,19 @@ class Registry:
         """The manifest for `name`, `name@N` or `name@tag`; NotFoundError naming what is missing,
         DataLossError naming the version when its manifest cannot be read."""
         r = DatasetRef.parse(ref) if isinstance(ref, str) else ref
-        return self._load_resolved(r, self.version_of(r))
+        version = self.version_of(r)
+        try:
+            loaded = self.load(r.name, version)
+        except NotFoundError:
+            known = self.versions(r.name)
+            if not known:
+                raise NotFoundError(f"no dataset named {r.name!r} under {self.root}") from None
+            raise NotFoundError(
+                f"dataset {r.name!r} has no version {version} (versions: {', '.join(map(str, known))})"
+            ) from None
+        if isinstance(loaded, BadEntry):
+            raise loaded.error() from loaded.cause
+        return loaded
 
     def version_of(self, ref: str | DatasetRef) -> int:
         """The version `name`, `name@N` or `name@tag` names (a tag's file read, or the versions
@@ -299,21 +311,6 @@ class Registry:
             if version is None:
                 raise NotFoundError(f"no dataset named {r.name!r} under {self.root}")
         return version
-
-    def _load_resolved(self, r: DatasetRef, version: int) -> Manifest:
-        """`resolve`'s manifest of version `version` of `r`'s dataset."""
-        try:
-            loaded = self.load(r.name, version)
-        except NotFoundError:
-            known = self.versions(r.name)
-            if not known:
-                raise NotFoundError(f"no dataset named {r.name!r} under {self.root}") from None
-            raise NotFoundError(
-                f"dataset {r.name!r} has no version {version} (versions: {', '.join(map(str, known))})"
-            ) from None
-        if isinstance(loaded, BadEntry):
-            raise loaded.error() from loaded.cause
-        return loaded
 
     # --- writes --------------------------------------------------------------------------------
     def create_version(

@@ -36,7 +36,7 @@ from shardstream.numpy_view import numpy_view
 
 from .message_buffers import message_buffers
 
-__all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans", "gather_with"]
+__all__ = ["ListSpans", "empty_batch", "gather", "gather_arrow", "gather_spans", "gather_with", "is_run"]
 
 
 def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Table:
@@ -44,12 +44,17 @@ def gather(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> pa.Tab
     run of consecutive rows of one table as its zero-copy slice (the batch a reader's message of one
     run is, buffers and all: a feature cache's shared rows then make the same IPC bytes as running
     the transforms on the message)."""
-    n = len(row)
-    if len(tables) == 1 and n and int(row[-1]) - int(row[0]) == n - 1 and (n == 1 or (np.diff(row) == 1).all()):
-        return tables[0].slice(int(row[0]), n)
+    if len(tables) == 1 and is_run(row):
+        return tables[0].slice(int(row[0]), len(row))
     fixed = _gather_fixed(tables, group, row)
     assert fixed is None or isinstance(fixed, pa.Table)
     return fixed if fixed is not None else gather_arrow(tables, group, row)
+
+
+def is_run(rows: np.ndarray) -> bool:
+    """Whether `rows` are one or more consecutive rows, in order (a zero-copy slice)."""
+    n = len(rows)
+    return bool(n and int(rows[-1]) - int(rows[0]) == n - 1 and (n == 1 or (np.diff(rows) == 1).all()))
 
 
 def gather_with(
@@ -60,8 +65,8 @@ def gather_with(
     columns: list[pa.Array],
 ) -> pa.RecordBatch | None:
     """`gather`'s rows with `columns` (named and typed by `fields`, as long as `row`) after them, as
-    one record batch, where every column is fixed-width without nulls; None otherwise (the caller
-    gathers and appends them its own way). A shuffled message with its provenance columns in one
+    one record batch, where every column is fixed-width, binary or string without nulls; None
+    otherwise (the caller gathers and appends them its own way). A shuffled message with its provenance columns in one
     step: no table, no batch of it and no schema made twice a message."""
     fixed = _gather_fixed(tables, group, row, (fields, columns))
     assert fixed is None or isinstance(fixed, pa.RecordBatch)
@@ -85,9 +90,8 @@ def gather_arrow(tables: list[pa.Table], group: np.ndarray, row: np.ndarray) -> 
     pieces = []
     for g, t in enumerate(tables):
         rows = row[order[bounds[g] : bounds[g + 1]]]
-        n = len(rows)
-        if n and rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()):
-            pieces.append(t.slice(int(rows[0]), n))  # a contiguous run: zero-copy
+        if is_run(rows):
+            pieces.append(t.slice(int(rows[0]), len(rows)))  # a contiguous run: zero-copy
         else:
             pieces.append(t.take(int_array(rows)))
     grouped = pa.concat_tables(pieces)
@@ -160,8 +164,13 @@ class _Values(NamedTuple):
     data: np.ndarray
 
 
+def _large(t: pa.DataType) -> bool:
+    """Whether binary or string type `t` has 64-bit offsets."""
+    return pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+
+
 def _variable_width(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    return pa.types.is_binary(t) or pa.types.is_string(t) or _large(t)
 
 
 def _values_view(arr: pa.Array) -> _Values:
@@ -170,7 +179,7 @@ def _values_view(arr: pa.Array) -> _Values:
     _, offsets, data = arr.buffers()
     if not n or offsets is None:
         return _Values(np.zeros(1, np.int64), np.empty(0, np.uint8))
-    width = 8 if pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type) else 4
+    width = 8 if _large(arr.type) else 4
     view = np.frombuffer(offsets, np.int64 if width == 8 else np.int32, n + 1, arr.offset * width)
     return _Values(view.astype(np.int64), np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8))
 
@@ -435,7 +444,7 @@ def _gather_values(t: pa.DataType, views: list[_Values], group: np.ndarray, row:
     made a shuffled image stream's build 4x Flight gathering the same rows). None when a message's
     values would not fit 32-bit offsets (Arrow's path then)."""
     out_offsets, values = _copy_spans(views, group, row, np.dtype(np.uint8))
-    large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    large = _large(t)
     if not large and out_offsets[-1] > np.iinfo(np.int32).max:
         return None
     offsets = pa.py_buffer(out_offsets if large else out_offsets.astype(np.int32))

@@ -40,7 +40,7 @@ from shardstream.storage import ObjectRef
 from shardstream.v1 import shardstream_pb2 as pb
 
 from .cache import Lease, LRUCache
-from .gather import ListSpans, empty_batch, gather, gather_spans, gather_with, int_array
+from .gather import ListSpans, empty_batch, gather, gather_spans, gather_with, int_array, is_run
 from .shards import ShardFile, open_shard
 from .spill import SpillTier
 
@@ -250,7 +250,7 @@ class DatasetReader:
         with `spans`, its list column holds only those values of each row (`gather_spans`)."""
         cols = tuple(columns)
         n = len(rows)
-        run = self.locator.run(int(rows[0]), n) if n and _consecutive(rows) else None
+        run = self.locator.run(int(rows[0]), n) if is_run(rows) else None
         if run is not None:
             # An unshuffled message inside one row group: one zero-copy slice, located by its
             # first row alone (~40 us a message less than locating each row: issue #26)
@@ -283,7 +283,7 @@ class DatasetReader:
         by_group = self._group_keys(cols)
         keys = [by_group[i] or self._group_key(by_group, i, cols) for i in unique.tolist()]
         with self._leased(list(zip(s.tolist(), group.tolist(), strict=True)), cols, keys) as lease:
-            if spans is None and n:  # fixed-width rows: gathered with their provenance in one batch
+            if spans is None and n:  # fixed-width, binary or string rows: gathered with their provenance in one batch
                 provenance = [int_array(shard, 32), int_array(row_in_shard)]
                 batch = gather_with(lease.values, inverse, row_in_group, _PROVENANCE_FIELDS, provenance)
                 if batch is not None:
@@ -527,12 +527,6 @@ def _with_provenance(table: pa.Table, shard: np.ndarray, row_in_shard: np.ndarra
 
 
 _PROVENANCE_FIELDS = (pa.field("_shard", pa.int32()), pa.field("_row", pa.int64()))
-
-
-def _consecutive(rows: np.ndarray) -> bool:
-    """Whether `rows` are consecutive dataset rows, in order."""
-    n = len(rows)
-    return bool(rows[-1] - rows[0] == n - 1 and (n == 1 or (np.diff(rows) == 1).all()))
 
 
 def _one_run(group: np.ndarray, row_in_group: np.ndarray) -> bool:
