@@ -6,7 +6,7 @@ take per row group fetched through the fetch pool, their concatenation, a reorde
 (`previous_gather`); provenance appended to a table and its chunks combined (`previous_take`); IPC
 sizing with a stream writer over a mock sink (`previous_ipc_size`); every message built alone, as
 before messages were cut from row groups several a build (`no_runs`, for
-`MessageBuilder._group_run`).
+`MessageBuilder._group_run`; its chunks cut at row-group ends as today's).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shardstream.server.read import build as build_module
 from shardstream.server.read import reader as reader_module
 from shardstream.server.read.gather import empty_batch
 
@@ -92,6 +93,9 @@ def previous_ipc_size(batch: pa.RecordBatch) -> int:
     return sink.size()
 
 
-def no_runs(self: Any, plan: Any, chunk: Any, *args: Any) -> tuple[list[Any], Any]:
-    """`MessageBuilder._group_run` that takes no run: every chunk is built the general way."""
+def no_runs(self: Any, plan: Any, chunk: Any, steps: Any, order: Any, *args: Any) -> tuple[list[Any], Any]:
+    """`MessageBuilder._group_run` that takes no run: every chunk is built the general way. The
+    chunks are today's: cut at row-group ends as `_group_run` cuts them (`_in_group`), so the two
+    ways make the same messages."""
+    chunk, _ = build_module._in_group(plan, chunk, order.run(chunk), steps, plan.readers[0].locator)
     return [], chunk

@@ -26,6 +26,7 @@ from shardstream.ipc import ipc_size
 from shardstream.provenance import expand
 from shardstream.registry import Registry
 from shardstream.server.backends.roots import open_registry
+from shardstream.server.read import build as build_module
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
 from shardstream.server.read.reader import _Cut, new_row_group_cache
@@ -87,8 +88,15 @@ def _request(rng: np.random.Generator, dataset: str) -> pb.ReadRequest:
     return req
 
 
+@pytest.mark.parametrize("cut", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_runs_make_the_general_builds_bytes(planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+def test_runs_make_the_general_builds_bytes(
+    planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, seed: int, cut: bool
+) -> None:
+    """`cut`: chunks cut at every row group's end (`_in_group`: these row groups are under
+    CUT_MIN_BYTES), the general build's chunks cut alike (`no_runs`)."""
+    if cut:
+        monkeypatch.setattr(build_module, "CUT_MIN_BYTES", 0)
     rng = np.random.default_rng(seed)
     dataset = ("small", "large", "masked")[seed % 3]
     for _ in range(3):
@@ -129,6 +137,49 @@ def test_an_unshuffled_stream_is_cut_from_its_row_groups(planner: ReadPlanner, d
     spans = [sum(msg.holds > 0 for msg in b) for b in warm]
     assert max(spans) == 2  # row groups a build holds: within what a stream reserves for it
     assert all(b[-1].holds > 0 for b in warm)
+
+
+def _stream(planner: ReadPlanner, req: pb.ReadRequest) -> tuple[list[pb.StepInfo], pa.Table, list[Any]]:
+    messages = [msg for b in _builds(planner, req) for msg in b]
+    steps = [st for m in messages for st in m.header.steps]
+    return steps, pa.Table.from_batches([m.batch for m in messages]), messages
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunks_cut_at_row_group_ends_carry_the_same_steps_and_rows(
+    planner: ReadPlanner, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """A stream whose chunks are cut at row-group ends (`_in_group`) has the steps, rows,
+    provenance and end of epoch of one whose chunks are not, only in other messages; where a
+    rank's steps tile the row groups (one rank, batches dividing them) every message is a slice of
+    one row group, cut from it, never gathered."""
+    rng = np.random.default_rng(seed + 9_000)
+    dataset = ("small", "large", "masked")[seed % 3]
+    for _ in range(3):
+        req = _request(rng, dataset)
+        req.max_message_bytes = int(rng.choice([300, 2_000, 20_000, 1 << 30]))
+        monkeypatch.setattr(build_module, "CUT_MIN_BYTES", 1 << 62)
+        want_steps, want_rows, want = _stream(planner, req)
+        monkeypatch.setattr(build_module, "CUT_MIN_BYTES", 0)
+        got_steps, got_rows, got = _stream(planner, req)
+        assert got_steps == want_steps, req
+        assert got_rows.equals(want_rows), req
+        assert got[-1].header.end_of_epoch == want[-1].header.end_of_epoch
+        assert got[-1].header.dropped == want[-1].header.dropped
+    if dataset == "masked":
+        return
+    group = 64 if dataset == "large" else 20  # rows a row group (a shard's last: fewer)
+    req = pb.ReadRequest(dataset=dataset, world_size=1, batch_size=2 if dataset == "small" else 8, columns=["id", "x"])
+    req.max_message_bytes = 1 << 30  # the epoch in one message, if not cut
+    plan = planner.plan(req)
+    monkeypatch.setattr(MessageBuilder, "build_batch", lambda *a: pytest.fail("a chunk was gathered"))
+    for _ in range(2):  # cold (a build ends where the cache does) and warm
+        _, _, messages = _stream(planner, req)
+        for msg in messages:
+            shards, rows = msg.batch.column("_shard").to_numpy(), msg.batch.column("_row").to_numpy()
+            assert len(set(shards)) <= 1 and len(set(rows // group)) <= 1, (shards, rows)
+        assert sum(m.rows for m in messages) == plan.layout.num_rows
+        assert len(messages) == plan.readers[0].locator.num_groups + 1  # the first step alone, then a row group each
 
 
 def test_a_shuffled_stream_is_built_a_message_at_a_time(planner: ReadPlanner) -> None:

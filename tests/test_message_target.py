@@ -1,7 +1,8 @@
 """A stream's message target grows while the server's buffer budget has room (message_steps.py
 `grown_target`, data_plane.py): gathered streams that named no size get messages of several large
 steps, the same steps and rows as at the default; the budget still holds every stream's messages;
-a client's own `max_message_bytes`, and the stored order (messages cut from row groups), keep theirs.
+a client's own `max_message_bytes` is kept. In the stored order a message is cut at its row group's
+end, so a larger target never makes one straddle two row groups.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ def _request(mode: str, **kw: object) -> pb.ReadRequest:
     )
 
 
-def test_only_gathered_streams_that_named_no_size_grow(planner: ReadPlanner) -> None:
+def test_streams_that_named_no_size_grow(planner: ReadPlanner) -> None:
     assert planner.plan(_request("block")).target_grows
     assert planner.plan(_request("full")).target_grows
-    assert not planner.plan(_request("none")).target_grows  # cut from row groups: a larger one would straddle
+    assert planner.plan(_request("none")).target_grows  # cut at row-group ends (build.py `_in_group`)
     assert not planner.plan(_request("full", max_message_bytes=4096)).target_grows  # the client's own size
 
 
@@ -113,10 +114,12 @@ def blobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _steps_per_message(server_data_port: int, mode: str, **kw: object) -> tuple[list[int], list[int]]:
+def _steps_per_message(
+    server_data_port: int, mode: str, batch: int = BATCH, **kw: object
+) -> tuple[list[int], list[int]]:
     """(steps a message, ids) of a plain Flight client's read of rank 0 of 1's epoch."""
     request = pb.ReadRequest(
-        dataset="blobs@1", seed=1, epoch=0, shuffle=pb.Shuffle(mode=mode), world_size=1, batch_size=BATCH, **kw
+        dataset="blobs@1", seed=1, epoch=0, shuffle=pb.Shuffle(mode=mode), world_size=1, batch_size=batch, **kw
     )
     messages = wire_messages_on(server_data_port, request)
     per = [len(pb.ReadHeader.FromString(header).steps) for header, _ in messages]
@@ -146,5 +149,12 @@ def test_a_server_with_room_sends_several_large_steps_a_message_and_one_without(
         )
         assert ids == want and asked == [1] * (ROWS // BATCH)  # the client's size is kept
 
-        stored, _ = _steps_per_message(roomy.info()["data_port"], "none")
-        assert stored == [1] * (ROWS // BATCH)  # cut from row groups: the default
+        stored, ids = _steps_per_message(roomy.info()["data_port"], "none")
+        assert ids == list(range(ROWS))
+        assert stored == [1] * (ROWS // BATCH)  # a row group (16 rows) is a step: a message each
+
+        # steps of 4 rows (256 KiB), 4 a row group: the first alone, then the rest of its row group,
+        # then a row group a message, never two (a message straddling them would be copied)
+        stored, ids = _steps_per_message(roomy.info()["data_port"], "none", batch=4)
+        assert ids == list(range(ROWS))
+        assert stored == [1, 3] + [4] * (ROWS // 16 - 1)

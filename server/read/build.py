@@ -42,6 +42,7 @@ or an event loop; `builds(plan)` the same as the builds that make them; `message
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ from shardstream.errors import InvalidArgumentError
 from shardstream.extension_types import plain_schema
 from shardstream.ipc import ipc_size, plain_batch
 from shardstream.numpy_view import numpy_view
+from shardstream.order.read_order import RowLocator
 from shardstream.provenance import runs_of
 from shardstream.v1 import shardstream_pb2 as pb
 
@@ -65,11 +67,16 @@ from .plan import ReadPlan
 from .reader import GroupRun
 from .selection import take_selection
 
-__all__ = ["COMPACT_FACTOR", "Message", "MessageBuilder"]
+__all__ = ["COMPACT_FACTOR", "CUT_MIN_BYTES", "Message", "MessageBuilder"]
 
 MAX_RUN_MESSAGES = 64  # messages cut from one row group by one build (`MessageBuilder._group_run`)
 _FRAMING_BYTES = 48  # Flight's framing around a message's header and IPC data, at most
 COMPACT_FACTOR = 4  # a message slicing buffers over this many times its size is copied out of them
+# A stored-order chunk that runs past its row group's end is cut there (`_in_group`) when the row
+# group holds this much: a message costs ~0.35 ms of fixed server CPU, and copying rows out of two
+# row groups ~0.27 ms a MiB more than slicing one (loadtest/README.md, "Messages cut at row-group
+# ends"), so slices of row groups of 1 MiB and more cost less than messages of several copied.
+CUT_MIN_BYTES = 1 << 20
 
 BATCH_BUILD_SECONDS = Histogram(
     "shardstream_batch_build_seconds",
@@ -191,9 +198,9 @@ class MessageBuilder:
         within what a stream reserves for a build after one that held its first row group
         (`build_estimate`), and for at most MAX_RUN_MESSAGES messages. A row group's buffers are
         held by the last message cut from it (`Message.holds`; the others hold none)."""
-        found = order.run(chunk)
         reader = plan.readers[0]
         locator = reader.locator
+        chunk, found = _in_group(plan, chunk, order.run(chunk), steps, locator)
         place = locator.run(*found) if found is not None else None
         if found is None or place is None:
             return [], chunk
@@ -234,7 +241,10 @@ class MessageBuilder:
                 chunk = following = steps.next()
                 if on_chunk is not None:
                     on_chunk(steps)
-                found = order.run(chunk) if chunk.samples is None else None
+                if chunk.samples is not None:
+                    break
+                chunk, found = _in_group(plan, chunk, order.run(chunk), steps, locator)
+                following = chunk
                 if found is None:
                     break
                 if base >= 0 and base <= found[0] and found[0] + found[1] <= base + run.rows:
@@ -448,6 +458,28 @@ class MessageBuilder:
             st.rows = res.rows
             st.skipped.extend(res.skipped)
         return out
+
+
+def _in_group(
+    plan: ReadPlan, chunk: Chunk, found: tuple[int, int] | None, steps: MessageSteps, locator: RowLocator
+) -> tuple[Chunk, tuple[int, int] | None]:
+    """`chunk` and its run of rows (`found`: first, count), cut to the steps within the row group
+    where the run starts when it runs on past it and the row group holds CUT_MIN_BYTES or more: the
+    rest of the chunk goes back to `steps`, to start the next chunk at the next row group. So a
+    stream in the stored order sends each message as a slice of one row group however its steps
+    and target fall (the first message, one step, would otherwise leave every later message of
+    several steps straddling two row groups, to be copied out of them). A chunk whose first step
+    straddles is cut to that step (built the general way)."""
+    if found is None or len(chunk.steps) == 1:
+        return chunk, found
+    first, n = found
+    bounds = locator.group_bounds(first)
+    if bounds is None or first + n <= bounds[1] or (bounds[1] - bounds[0]) * steps.sample_bytes < CUT_MIN_BYTES:
+        return chunk, found
+    layout, rank, end = plan.layout, plan.rank, bounds[1]
+    k = max(1, bisect.bisect_right(chunk.steps, end, key=lambda s: layout.rank_range(s, rank)[1]))
+    chunk = steps.cut(chunk, k)
+    return chunk, (first, layout.rank_range(chunk.steps[-1], rank)[1] - first)
 
 
 def _spans(plan: ReadPlan, chunk: Chunk, header: pb.ReadHeader) -> ListSpans | None:

@@ -142,6 +142,13 @@ class MessageSteps:
         self.step = steps[-1] + p.stride
         return Chunk(steps)
 
+    def cut(self, chunk: Chunk, k: int) -> Chunk:
+        """The first `k` whole steps of `chunk`, the last chunk `next` gave; its other steps are
+        given back, to start the next chunk."""
+        assert chunk.samples is None and 0 < k < len(chunk.steps) and self.step == chunk.steps[-1] + self._plan.stride
+        self.step = chunk.steps[k]
+        return Chunk(chunk.steps[:k])
+
     def ahead(self, messages: int) -> range:
         """The steps of the next `messages` messages if they are the size of the last (read-ahead's guess)."""
         p = self._plan

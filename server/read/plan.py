@@ -104,10 +104,10 @@ class ReadPlan:
     @property
     def target_grows(self) -> bool:
         """Whether the server may raise this stream's message target over `max_message_bytes` while
-        its buffer budget has room (message_steps.py `grown_target`): the client named no size, and
-        the stream's builds gather their rows (a message cut from a row group in the stored order
-        costs little a message, and a larger one would straddle row groups and be copied)."""
-        return not self.message_target_asked and not self.stored_runs
+        its buffer budget has room (message_steps.py `grown_target`): the client named no size. (A
+        stream in the stored order grows too: its messages are cut at row-group ends, build.py
+        `_in_group`, so a larger one is still a slice of one row group, never copied.)"""
+        return not self.message_target_asked
 
     @property
     def nothing_left(self) -> bool:

@@ -171,6 +171,14 @@ class RowLocator:
         shard = self._group_shard.item(g)
         return shard, self._group_index.item(g), a - starts.item(g), a - self._shard_starts.item(shard)
 
+    def group_bounds(self, row: int) -> tuple[int, int] | None:
+        """The dataset rows [start, end) of the row group holding dataset row `row`, or None in a
+        version with masked rows (where a row group's dataset rows need not be consecutive)."""
+        if self._gap_starts is not None or not 0 <= row < self.num_rows:
+            return None
+        g = self._groups.index_one(row)
+        return self._group_starts.item(g), self._group_starts.item(g + 1)
+
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(shard, row in shard, row group in shard, row in row group) for each dataset row."""
         g, shard, row_in_shard, row_in_group = self.locate_groups(rows)
