@@ -30,7 +30,7 @@ from shardstream.server.local_fleet import LocalServer
 from shardstream.server.read import feature_cache, spill
 from shardstream.server.read.build import MessageBuilder
 from shardstream.server.read.plan import ReadPlanner
-from shardstream.server.read.reader import new_row_group_cache
+from shardstream.server.read.reader import DatasetReader, new_row_group_cache
 from shardstream.server.read.request_limits import RequestLimits
 from shardstream.server.read.spill import SUFFIX, TRAILER_BYTES, SpillTier
 from shardstream.transform_spec import to_wire
@@ -167,6 +167,34 @@ def test_jobs_with_other_seeds_reuse_one_decode(
         )
         assert shared.messages(req) == plain.messages(req)
     assert counter("misses") - misses == computed  # nothing decoded again
+
+
+@pytest.mark.parametrize(
+    ("dataset", "transforms", "kw"), [c for c in CASES if c[1] is not DECODE_RANDOM]
+)
+def test_a_shared_head_takes_no_stored_bytes(
+    root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dataset: Any,
+    transforms: list[dict[str, Any]],
+    kw: dict[str, Any],
+) -> None:
+    """Once the feature cache holds a row group's head, a message of its rows locates them and
+    never takes their stored columns (a JPEG's bytes: DatasetReader.take); where the head is not
+    shared (a row group over the limit), every message takes them as before."""
+    req = request(dataset, transforms, **kw)
+    shared = Planned(root, tmp_path / "cache")
+    want = shared.messages(req)  # computes the heads
+    taken: list[int] = []  # rows taken, a call each (the end of the epoch takes none)
+    real = DatasetReader.take
+    monkeypatch.setattr(DatasetReader, "take", lambda self, rows, *a, **k: taken.append(len(rows)) or real(self, rows, *a, **k))
+    assert shared.messages(req) == want  # from memory
+    assert Planned(root, tmp_path / "cache").messages(req) == want  # from the disk tier
+    assert not any(taken)
+    monkeypatch.setattr(feature_cache, "MAX_GROUP_BYTES", 1)
+    assert Planned(root, tmp_path / "other").messages(req) == want
+    assert sum(taken) > 0
 
 
 def test_a_failing_sample_fails_the_same_message_the_same_way(

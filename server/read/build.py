@@ -65,7 +65,7 @@ from .message_steps import BUILD_PEAK_FACTOR, Chunk, Message, MessageSteps
 from .order_ahead import OrderAhead
 from .plan import ReadPlan
 from .reader import GroupRun
-from .selection import take_selection
+from .selection import take_provenance, take_selection
 
 __all__ = ["COMPACT_FACTOR", "CUT_MIN_BYTES", "Message", "MessageBuilder"]
 
@@ -311,11 +311,19 @@ class MessageBuilder:
             assert positions is not None
             src, rows = plan.selector.select(plan.epoch, positions)
         spans = _spans(plan, chunk, header)
-        batch = take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture, spans=spans)
-        if plan.pipeline:
-            assert positions is not None
-            batch = self._transform(plan, header, batch, positions)
-        return header, batch
+
+        def take() -> pa.RecordBatch:
+            return take_selection(plan.readers, src, rows, plan.columns, mixture=plan.mixture, spans=spans)
+
+        if not plan.pipeline:
+            return header, take()
+        assert positions is not None
+        if plan.pipeline.features is not None and spans is None and len(rows):
+            # a shared head serves the rows from the feature cache: their stored bytes are taken
+            # only if it does not (Pipeline.apply's `take`)
+            batch = take_provenance(plan.readers, src, rows, mixture=plan.mixture)
+            return header, self._transform(plan, header, batch, positions, take)
+        return header, self._transform(plan, header, take(), positions)
 
     @staticmethod
     def _header(plan: ReadPlan, chunk: Chunk) -> tuple[pb.ReadHeader, list[tuple[int, int]]]:
@@ -434,9 +442,15 @@ class MessageBuilder:
             yield _message(out, rows.slice(a, b - a), int(not st.more_parts), b - a, parts=True, bare=plan.bare)
 
     def _transform(
-        self, plan: ReadPlan, header: pb.ReadHeader, batch: pa.RecordBatch, positions: np.ndarray
+        self,
+        plan: ReadPlan,
+        header: pb.ReadHeader,
+        batch: pa.RecordBatch,
+        positions: np.ndarray,
+        take: Callable[[], pa.RecordBatch] | None = None,
     ) -> pa.RecordBatch:
-        """Run the request's transforms over a message's rows; set each step's rows and skips."""
+        """Run the request's transforms over a message's rows; set each step's rows and skips.
+        (`take`: `batch` holds the rows' provenance only, `take()` all their columns.)"""
         assert plan.pipeline is not None
         step_ids = [st.step for st in header.steps]
         steps = np.repeat(np.array(step_ids, np.int64), [st.rows for st in header.steps])
@@ -453,6 +467,7 @@ class MessageBuilder:
             pool=self._transform_pool,
             threads=self.transform_threads,
             windows=windows,
+            take=take,
         )
         for st, res in zip(header.steps, per_step, strict=True):
             st.rows = res.rows

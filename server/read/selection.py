@@ -12,7 +12,7 @@ from shardstream.errors import DataLossError, InvalidArgumentError
 from .gather import ListSpans, int_array
 from .reader import DatasetReader
 
-__all__ = ["check_mixture_columns", "cost_values", "take_selection"]
+__all__ = ["check_mixture_columns", "cost_values", "take_provenance", "take_selection"]
 
 
 def check_mixture_columns(readers: Sequence[DatasetReader], columns: Sequence[str]) -> list[str]:
@@ -62,6 +62,27 @@ def take_selection(
         if table.num_rows
         else pa.RecordBatch.from_pylist([], schema=table.schema)
     )
+
+
+def take_provenance(
+    readers: Sequence[DatasetReader], src: np.ndarray, rows: np.ndarray, *, mixture: bool
+) -> pa.RecordBatch:
+    """The provenance columns `take_selection` gives the same rows (`_shard`, `_row`; `_source` in a
+    mixture), and no other: the rows are located, not read."""
+    n = len(rows)
+    if not mixture:
+        shard, row = readers[0].provenance(rows)
+    else:
+        shard, row = np.empty(n, np.int32), np.empty(n, np.int64)
+        for s in np.unique(src).tolist():
+            at = src == s
+            shard[at], row[at] = readers[s].provenance(rows[at])
+    arrays = [int_array(shard, 32), int_array(row)]
+    names = ["_shard", "_row"]
+    if mixture:
+        arrays.append(int_array(np.ascontiguousarray(src, dtype=np.int32), 32))
+        names.append("_source")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def cost_values(

@@ -106,8 +106,16 @@ class Pipeline:
         pool: Executor | None,
         threads: int,
         windows: Mapping[int, Any] | None = None,
+        take: Callable[[], pa.RecordBatch] | None = None,
     ) -> tuple[pa.RecordBatch, list[StepRows]]:
-        """(output batch with provenance columns last, per step of `step_ids`: rows and skips)."""
+        """(output batch with provenance columns last, per step of `step_ids`: rows and skips).
+
+        `take`: `batch` holds only the rows' provenance columns, and `take()` the same rows with all
+        their columns, called only if the shared head (`features`) does not serve them: a message
+        whose head the feature cache holds never takes its stored bytes."""
+        head = self.features.prefix(batch, pool, threads) if self.features and batch.num_rows else None
+        if head is None and take is not None:
+            batch = take()
         names = batch.schema.names
         shard = batch.column("_shard").to_numpy()
         row = batch.column("_row").to_numpy()
@@ -137,7 +145,6 @@ class Pipeline:
                 )
 
         rest = self.transforms
-        head = self.features.prefix(batch, pool, threads) if self.features and batch.num_rows else None
         if head is not None:  # the shared head's results: the same rows, errors and order as running it
             for t, errors in zip(self.transforms[: self.shared], head.errors, strict=True):
                 failed(t.op, errors)
