@@ -18,7 +18,8 @@ the node takes its rows from that file, then runs the rest of its pipeline (seed
   computes a row group while the others wait on its `flock`, then map the file; bounded by the
   tier's capacity together with its row groups (LRU by mtime).
 - **Per process**, the outputs in use stay mapped in memory (LRU, `DEFAULT_MEMORY_BYTES`), so a
-  message's rows cost a gather, not a checksum of the file.
+  message's rows cost a gather, not a checksum of the file. A message whose rows it serves takes
+  none of their stored columns (build.py `build_batch`: their provenance is located, not read).
 - **Byte-identical**: a message's rows, their order, the samples a transform could not process and
   what on_error does with them are those of running the head on the message (the file records,
   per input row, its output row or the transform and reason that failed it). Admission limits hold:
