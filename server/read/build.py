@@ -21,6 +21,9 @@ In the stored order (shuffle "none", no transform) a build makes several message
 is a slice of that row group with its provenance, made once for it (reader.GroupRun), and the build
 goes on into the next row groups the cache holds. One build a row group or two instead of one a
 message: ~95 -> ~45 us of CPU a 2 MiB message in process, the same bytes (tests/test_group_runs.py).
+A chunk whose rows run past its row group's end stops there (`_in_group`; row groups of
+CUT_MIN_BYTES and more), so the stream's later messages start at row-group starts and are slices
+of one row group up to the grown target, never copied out of two.
 
 A stream whose client asked for `ReadRequest.provenance_in_header` and reads in the stored order
 (`ReadPlan.bare`) gets no `_shard`/`_row` columns: each message's header names its rows' provenance
