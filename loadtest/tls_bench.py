@@ -13,7 +13,8 @@ of the same batches from memory (loadtest/flight_server.py, the malloc settings 
 to itself), plaintext and with the same certificate (`grpc+tls`), read by a plain FlightClient in
 this process. Reported: MB/s of Arrow payload, each way's ratio to the plaintext pass of the same
 round, the Loader over TLS against Flight over TLS (MB/s and server CPU/GB: issue "performance IV",
->= 0.9x and the CPU alike), median (min-max), and CPU seconds per GB of the client (this process)
+>= 0.9x and the CPU alike), and a plain FlightClient's DoGet of the TLS server's stream (`doget-tls`,
+the Loader's ReadRequest as its ticket) against it, median (min-max), and CPU seconds per GB of the client (this process)
 and of the server, both sides on the same 2 cores. Figures only.
 """
 
@@ -41,11 +42,12 @@ from loadtest.common import bench_main, bench_parser, log, results_path, spread,
 from shardstream.client import Loader
 from shardstream.server.local_fleet import LocalServer
 from shardstream.server.policy.auth import token_sha256
+from shardstream.v1 import shardstream_pb2 as pb
 
 __all__ = ["main"]
 
 TOKEN = "tls-bench-token-0123456789"
-WAYS = ("plaintext", "tls", "tls+token", "flight", "flight-tls")
+WAYS = ("plaintext", "tls", "tls+token", "doget-tls", "flight", "flight-tls")
 
 
 def _cpu_s() -> float:
@@ -64,6 +66,22 @@ def flight_epoch(port: int, ca: bytes | None) -> int:
     n = 0
     try:
         for chunk in client.do_get(flight.Ticket(b"table")):
+            n += chunk.data.nbytes
+    finally:
+        client.close()
+    return n
+
+
+def doget_epoch(port: int, ca: bytes, batch_rows: int) -> int:
+    """A plain FlightClient's DoGet of the TLS server's epoch, the Loader's ReadRequest as its ticket:
+    the same stream and server as the Loader's, read without the Loader."""
+    request = pb.ReadRequest(
+        dataset=DATASET, world_size=1, batch_size=batch_rows, split_steps=True, provenance_in_header=True
+    )
+    client = flight.connect(f"grpc+tls://127.0.0.1:{port}", tls_root_certs=ca)
+    n = 0
+    try:
+        for chunk in client.do_get(flight.Ticket(request.SerializeToString())):
             n += chunk.data.nbytes
     finally:
         client.close()
@@ -111,6 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "plaintext": (lambda: epoch(plain.target, layout.batch_rows, None, ""), plain.pid),
                 "tls": (lambda: epoch(secure.target, layout.batch_rows, client_tls, ""), secure.pid),
                 "tls+token": (lambda: epoch(authed.target, layout.batch_rows, client_tls, TOKEN), authed.pid),
+                "doget-tls": (lambda: doget_epoch(secure.data_port, ca.pem, layout.batch_rows), secure.pid),
                 "flight": (lambda: flight_epoch(fl.port, None), fl.proc.pid),
                 "flight-tls": (lambda: flight_epoch(fl_tls.port, ca.pem), fl_tls.proc.pid),
             }
@@ -130,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         passes[way].append(mbs)
                         client_cpu[way].append((_cpu_s() - cpu0) / (nbytes / 1e9))
                         server_cpu[way].append((_server_cpu_s(pid) - scpu0) / (nbytes / 1e9))
-    ratios = {w: [x / y for x, y in zip(passes[w], passes["plaintext"], strict=True)] for w in WAYS[1:3]}
+    ratios = {w: [x / y for x, y in zip(passes[w], passes["plaintext"], strict=True)] for w in WAYS[1:4]}
     ratios["flight-tls"] = [x / y for x, y in zip(passes["flight-tls"], passes["flight"], strict=True)]
 
     def over(a: dict[str, list[float]], way: str, base: str) -> dict[str, float]:
@@ -140,6 +159,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mb_per_s": over(passes, "tls", "flight-tls"),
         "server_cpu_s_per_gb": over(server_cpu, "tls", "flight-tls"),
         "client_cpu_s_per_gb": over(client_cpu, "tls", "flight-tls"),
+    }
+    doget_against_flight = {  # a plain DoGet of the same TLS server's stream against Flight over TLS
+        "mb_per_s": over(passes, "doget-tls", "flight-tls"),
+        "server_cpu_s_per_gb": over(server_cpu, "doget-tls", "flight-tls"),
     }
     return {
         "command": " ".join([Path(sys.executable).name, "-m", "loadtest.tls_bench", *sys.argv[1:]]),
@@ -155,6 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mb_per_s": {w: spread(v) for w, v in passes.items()},
         "ratio_to_plaintext": {w: spread(v) for w, v in ratios.items()},  # flight-tls: to Flight's plaintext
         "tls_against_flight_tls": against_flight,
+        "doget_tls_against_flight_tls": doget_against_flight,
         "client_cpu_s_per_gb": {w: spread(v) for w, v in client_cpu.items()},
         "server_cpu_s_per_gb": {w: spread(v) for w, v in server_cpu.items()},
         "passes": passes,
@@ -181,6 +205,12 @@ def print_report(res: dict[str, Any]) -> None:
         f"(flight-tls: / Flight's plaintext.) Loader over TLS / Flight over the same TLS: MB/s {fmt(a['mb_per_s'])} "
         f"(target >= 0.9), server CPU/GB {fmt(a['server_cpu_s_per_gb'])}, client CPU/GB {fmt(a['client_cpu_s_per_gb'])}"
     )
+    d = res.get("doget_tls_against_flight_tls")
+    if d:
+        print(
+            f"A plain DoGet of the same TLS server's stream / Flight over TLS: MB/s {fmt(d['mb_per_s'])}, "
+            f"server CPU/GB {fmt(d['server_cpu_s_per_gb'])}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
