@@ -243,11 +243,6 @@ class DatasetReader:
             tasks.append((estimate, lambda key=key, fetch=fetch: self._cache.prefetch(key, fetch)))
         return tasks
 
-    def provenance(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(`_shard`, `_row`) of the dataset rows `rows`, as `take` gives them: located, not read."""
-        shard, row_in_shard, _, _ = self.locator.locate(rows)
-        return np.ascontiguousarray(shard, dtype=np.int32), np.ascontiguousarray(row_in_shard, dtype=np.int64)
-
     def take(
         self, rows: np.ndarray, columns: Sequence[str], spans: ListSpans | None = None
     ) -> pa.RecordBatch:

@@ -69,18 +69,16 @@ def take_provenance(
 ) -> pa.RecordBatch:
     """The provenance columns `take_selection` gives the same rows (`_shard`, `_row`; `_source` in a
     mixture), and no other: the rows are located, not read."""
-    n = len(rows)
     if not mixture:
-        shard, row = readers[0].provenance(rows)
+        shard, row, _, _ = readers[0].locator.locate(rows)
     else:
-        shard, row = np.empty(n, np.int32), np.empty(n, np.int64)
+        shard, row = np.empty(len(rows), np.int32), np.empty(len(rows), np.int64)
         for s in np.unique(src).tolist():
             at = src == s
-            shard[at], row[at] = readers[s].provenance(rows[at])
-    arrays = [int_array(shard, 32), int_array(row)]
-    names = ["_shard", "_row"]
+            shard[at], row[at], _, _ = readers[s].locator.locate(rows[at])
+    arrays, names = [int_array(shard, 32), int_array(row)], ["_shard", "_row"]
     if mixture:
-        arrays.append(int_array(np.ascontiguousarray(src, dtype=np.int32), 32))
+        arrays.append(int_array(src, 32))
         names.append("_source")
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
