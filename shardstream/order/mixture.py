@@ -164,9 +164,8 @@ class MixturePlan:
         block, inner = np.divmod(g, self.block_size)
         src = np.empty_like(inner)
         rank = np.empty_like(inner)
-        for b in np.unique(block):
-            sel = block == b
-            block_src, block_rank = self._block(int(b))
+        for (b,), sel in _by_keys(block):
+            block_src, block_rank = self._block(b)
             src[sel] = block_src[inner[sel]]
             rank[sel] = block_rank[inner[sel]]
         count = block * self.alloc[src] + rank
@@ -204,9 +203,24 @@ class MixtureOrder:
     def select(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         src, source_epoch, source_pos = self.plan.locate(epoch, positions)
         rows = np.empty_like(source_pos)
-        for s in np.unique(src):
-            in_s = src == s
-            for e in np.unique(source_epoch[in_s]):
-                sel = in_s & (source_epoch == e)
-                rows[sel] = self.orders[int(s)].rows(int(e), source_pos[sel])
+        for (s, e), sel in _by_keys(src, source_epoch):
+            rows[sel] = self.orders[s].rows(e, source_pos[sel])
         return src.astype(np.int32), rows
+
+
+def _by_keys(*keys: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """(keys, the indexes holding them, in order) for each distinct tuple of `keys` (arrays of one
+    length), in key order: one sort, not a pass over every index per key (a message of small
+    mixture blocks spans thousands of blocks)."""
+    n = len(keys[0])
+    if not n:
+        return []
+    order = np.lexsort(keys[::-1])  # (stable: indexes in order within a key)
+    ordered = [k[order] for k in keys]
+    change = np.zeros(n, bool)
+    change[0] = True
+    for k in ordered:
+        change[1:] |= k[1:] != k[:-1]
+    starts = np.flatnonzero(change).tolist()
+    ends = [*starts[1:], n]
+    return [(tuple(int(k[a]) for k in ordered), order[a:b]) for a, b in zip(starts, ends, strict=True)]
