@@ -208,8 +208,9 @@ def _arrow_memory_pool() -> str:
     pyarrow's default pool (mimalloc) keeps pages that one thread allocated and another freed until
     the first allocates again, which stalled streams never make it do: 256 stalled block-shuffled
     streams held 2.0 GiB of RSS against a 256 MiB buffer budget with it, 0.8 GiB with jemalloc
-    (loadtest.stall_bench, loadtest/README.md). $ARROW_DEFAULT_MEMORY_POOL, when set, wins.
-    The pool's name."""
+    (loadtest.stall_bench, loadtest/README.md). Its pages are huge where the entry point set
+    $JE_ARROW_MALLOC_CONF before pyarrow loaded (shardstream/allocator.py, arrow_huge_pages).
+    $ARROW_DEFAULT_MEMORY_POOL, when set, wins. The pool's name."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return pa.default_memory_pool().backend_name
     try:

@@ -1,4 +1,6 @@
-"""glibc malloc settings for the data plane, applied by the server and the client themselves.
+"""Allocator settings for the data plane, applied by the server and the client themselves.
+
+## glibc malloc
 
 Each Read message is a fresh multi-MiB `bytes` on both sides (and grpcio's buffers around it).
 glibc serves allocations that large with mmap and gives them back at free, so every message pays
@@ -12,6 +14,20 @@ MALLOC_TRIM_THRESHOLD_=1073741824` would, through mallopt(3), once per process:
 
 Not applied when the user set either variable (theirs win), when SHARDSTREAM_MALLOC_TUNE=0, or
 where the C library is not glibc.
+
+## Arrow's jemalloc, on the server: transparent huge pages
+
+The server allocates its Arrow memory (cached row groups, gathered rows) from Arrow's jemalloc
+(server/lifecycle.py). Its extents are 4 KiB pages unless jemalloc advises huge ones, and every
+message a server sends is copied out of them (into the socket, or into gRPC's TLS frames): the
+copy's page walks cost the server 4-9% CPU a GB (loadtest/README.md, "Huge pages for the server's
+Arrow memory"). `arrow_huge_pages()` sets `JE_ARROW_MALLOC_CONF=thp:always,narenas:N` for a serving
+process, N its usable CPUs: jemalloc's default of 4 arenas a CPU leaves a partly used huge page in
+each, ~15 MiB more RSS at rest on 2 CPUs, for no speed measured (loadtest/README.md).
+jemalloc reads it once, when pyarrow's library is loaded, so the entry point (shardstream/__main__.py)
+calls it before anything imports pyarrow; the server's workers inherit it. A value the user set wins
+(`JE_ARROW_MALLOC_CONF=thp:default` turns it off); `SHARDSTREAM_MALLOC_TUNE=0` turns it off too.
+Where the kernel's THP mode is `never`, the advice is ignored.
 """
 
 from __future__ import annotations
@@ -20,14 +36,17 @@ import ctypes
 import os
 import platform
 import threading
+from collections.abc import MutableMapping
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "tune"]
+__all__ = ["ARROW_JEMALLOC_THP", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "arrow_huge_pages", "tune"]
 
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 1 << 30
 _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_THRESHOLD = -3
 _ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+ARROW_JEMALLOC_THP = "thp:always"
+_ARROW_JEMALLOC_ENV = "JE_ARROW_MALLOC_CONF"
 
 _lock = threading.Lock()
 _applied: bool | None = None
@@ -56,3 +75,20 @@ def _apply() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
+
+
+def arrow_huge_pages(environ: MutableMapping[str, str]) -> bool:
+    """Set Arrow's jemalloc to advise transparent huge pages in `environ`, unless the user chose its
+    configuration or turned tuning off. Only takes effect in a process that loads pyarrow after it
+    (and in its children). True when `environ` asks for them."""
+    if environ.get("SHARDSTREAM_MALLOC_TUNE", "1") == "0":
+        return False
+    environ.setdefault(_ARROW_JEMALLOC_ENV, f"{ARROW_JEMALLOC_THP},narenas:{_usable_cpus()}")
+    return environ[_ARROW_JEMALLOC_ENV].startswith(ARROW_JEMALLOC_THP + ",")
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,90 @@ def test_applied_by_default_on_glibc() -> None:
 )
 def test_the_users_settings_win(env: dict[str, str]) -> None:
     assert _tune(env) == "False False"
+
+
+# --- Arrow's jemalloc on transparent huge pages (allocator.arrow_huge_pages) ---------------------
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+DEFAULT_CONF = f"thp:always,narenas:{CPUS}"
+
+
+@pytest.mark.parametrize(
+    ("env", "expect", "asks"),
+    [
+        ({}, DEFAULT_CONF, True),
+        ({"JE_ARROW_MALLOC_CONF": "thp:default"}, "thp:default", False),  # the user's value wins
+        ({"JE_ARROW_MALLOC_CONF": "narenas:2"}, "narenas:2", False),
+        ({"SHARDSTREAM_MALLOC_TUNE": "0"}, None, False),
+    ],
+)
+def test_arrow_huge_pages_in_an_environment(env: dict[str, str], expect: str | None, asks: bool) -> None:
+    from shardstream import allocator
+
+    environ = dict(env)
+    assert allocator.arrow_huge_pages(environ) is asks
+    assert environ.get("JE_ARROW_MALLOC_CONF") == expect
+
+
+# One process: the setting (or not) before pyarrow loads, then 64 MiB from Arrow's jemalloc, touched.
+# Prints the bytes of its mappings that carry the kernel's huge-page advice (VmFlags `hg`): that
+# jemalloc advised them is what the setting controls; whether the kernel backs them is its own choice.
+HUGE_CODE = """
+import os, sys
+from shardstream import allocator
+if sys.argv[1] == "set":
+    allocator.arrow_huge_pages(os.environ)
+import pyarrow as pa
+pa.set_memory_pool(pa.jemalloc_memory_pool())
+buf = pa.allocate_buffer(64 << 20)
+memoryview(buf).cast("B")[::4096] = bytes(len(range(0, 64 << 20, 4096)))
+advised = size = 0
+for line in open("/proc/self/smaps"):
+    if line.startswith("Size:"):
+        size = int(line.split()[1]) << 10
+    elif line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+        advised += size
+print(advised)
+"""
+
+
+def _advised_bytes(mode: str) -> int:
+    clean = {k: v for k, v in os.environ.items() if k not in ("JE_ARROW_MALLOC_CONF", "SHARDSTREAM_MALLOC_TUNE")}
+    out = subprocess.run(
+        [sys.executable, "-c", HUGE_CODE, mode], env=clean, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_arrow_jemalloc_advises_huge_pages_when_set_before_pyarrow_loads() -> None:
+    import pyarrow as pa
+
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow is built without jemalloc")
+    assert _advised_bytes("set") >= 64 << 20
+    assert _advised_bytes("unset") < 64 << 20
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads Linux's /proc/PID/environ")
+@pytest.mark.parametrize(("env", "expect"), [({}, DEFAULT_CONF), ({"JE_ARROW_MALLOC_CONF": "thp:never"}, "thp:never")])
+def test_a_served_worker_starts_with_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expect: str
+) -> None:
+    """`shardstream serve` sets it before pyarrow loads; its workers inherit it; the user's value wins.
+    (/proc/PID/environ shows what a process was started with: the workers', not the supervisor's own
+    setting.)"""
+    from shardstream.server.local_fleet import LocalServer
+
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
+    monkeypatch.delenv("SHARDSTREAM_MALLOC_TUNE", raising=False)
+    with LocalServer(str(tmp_path), workers=2, env=env) as server:
+        assert len(server.worker_pids) == 2 and server.pid not in server.worker_pids
+        assert [_environ(pid).get("JE_ARROW_MALLOC_CONF") for pid in server.worker_pids] == [expect] * 2
