@@ -84,7 +84,7 @@ def arrow_huge_pages(environ: MutableMapping[str, str]) -> bool:
     if environ.get("SHARDSTREAM_MALLOC_TUNE", "1") == "0":
         return False
     environ.setdefault(_ARROW_JEMALLOC_ENV, f"{ARROW_JEMALLOC_THP},narenas:{_usable_cpus()}")
-    return environ[_ARROW_JEMALLOC_ENV].startswith(ARROW_JEMALLOC_THP + ",")
+    return ARROW_JEMALLOC_THP in environ[_ARROW_JEMALLOC_ENV].split(",")
 
 
 def _usable_cpus() -> int:

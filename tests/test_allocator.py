@@ -51,6 +51,7 @@ DEFAULT_CONF = f"thp:always,narenas:{CPUS}"
         ({}, DEFAULT_CONF, True),
         ({"JE_ARROW_MALLOC_CONF": "thp:default"}, "thp:default", False),  # the user's value wins
         ({"JE_ARROW_MALLOC_CONF": "narenas:2"}, "narenas:2", False),
+        ({"JE_ARROW_MALLOC_CONF": "narenas:4,thp:always"}, "narenas:4,thp:always", True),
         ({"SHARDSTREAM_MALLOC_TUNE": "0"}, None, False),
     ],
 )
