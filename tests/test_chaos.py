@@ -173,15 +173,21 @@ def test_keepalive_drops_a_silent_server_before_the_idle_watchdog(
     """A server whose data plane is behind a proxy that goes silent (accepts, sends nothing): with the idle watchdog out of
     the way (40 s), the client's keepalive ping, unanswered, must end the stream and move it to the
     other server — not the watchdog (grpcio 1.85 ignores keepalive_timeout_ms for the ping's answer
-    and waits grpc.http2.ping_timeout_ms, 60 s by default: client/transport/channel.py sets both)."""
+    and waits grpc.http2.ping_timeout_ms, 60 s by default: client/transport/channel.py sets both).
+    The dataset (33 MB an epoch) outlasts what gRPC, the sockets and the proxy buffer (~10 MB) by
+    far: whenever the proxy goes silent, the rank still needs most of the epoch from that server.
+    (On the 432 KB test vectors, the whole of both epochs could arrive before a late blackhole:
+    no failover at all.)"""
     stable = ctx.fleet
+    rows = 32_000
+    dataset = ctx.vector_dataset(rows, 2_000, dim=256)
     data_port = unused_port()
     with (
         Blackhole(data_port) as proxy,
         LocalServer(ctx.root, extra_args=data_port_behind(proxy, data_port)) as behind,
         Loader(
             [behind.target, stable[1].target],
-            ctx.vectors,
+            dataset,
             batch_size=256,
             epochs=2,
             prefetch=2,
@@ -198,4 +204,4 @@ def test_keepalive_drops_a_silent_server_before_the_idle_watchdog(
     assert any("ping timeout" in m for m in messages), messages
     assert not any("no data from the server" in m for m in messages), messages
     ids = np.concatenate(got)
-    assert len(ids) == 2 * ctx.sizes.rows and (np.bincount(ids) == 2).all()
+    assert len(ids) == 2 * rows and (np.bincount(ids) == 2).all()
