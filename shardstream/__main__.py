@@ -19,8 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "serve" in args and "pyarrow" not in sys.modules:  # a dataset named `serve` costs nothing
         from shardstream import allocator
+        from shardstream.server.serving.cpus import usable_cpus  # the standard library only: no pyarrow yet
 
-        allocator.arrow_huge_pages(os.environ)
+        allocator.arrow_huge_pages(os.environ, usable_cpus())
     from shardstream.cli import main as cli_main
 
     return cli_main(argv)

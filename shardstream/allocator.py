@@ -22,7 +22,8 @@ The server allocates its Arrow memory (cached row groups, gathered rows) from Ar
 message a server sends is copied out of them (into the socket, or into gRPC's TLS frames): the
 copy's page walks cost the server 4-9% CPU a GB (loadtest/README.md, "Huge pages for the server's
 Arrow memory"). `arrow_huge_pages()` sets `JE_ARROW_MALLOC_CONF=thp:always,narenas:N` for a serving
-process, N its usable CPUs: jemalloc's default of 4 arenas a CPU leaves a partly used huge page in
+process, N its usable CPUs (the caller's count: the server's `usable_cpus`, cgroup quota included):
+jemalloc's default of 4 arenas a CPU leaves a partly used huge page in
 each, ~15 MiB more RSS at rest on 2 CPUs, for no speed measured (loadtest/README.md).
 jemalloc reads it once, when pyarrow's library is loaded, so the entry point (shardstream/__main__.py)
 calls it before anything imports pyarrow; the server's workers inherit it. A value the user set wins
@@ -77,18 +78,11 @@ def _apply() -> bool:
     )
 
 
-def arrow_huge_pages(environ: MutableMapping[str, str]) -> bool:
-    """Set Arrow's jemalloc to advise transparent huge pages in `environ`, unless the user chose its
-    configuration or turned tuning off. Only takes effect in a process that loads pyarrow after it
-    (and in its children). True when `environ` asks for them."""
+def arrow_huge_pages(environ: MutableMapping[str, str], cpus: int) -> bool:
+    """Set Arrow's jemalloc to advise transparent huge pages in `environ` (one arena per CPU of
+    `cpus`), unless the user chose its configuration or turned tuning off. Only takes effect in a
+    process that loads pyarrow after it (and in its children). True when `environ` asks for them."""
     if environ.get("SHARDSTREAM_MALLOC_TUNE", "1") == "0":
         return False
-    environ.setdefault(_ARROW_JEMALLOC_ENV, f"{ARROW_JEMALLOC_THP},narenas:{_usable_cpus()}")
+    environ.setdefault(_ARROW_JEMALLOC_ENV, f"{ARROW_JEMALLOC_THP},narenas:{max(1, cpus)}")
     return ARROW_JEMALLOC_THP in environ[_ARROW_JEMALLOC_ENV].split(",")
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

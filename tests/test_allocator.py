@@ -13,12 +13,18 @@ import pytest
 CODE = "from shardstream import allocator; print(allocator.tune(), allocator.tune())"
 
 
-def _tune(env: dict[str, str]) -> str:
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "SHARDSTREAM_MALLOC_TUNE"
+def _clean_env() -> dict[str, str]:
+    """This environment without the allocator settings a user could have set."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k not in ("SHARDSTREAM_MALLOC_TUNE", "JE_ARROW_MALLOC_CONF")
     }
+
+
+def _tune(env: dict[str, str]) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", CODE], env={**clean, **env}, capture_output=True, text=True, check=True
+        [sys.executable, "-c", CODE], env={**_clean_env(), **env}, capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
 
@@ -41,14 +47,14 @@ def test_the_users_settings_win(env: dict[str, str]) -> None:
 
 
 # --- Arrow's jemalloc on transparent huge pages (allocator.arrow_huge_pages) ---------------------
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-DEFAULT_CONF = f"thp:always,narenas:{CPUS}"
+def _default_conf(cpus: int) -> str:
+    return f"thp:always,narenas:{cpus}"
 
 
 @pytest.mark.parametrize(
     ("env", "expect", "asks"),
     [
-        ({}, DEFAULT_CONF, True),
+        ({}, _default_conf(3), True),
         ({"JE_ARROW_MALLOC_CONF": "thp:default"}, "thp:default", False),  # the user's value wins
         ({"JE_ARROW_MALLOC_CONF": "narenas:2"}, "narenas:2", False),
         ({"JE_ARROW_MALLOC_CONF": "narenas:4,thp:always"}, "narenas:4,thp:always", True),
@@ -59,7 +65,7 @@ def test_arrow_huge_pages_in_an_environment(env: dict[str, str], expect: str | N
     from shardstream import allocator
 
     environ = dict(env)
-    assert allocator.arrow_huge_pages(environ) is asks
+    assert allocator.arrow_huge_pages(environ, 3) is asks
     assert environ.get("JE_ARROW_MALLOC_CONF") == expect
 
 
@@ -70,7 +76,7 @@ HUGE_CODE = """
 import os, sys
 from shardstream import allocator
 if sys.argv[1] == "set":
-    allocator.arrow_huge_pages(os.environ)
+    allocator.arrow_huge_pages(os.environ, 2)
 import pyarrow as pa
 pa.set_memory_pool(pa.jemalloc_memory_pool())
 buf = pa.allocate_buffer(64 << 20)
@@ -86,9 +92,8 @@ print(advised)
 
 
 def _advised_bytes(mode: str) -> int:
-    clean = {k: v for k, v in os.environ.items() if k not in ("JE_ARROW_MALLOC_CONF", "SHARDSTREAM_MALLOC_TUNE")}
     out = subprocess.run(
-        [sys.executable, "-c", HUGE_CODE, mode], env=clean, capture_output=True, text=True, check=True
+        [sys.executable, "-c", HUGE_CODE, mode], env=_clean_env(), capture_output=True, text=True, check=True
     )
     return int(out.stdout)
 
@@ -112,15 +117,17 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads Linux's /proc/PID/environ")
-@pytest.mark.parametrize(("env", "expect"), [({}, DEFAULT_CONF), ({"JE_ARROW_MALLOC_CONF": "thp:never"}, "thp:never")])
+@pytest.mark.parametrize(("env", "expect"), [({}, None), ({"JE_ARROW_MALLOC_CONF": "thp:never"}, "thp:never")])
 def test_a_served_worker_starts_with_the_setting(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expect: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expect: str | None
 ) -> None:
     """`shardstream serve` sets it before pyarrow loads; its workers inherit it; the user's value wins.
     (/proc/PID/environ shows what a process was started with: the workers', not the supervisor's own
     setting.)"""
     from shardstream.server.local_fleet import LocalServer
+    from shardstream.server.serving.cpus import usable_cpus
 
+    expect = expect or _default_conf(usable_cpus())  # one arena per CPU the server may use
     monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
     monkeypatch.delenv("SHARDSTREAM_MALLOC_TUNE", raising=False)
     with LocalServer(str(tmp_path), workers=2, env=env) as server:
