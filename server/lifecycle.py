@@ -210,7 +210,13 @@ def _arrow_memory_pool() -> str:
     streams held 2.0 GiB of RSS against a 256 MiB buffer budget with it, 0.8 GiB with jemalloc
     (loadtest.stall_bench, loadtest/README.md). Its pages are huge where the entry point set
     $JE_ARROW_MALLOC_CONF before pyarrow loaded (shardstream/allocator.py, arrow_huge_pages).
-    $ARROW_DEFAULT_MEMORY_POOL, when set, wins. The pool's name."""
+    $ARROW_DEFAULT_MEMORY_POOL, when set, wins. The pool's name.
+
+    `jemalloc_set_decay_ms` sets the decay of the arenas jemalloc creates after the call, not of
+    arena 0, made as pyarrow loads: that one keeps Arrow's 1 s (threads are bound to arenas as they
+    first allocate, `narenas` of them; on 2 CPUs one of two arenas decays in 1 s). Measured both
+    ways (loadtest/README.md, "Decay in every arena"): 0 or 1 s in every arena leaves the stalled
+    streams' peak RSS where it is."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return pa.default_memory_pool().backend_name
     try:
