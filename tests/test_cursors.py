@@ -74,6 +74,38 @@ def test_sqlite_store_is_shared_across_instances(tmp_path: Path) -> None:
     b.close()
 
 
+def test_ranks_opening_one_new_sqlite_store_at_once_all_get_it(tmp_path: Path) -> None:
+    """8 rank processes open one new file at the same moment, 50 times (a new file each): none is
+    told "database is locked" (switching a file to WAL took it exclusively, and SQLite refuses a
+    would-be deadlock at once: 4 processes failed 5 rounds of 60), and every rank's record is there."""
+    import multiprocessing
+
+    from .support.sqlite_openers import open_together
+
+    world, rounds = 8, 50
+    urls = [f"sqlite:///{tmp_path}/c{i}.db" for i in range(rounds)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(world), ctx.Queue()
+    procs = [ctx.Process(target=open_together, args=(urls, r, world, barrier, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        outcomes = [results.get(timeout=120) for _ in range(world * rounds)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert [o for o in outcomes if o[2] is not None] == []
+    for url in urls:
+        store = SqliteStore(url)
+        try:
+            assert store.committed("j") == [1]
+            assert store.read("j", 1) == {r: b"r%d" % r for r in range(world)}
+        finally:
+            store.close()
+
+
 @pytest.mark.parametrize("bad", ["ftp://x", "sqlite://", "postgres://db"])
 def test_unknown_store_urls(bad: str) -> None:
     with pytest.raises(InvalidArgumentError):

@@ -10,6 +10,7 @@ SQLite's WAL needs every process on the same host (shared memory): across hosts 
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import threading
 import time
@@ -22,6 +23,8 @@ from .fence import RUN_FORMAT, Run, Slot, decide_claim, stale_message
 
 __all__ = ["SqliteStore", "sqlite_path"]
 
+_BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's lock
+
 
 class SqliteStore:
     """An embedded file store (see the module docstring)."""
@@ -32,8 +35,11 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
-        with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(self._db())
+        # the tables in one BEGIN IMMEDIATE: it waits for the write lock (the busy timeout) holding no
+        # read lock, where statement by statement two ranks creating them could each find the other's
+        # write between its read and its own (SQLITE_BUSY at once, no busy handler)
+        with self._transaction() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS cursors (job TEXT NOT NULL, step INTEGER NOT NULL, key TEXT NOT NULL,"
                 " rank INTEGER NOT NULL, world_size INTEGER NOT NULL, record BLOB NOT NULL,"
@@ -61,7 +67,7 @@ class SqliteStore:
         db = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = sqlite3.connect(
-                self.path, timeout=30, isolation_level=None, check_same_thread=False
+                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             db.execute("PRAGMA synchronous=FULL")  # a transaction that returned is on disk
             self._all.append(db)
@@ -217,6 +223,25 @@ class SqliteStore:
             db.close()
         self._all.clear()
         self._local = threading.local()
+
+
+def _enable_wal(db: sqlite3.Connection) -> None:
+    """`PRAGMA journal_mode=WAL`, retried for as long as the busy timeout. Switching a file to WAL
+    takes it exclusively, and SQLite answers SQLITE_BUSY at once, without calling its busy handler,
+    to a connection that holds a read lock while another waits for the file (a deadlock otherwise):
+    ranks that open one new file together then fail "database is locked" (4 processes at once: 5
+    rounds of 60 did). Once the file is in WAL mode the pragma changes nothing."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    delay = 0.001
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "database is locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay * (0.5 + random.random()))  # jittered: the other openers retry too
+            delay = min(2 * delay, 0.05)
 
 
 class _Immediate:
