@@ -369,29 +369,26 @@ def _summarize_mode(passes: list[dict[str, Any]], paths: tuple[str, ...], mode: 
         r = ratios(other, BASELINE)
         if other in (GENERATOR, GATHER) or mode != "none":
             continue  # baselines of their own, not shardstream; a shuffle is held to Flight gathering
-        out["targets"][other] = {
-            f"mb_per_s >= {TARGET_MB_PER_S}x flight": r["mb_per_s"]["median"] >= TARGET_MB_PER_S,
-            f"server_cpu_s_per_gb <= {TARGET_SERVER_CPU}x flight": r["server_cpu_s_per_gb"]["median"]
-            <= TARGET_SERVER_CPU,
-        }
+        out["targets"][other] = _verdicts(r, BASELINE, TARGET_MB_PER_S, TARGET_SERVER_CPU)
     if GATHER in paths:  # shardstream's shuffled streams against the least a shuffling Flight server does
         for other in (DOGET, LOADER):
             if other in paths:
                 r = ratios(other, GATHER)
-                out["targets"][other] = {
-                    f"mb_per_s >= {TARGET_GATHER_MB_PER_S}x gather": r["mb_per_s"]["median"]
-                    >= TARGET_GATHER_MB_PER_S,
-                    f"server_cpu_s_per_gb <= {TARGET_GATHER_SERVER_CPU}x gather": r["server_cpu_s_per_gb"][
-                        "median"
-                    ]
-                    <= TARGET_GATHER_SERVER_CPU,
-                }
+                out["targets"][other] = _verdicts(r, GATHER, TARGET_GATHER_MB_PER_S, TARGET_GATHER_SERVER_CPU)
     if LOADER in paths:  # the Loader's client against a plain pyarrow.flight reader of the same stream
         r = ratios(LOADER, DOGET)
         out["targets"].setdefault(LOADER, {})[f"client_cpu_s_per_gb <= {TARGET_CLIENT_CPU}x doget's"] = (
             r["client_cpu_s_per_gb"]["median"] <= TARGET_CLIENT_CPU
         )
     return out
+
+
+def _verdicts(r: dict[str, dict[str, float]], base: str, mb_per_s: float, server_cpu: float) -> dict[str, bool]:
+    """A path's MB/s and server CPU targets against `base`, met or not (median of the rounds' ratios)."""
+    return {
+        f"mb_per_s >= {mb_per_s}x {base}": r["mb_per_s"]["median"] >= mb_per_s,
+        f"server_cpu_s_per_gb <= {server_cpu}x {base}": r["server_cpu_s_per_gb"]["median"] <= server_cpu,
+    }
 
 
 def mode_paths(paths: tuple[str, ...], mode: str) -> tuple[str, ...]:
