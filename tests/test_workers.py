@@ -4,6 +4,7 @@ Read-ahead and the cache's accounting. Real server processes on loopback; no sle
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from .support.doget import wire_messages, wire_messages_on
 from .support.servers import rpc_count, scrape, wait_for
 
 Factory = Callable[..., LocalServer]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def delivered(target: str, **kw: object) -> list[pa.RecordBatch]:
@@ -138,6 +140,31 @@ def test_sigterm_to_the_supervisor_drains_every_worker_and_exits_zero(server_fac
     assert server.proc.wait(timeout=60) == 0
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
     assert sorted(np.concatenate(got).tolist()) == list(range(N_ROWS))
+
+
+def test_every_stop_signal_reaches_the_supervisors_loop() -> None:
+    """The supervisor's stop wait, signalled 300 times while it waits with no pause: every signal is
+    seen. With a threading.Event set by the handler, about half the signals hung the process for good
+    (the handler waits on the lock its own thread holds in Event.wait: StopRequest's docstring)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from tests.support.stop_signals import main; main()"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+
+    def line() -> str:
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        return child.stdout.readline().strip() if ready else "(nothing in 60 s: the process hangs)"
+
+    try:
+        assert line() == "ready"
+        for i in range(300):
+            child.send_signal(signal.SIGTERM)
+            assert line() == "stopped", f"signal {i + 1}"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
 
 
 def test_a_killed_worker_is_replaced_and_no_stream_loses_a_row(server_factory: Factory) -> None:

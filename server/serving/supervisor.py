@@ -56,7 +56,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -118,10 +117,34 @@ class _Worker:
     added: bool = False  # by the autoscaler: if it never serves, the server stays at the count it had
 
 
+class StopRequest:
+    """A stop asked for by a signal handler (`request`), waited for by the main loop (`wait`).
+
+    Not a `threading.Event`: its `set()` takes the Event's lock, and Python runs a signal handler in
+    the main thread between two bytecodes — when that thread is inside `Event.wait()`, holding the
+    same lock, the handler waits on itself for ever (the class of python/cpython#126434). The
+    supervisor's loop spends its life in that wait, so a SIGTERM could hang it until the kubelet's
+    SIGKILL (a pod stop seen once in CI, 30 s then exit 137; tests/test_workers.py makes the race
+    frequent). Here the handler only sets an attribute, and the loop sleeps: a signal's handler runs
+    during the sleep, which then finishes its tick (PEP 475), so a stop is seen within `timeout_s`."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self, *_: object) -> None:  # the signal handler: one attribute set, no lock taken
+        self.requested = True
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to `timeout_s` unless a stop was requested; whether one was."""
+        if not self.requested:
+            time.sleep(timeout_s)
+        return self.requested
+
+
 class Supervisor:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
-        self._stop = threading.Event()
+        self._stop = StopRequest()
         _remove_dead_supervisors_dirs()
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
         self.metrics_dir = self._tmp / "metrics"
@@ -197,9 +220,9 @@ class Supervisor:
             raise UnavailableError(f"worker(s) {stuck} did not stop cleanly: {codes}")
         log.info("stopped")
 
-    def _on_stop_signal(self, *_: object) -> None:
+    def _on_stop_signal(self, *_: object) -> None:  # in a signal handler: see StopRequest
         self.health.draining = True
-        self._stop.set()
+        self._stop.request()
 
     def _processes(self) -> list[tuple[str, int]]:
         """(worker label, pid) of this supervisor and its live workers, for the process metrics."""
@@ -246,7 +269,7 @@ class Supervisor:
         """Run until asked to stop (None) or unable to go on (what went wrong)."""
         announced: list[int] | None = None
         next_scale = time.monotonic() + self.cfg.autoscale_interval_s
-        while not self._stop.is_set():
+        while not self._stop.requested:
             self._reap_drained()
             failed_to_add: list[_Worker] = []
             for i, w in enumerate(self._workers):
