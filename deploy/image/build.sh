@@ -74,7 +74,10 @@ index_url=$(pip_setting PIP_INDEX_URL global.index-url)
 ca_bundle=$(pip_setting PIP_CERT global.cert)
 [ -n "$ca_bundle" ] || ca_bundle=/etc/ssl/certs/ca-certificates.crt
 
-build_args=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "BUILD_IMAGE=$BUILD_BASE_IMAGE" --build-arg "PIP_INDEX_URL=${index_url:-https://pypi.org/simple}")
+# podman 4.3 keeps a cached install step whose mounted wheels changed: the sources' digest makes it rerun
+sources=$(python3 deploy/image/sources_digest.py)
+build_args=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "BUILD_IMAGE=$BUILD_BASE_IMAGE" --build-arg "PIP_INDEX_URL=${index_url:-https://pypi.org/simple}"
+    --build-arg "SOURCES_DIGEST=$sources")
 if [ -r "$ca_bundle" ]; then
     build_args+=(--volume "$(readlink -f "$ca_bundle"):/etc/ssl/certs/build-host-ca.crt:ro"
         --build-arg PIP_CERT=/etc/ssl/certs/build-host-ca.crt)
