@@ -9,10 +9,10 @@ A single stream is followed without a gap (make before break): the next epoch's 
 while the rank has AHEAD_STEPS of its steps and a message's worth or more left to read, and when the
 stream's worker hands it to a less busy one (ReadHeader.move_at: server/serving/placement.py) its
 successor is opened from the step the header names — on the least busy worker GetDataset names —
-and takes over there. Either
-way the new stream's server plans it and builds its first message while the rank still reads the old
-one, instead of the rank's queue draining while it does (a new stream's first message may take longer
-than the queue lasts: a row group to read, slow transforms).
+and takes over there. Either way the new stream's server plans it and builds its first message while
+the rank still reads the old one, instead of the rank's queue draining while it does (a new stream's
+first message may take longer than the queue lasts: a row group to read, slow transforms). K striped
+streams open the next epoch's K ahead the same way (striped.py); they are not moved.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from shardstream.threads import join_all, name_native
 
 from .decode import Item, decode_message
 from .spec import ReadSpec
-from .striped import stream_epoch_striped
+from .striped import StripedEpochs
 from .transport.flight_call import ReadOpener, opening
 from .transport.session import CallRegistry, StreamSession
 
@@ -63,6 +63,7 @@ class Producer:
         self._endpoint = spec.rank % len(spec.endpoints)  # the single stream's; kept across epochs
         self._next: StreamSession | None = None  # the next epoch's stream, opened ahead
         self._message_steps = 0  # the most of the rank's steps (x stride) one message has held
+        self._striped = StripedEpochs(spec, self._calls, self._put, AHEAD_STEPS) if spec.streams > 1 else None
         self._thread = threading.Thread(
             target=self._run, args=(epoch, offset), name=f"shardstream-prefetch-r{spec.rank}", daemon=True
         )
@@ -113,7 +114,7 @@ class Producer:
         spec = self._spec
         name_native(f"prefetch-r{spec.rank}")  # in top -H (its Python name is longer than Linux keeps)
         try:
-            stream_epoch = self._stream_epoch if spec.streams == 1 else self._stream_epoch_striped
+            stream_epoch = self._stream_epoch if self._striped is None else self._striped.stream
             while spec.epochs is None or epoch < spec.epochs:
                 if not stream_epoch(epoch, offset):
                     return
@@ -124,6 +125,8 @@ class Producer:
         finally:
             if self._next is not None:
                 self._next.close()
+            if self._striped is not None:
+                self._striped.close()
 
     def _session(self, epoch: int, offset: int, first_step: int, endpoint: int) -> StreamSession:
         """A stream of the epoch's steps (from `offset`) from `first_step` on, on `endpoint`."""
@@ -204,9 +207,6 @@ class Producer:
             return
         self._next = self._session(epoch, spec.epoch_start(epoch), 0, endpoint)
         self._next.open()
-
-    def _stream_epoch_striped(self, epoch: int, offset: int) -> bool:
-        return stream_epoch_striped(self._spec, self._calls, self._put, epoch, offset)
 
 
 # Producers whose thread may still stream: a Loader iterated in a DataLoader worker is never closed,

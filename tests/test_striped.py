@@ -13,8 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.client import Loader
+from shardstream.client import Loader, striped
+from shardstream.client.decode import decode_message
+from shardstream.client.prefetch import AHEAD_STEPS
+from shardstream.client.transport.fleet import Fleet
 from shardstream.errors import InvalidArgumentError
+from shardstream.v1 import shardstream_pb2 as pb
 
 from .support.data import N_ROWS
 from .support.resume import as_json, check_resume
@@ -130,6 +134,45 @@ def test_striped_streams_fail_over(server_factory) -> None:  # type: ignore[no-u
         got += [x["id"] for x in it]
     ids = np.concatenate(got).tolist()
     assert ids == expected and sorted(ids) == list(range(N_ROWS))
+
+
+@pytest.mark.parametrize("message_bytes", [1, 2000])  # a step a message; several, the epoch's last ones short
+def test_the_next_epochs_streams_are_opened_before_the_epoch_ends(
+    endpoints: list[str], monkeypatch: pytest.MonkeyPatch, message_bytes: int
+) -> None:
+    """Make before break (client/striped.py): epoch 1's K streams are all opened while the rank still
+    has AHEAD_STEPS steps and a message's span (its steps x K) of epoch 0 to read — their servers
+    plan them and build their first messages meanwhile — and the read is still every sample once an
+    epoch, in order."""
+    events: list[tuple[str, int, int]] = []
+    open_read = Fleet.open_read
+    spans: list[int] = []  # the rank's steps each message of epoch 0 reaches over
+
+    def recorded(self: Fleet, endpoint: str, request: pb.ReadRequest, timeout_s: float | None = None) -> Any:
+        events.append(("open", int(request.epoch), int(request.first_step)))
+        return open_read(self, endpoint, request, timeout_s)
+
+    def measured(spec: Any, epoch: int, layout: Any, first: int, stride: int, header: pb.ReadHeader, rows: Any) -> Any:
+        if epoch == 0:
+            spans.append(len(header.steps) * stride)
+        return decode_message(spec, epoch, layout, first, stride, header, rows)
+
+    monkeypatch.setattr(Fleet, "open_read", recorded)
+    monkeypatch.setattr(striped, "decode_message", measured)
+    k, steps = 2, -(-N_ROWS // 8)
+    got: list[int] = []
+    with Loader(endpoints, "toy@1", batch_size=8, shuffle="none", epochs=2, streams=k, output="arrow",
+                columns=["id"], max_message_bytes=message_bytes, prefetch=1) as loader:  # fmt: skip
+        for b in loader:
+            assert loader.last_batch is not None
+            events.append(("got", loader.last_batch.epoch, loader.last_batch.step))
+            got += b.column("id").to_pylist()
+    assert got == list(range(N_ROWS)) * 2
+    opens = [e for e in events if e[0] == "open"]
+    assert sorted(opens) == [("open", e, j) for e in (0, 1) for j in range(k)]  # K streams an epoch, no retry
+    assert message_bytes == 1 or max(spans) > k, spans
+    before = events.index(("got", 0, steps - AHEAD_STEPS - max(spans)))
+    assert all(events.index(("open", 1, j)) < before for j in range(k)), (events, spans)
 
 
 def test_streams_must_be_a_positive_integer() -> None:
