@@ -26,6 +26,7 @@ BENCHMARKS = [
     "loadtest.cli",
     "loadtest.client_bench",
     "loadtest.decode_bench",
+    "loadtest.epoch_gap_bench",
     "loadtest.flight_bench",
     "loadtest.gpu_check",
     "loadtest.hf_resume_bench",
