@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
@@ -135,6 +136,9 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
     # everything the package installs comes from those paths (pyproject's package-dir)
     dirs = pyproject()["tool"]["setuptools"]["package-dir"].values()
     assert set(dirs) <= kept
+    # and the digest that makes podman reinstall new sources covers exactly them (build.sh)
+    digest = runpy.run_path(str(DEPLOY / "image" / "sources_digest.py"))
+    assert set(digest["COPIED"]) == {s.rstrip("/") for s in sources}
 
 
 # --- compose.yaml ----------------------------------------------------------------------------------
