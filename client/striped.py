@@ -46,9 +46,7 @@ class StripedEpochs:
         stopped (by `calls.stop()` or `put` returning False)."""
         spec = self._spec
         ahead, self._next = self._next, None
-        if ahead is not None and (ahead[0] != epoch or offset != spec.epoch_start(epoch)):
-            _close(ahead[2])  # not the epoch asked for (never, as the Producer reads): opened afresh
-            ahead = None
+        assert ahead is None or ahead[0] == epoch, (ahead[0], epoch)  # the Producer reads epochs in order
         layout = ahead[1] if ahead is not None else spec.layout(offset, epoch)
         if layout.num_steps == 0:  # nothing left in this epoch: no stream to open
             return self._put(empty_epoch(spec, epoch, layout.dropped))

@@ -33,6 +33,7 @@ from loadtest.bench import DATASET, Layout, build_dataset
 from loadtest.common import bench_main, bench_parser, log, results_path, spread, versions
 from shardstream.client import Loader
 from shardstream.client.striped import StripedEpochs
+from shardstream.server.local_fleet import LocalServer
 
 __all__ = ["main"]
 
@@ -67,8 +68,6 @@ def one_pass(targets: list[str], batch_rows: int, args: argparse.Namespace, ahea
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from shardstream.server.local_fleet import LocalServer
-
     layout = Layout.plan(args.mib, args.batch_mib)
     with tempfile.TemporaryDirectory(prefix="shardstream-epoch-gap-") as tmp:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
